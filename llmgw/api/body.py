@@ -1,0 +1,65 @@
+"""Reading and checking request bodies: only what the gateway itself needs is validated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from llmgw.errors import InvalidRequest, UnsupportedMediaType
+
+__all__ = ["read_json_object", "validate_chat_request"]
+
+
+async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]:
+    """The raw body (forwarded as is when possible) and its parsed JSON object."""
+    if request.content_type != "application/json" and not request.content_type.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, not {request.content_type or 'missing'!r}."
+        )
+    raw = await request.read()  # the app's client_max_size bounds this, chunked bodies included
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc.msg}.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return raw, body
+
+
+def _require_model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidRequest("'model' must be a non-empty string.", param="model")
+    return model
+
+
+def validate_chat_request(body: dict[str, Any]) -> tuple[str, bool]:
+    """Check the fields the gateway reads; return (model, stream). The rest is the provider's."""
+    model = _require_model(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list of messages.", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(
+                f"messages[{index}] must be an object.", param=f"messages[{index}]"
+            )
+        if not isinstance(message.get("role"), str):
+            raise InvalidRequest(
+                f"messages[{index}].role must be a string.", param=f"messages[{index}].role"
+            )
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be true or false.", param="stream")
+    return model, stream
+
+
+def validate_embeddings_request(body: dict[str, Any]) -> str:
+    model = _require_model(body)
+    if "input" not in body:
+        raise InvalidRequest("'input' is required.", param="input")
+    return model

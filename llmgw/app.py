@@ -1,0 +1,86 @@
+"""``create_app``: all wiring in one place, in order (resources, routes, middleware)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from llmgw import app_keys
+from llmgw.api.models import MODELS_CACHE, ModelListCache
+from llmgw.auth.authenticator import Authenticator
+from llmgw.config import Settings
+from llmgw.middleware import (
+    add_response_headers,
+    auth_middleware,
+    error_middleware,
+    rate_limit_middleware,
+    request_context_middleware,
+)
+from llmgw.providers.registry import ProviderRegistry, build_registry
+from llmgw.ratelimit.base import RateLimiter
+from llmgw.ratelimit.postgres import PostgresRateLimiter
+from llmgw.routes import PUBLIC_PATHS, add_routes
+from llmgw.storage.database import create_pool
+from llmgw.telemetry.runtime import Telemetry
+from llmgw.telemetry.setup import build_providers
+
+__all__ = ["create_app"]
+
+ProvidersFactory = Callable[[Settings], ProviderRegistry]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    database_url: str,
+    telemetry: Telemetry | None = None,
+    providers: ProvidersFactory = build_registry,
+) -> web.Application:
+    """The gateway application. Tests pass their own telemetry and provider factory."""
+    if telemetry is None:
+        telemetry = Telemetry.from_providers(
+            build_providers(settings), capture_content=settings.capture_genai_content
+        )
+    app = web.Application(client_max_size=settings.request_body_limit_bytes)
+    app[app_keys.SETTINGS] = settings
+    app[app_keys.TELEMETRY] = telemetry
+    app[MODELS_CACHE] = ModelListCache()
+
+    async def database(app: web.Application) -> AsyncIterator[None]:
+        pool = await create_pool(database_url)
+        app[app_keys.POOL] = pool
+        authenticator = Authenticator(pool, database_url)
+        await authenticator.start()
+        app[app_keys.AUTHENTICATOR] = authenticator
+        limiter: RateLimiter = PostgresRateLimiter(pool)
+        await limiter.start()
+        app[app_keys.RATE_LIMITER] = limiter
+        yield
+        await limiter.close()
+        await authenticator.close()
+        await pool.close()
+
+    async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
+        registry = providers(settings)
+        app[app_keys.PROVIDERS] = registry
+        yield
+        await registry.close()
+
+    async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:
+        yield
+        app[app_keys.TELEMETRY].providers.shutdown()
+
+    app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    add_routes(app)
+
+    app.middlewares.extend(
+        [
+            request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
+            error_middleware(),
+            auth_middleware(public_paths=PUBLIC_PATHS, instruments=telemetry.instruments),
+            rate_limit_middleware(instruments=telemetry.instruments),
+        ]
+    )
+    app.on_response_prepare.append(add_response_headers)
+    return app

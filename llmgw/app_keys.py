@@ -1,0 +1,23 @@
+"""Every typed key the application and its requests carry."""
+
+from __future__ import annotations
+
+import asyncpg
+from aiohttp import web
+
+from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
+from llmgw.config import Settings
+from llmgw.providers.registry import ProviderRegistry
+from llmgw.ratelimit.base import RateLimitDecision, RateLimiter
+from llmgw.telemetry.runtime import Telemetry
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+RATE_LIMITER = web.AppKey("rate_limiter", RateLimiter)
+PROVIDERS = web.AppKey("providers", ProviderRegistry)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+
+REQUEST_ID = web.RequestKey("request_id", str)
+API_KEY = web.RequestKey("api_key", AuthenticatedKey)
+RATE_LIMIT = web.RequestKey("rate_limit", RateLimitDecision)

@@ -1,0 +1,1 @@
+"""Gateway keys: their format, and authenticating a request's bearer token."""

@@ -1,0 +1,179 @@
+"""Authenticate bearer tokens against ``api_keys``, served from a cache that revocation invalidates.
+
+The cache keeps each prefix's row for ``cache_ttl`` seconds. Every change to ``api_keys`` (a trigger
+NOTIFYs the prefix) drops that entry at once on every replica; while the LISTEN connection is down the
+cache is bypassed, so a revocation is never missed for longer than the notification takes to arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import asyncpg
+import attrs
+
+from llmgw.auth.keys import hash_key, is_plausible_key, key_prefix
+from llmgw.errors import AuthenticationFailed
+from llmgw.storage.database import DATABASE_DOWN_ERRORS, database_errors
+from llmgw.storage.schema import API_KEY_CHANGES_CHANNEL
+
+__all__ = ["AuthenticatedKey", "Authenticator"]
+
+log = logging.getLogger(__name__)
+
+_LOOKUP = """
+SELECT id, subject_id, key_hash, rate_limit_requests, rate_limit_window_seconds
+FROM api_keys WHERE prefix = $1 AND is_active AND revoked_at IS NULL
+"""
+_TOUCH = "UPDATE api_keys SET last_used_at = now() WHERE id = ANY($1::uuid[])"
+# Compared against when no row matches, so an unknown prefix costs the same as a wrong secret.
+_DUMMY_HASH = hash_key("llmg_no-such-key-exists-here")
+
+
+@attrs.frozen(slots=True)
+class AuthenticatedKey:
+    """The key a request was authenticated with; never holds the plaintext."""
+
+    id: uuid.UUID
+    prefix: str
+    subject_id: uuid.UUID | None
+    rate_limit_requests: int
+    rate_limit_window_seconds: int
+
+
+@attrs.define(slots=True)
+class _CacheEntry:
+    key: AuthenticatedKey | None
+    key_hash: bytes
+    expires_at: float
+
+
+class Authenticator:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        database_url: str,
+        *,
+        cache_ttl: float = 10.0,
+        last_used_interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pool = pool
+        self._database_url = database_url
+        self._cache_ttl = cache_ttl
+        self._last_used_interval = last_used_interval
+        self._clock = clock
+        self._cache: dict[str, _CacheEntry] = {}
+        self._listening = False
+        self._last_touched: dict[uuid.UUID, float] = {}
+        self._to_touch: set[uuid.UUID] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listener: asyncpg.Connection | None = None
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._listen_forever(), name="llmgw-auth-listen"),
+            asyncio.create_task(self._touch_forever(), name="llmgw-auth-last-used"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._flush_last_used()
+        if self._listener is not None and not self._listener.is_closed():
+            await self._listener.close()
+
+    async def authenticate(self, token: str) -> AuthenticatedKey:
+        if not is_plausible_key(token):
+            raise AuthenticationFailed()
+        prefix = key_prefix(token)
+        now = self._clock()
+        entry = self._cache.get(prefix)
+        if entry is None or entry.expires_at <= now or not self._listening:
+            entry = await self._load(prefix, now)
+        presented = hash_key(token)
+        if not hmac.compare_digest(presented, entry.key_hash) or entry.key is None:
+            raise AuthenticationFailed()
+        self._note_use(entry.key.id, now)
+        return entry.key
+
+    async def _load(self, prefix: str, now: float) -> _CacheEntry:
+        with database_errors():
+            row = await self._pool.fetchrow(_LOOKUP, prefix)
+        if row is None:
+            entry = _CacheEntry(None, _DUMMY_HASH, now + self._cache_ttl)
+        else:
+            key = AuthenticatedKey(
+                id=row["id"],
+                prefix=prefix,
+                subject_id=row["subject_id"],
+                rate_limit_requests=row["rate_limit_requests"],
+                rate_limit_window_seconds=row["rate_limit_window_seconds"],
+            )
+            entry = _CacheEntry(key, bytes(row["key_hash"]), now + self._cache_ttl)
+        self._cache[prefix] = entry
+        return entry
+
+    def invalidate(self, prefix: str | None = None) -> None:
+        if prefix is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(prefix, None)
+
+    def _note_use(self, key_id: uuid.UUID, now: float) -> None:
+        last = self._last_touched.get(key_id)
+        if last is None or now - last >= self._last_used_interval:
+            self._last_touched[key_id] = now
+            self._to_touch.add(key_id)
+
+    async def _touch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(min(5.0, self._last_used_interval))
+            await self._flush_last_used()
+
+    async def _flush_last_used(self) -> None:
+        if not self._to_touch:
+            return
+        ids, self._to_touch = list(self._to_touch), set()
+        try:
+            await self._pool.execute(_TOUCH, ids)
+        except DATABASE_DOWN_ERRORS:
+            # last_used_at is advisory; try again on the next tick rather than fail anything.
+            self._to_touch.update(ids)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, prefix: str) -> None:
+        self._cache.pop(prefix, None)
+
+    def _on_listener_lost(self, _conn: object) -> None:
+        self._listening = False
+        self._cache.clear()
+
+    async def _listen_forever(self) -> None:
+        while True:
+            if self._listener is None or self._listener.is_closed():
+                self._listening = False
+                try:
+                    self._listener = await self._connect_listener()
+                except DATABASE_DOWN_ERRORS as exc:
+                    log.warning(
+                        "auth cache: LISTEN connection failed (%s); retrying", type(exc).__name__
+                    )
+                else:
+                    self._cache.clear()
+                    self._listening = True
+            await asyncio.sleep(0.5)
+
+    async def _connect_listener(self) -> asyncpg.Connection:
+        conn: asyncpg.Connection = await asyncpg.connect(self._database_url, timeout=5.0)
+        conn.add_termination_listener(self._on_listener_lost)
+        await conn.add_listener(API_KEY_CHANGES_CHANNEL, self._on_notify)
+        return conn

@@ -1,0 +1,101 @@
+"""What every subcommand shares: exit codes, errors for the operator, the database it talks to."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from llmgw.config import ENVIRONMENT_VARIABLES, Settings
+from llmgw.storage import migrations
+from llmgw.storage.database import DATABASE_DOWN_ERRORS
+from llmgw.storage.embedded import EmbeddedDatabaseError, resolve_database_url
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILURE",
+    "CommandError",
+    "environment_help",
+    "prepare_database",
+    "run_with_connection",
+]
+
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+T = TypeVar("T")
+
+
+class CommandError(Exception):
+    """A failure the operator can act on: printed as one line, no traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def environment_help(names: tuple[str, ...] | None = None) -> str:
+    rows = [var for var in ENVIRONMENT_VARIABLES if names is None or var.name in names]
+    width = max(len(var.name) for var in rows)
+    lines = ["environment variables:"]
+    for var in rows:
+        default = f" (default: {var.default})" if var.default is not None else ""
+        lines.append(f"  {var.name.ljust(width)}  {var.help}{default}")
+    return "\n".join(lines)
+
+
+def prepare_database(settings: Settings, *, migrate: bool) -> str:
+    """The database URL to use, with the schema at head (migrating when allowed)."""
+    try:
+        url = resolve_database_url(settings)
+    except EmbeddedDatabaseError as exc:
+        raise CommandError(str(exc)) from None
+    if migrate or settings.uses_embedded_database or settings.auto_migrate:
+        try:
+            migrations.upgrade(url)
+        except DATABASE_DOWN_ERRORS as exc:
+            raise CommandError(_unreachable(exc)) from None
+        return url
+    revision = asyncio.run(_current_revision(url))
+    head = migrations.head_revision()
+    if revision != head:
+        raise CommandError(
+            f"the database schema is at {revision or 'nothing (empty database)'}, not {head}: "
+            "run 'alembic upgrade head' (or 'llmgw db upgrade') as a release step, "
+            "or set LLMGW_AUTO_MIGRATE=true"
+        )
+    return url
+
+
+def _unreachable(exc: BaseException) -> str:
+    return (
+        f"cannot reach the database ({type(exc).__name__}); check DATABASE_URL and that "
+        "PostgreSQL is running"
+    )
+
+
+async def _current_revision(url: str) -> str | None:
+    try:
+        connection = await asyncpg.connect(url, timeout=10)
+    except DATABASE_DOWN_ERRORS as exc:
+        raise CommandError(_unreachable(exc)) from None
+    try:
+        return await migrations.current_revision(connection)
+    finally:
+        await connection.close()
+
+
+def run_with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def run() -> T:
+        try:
+            connection = await asyncpg.connect(url, timeout=10)
+        except DATABASE_DOWN_ERRORS as exc:
+            raise CommandError(_unreachable(exc)) from None
+        try:
+            return await work(connection)
+        finally:
+            await connection.close()
+
+    return asyncio.run(run())

@@ -1,0 +1,288 @@
+"""Settings read once from the environment into a frozen attrs class.
+
+Every variable has one parser; a missing or malformed value raises :class:`ConfigError`, which the CLI
+turns into one line on stderr and exit status 2. Secret values are never echoed back.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import attrs
+import platformdirs
+
+__all__ = [
+    "ENVIRONMENT_VARIABLES",
+    "ConfigError",
+    "EnvVar",
+    "Settings",
+    "load_settings",
+]
+
+T = TypeVar("T")
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or malformed; the message is one line for the operator."""
+
+    def __init__(self, variable: str, value: str | None, expected: str, *, secret: bool = False):
+        self.variable = variable
+        if value is None:
+            shown = "is not set"
+        elif secret:
+            shown = "has an invalid value (hidden: it is a secret)"
+        else:
+            shown = f"has invalid value {value!r}"
+        super().__init__(f"{variable} {shown}; expected {expected}")
+
+
+@attrs.frozen
+class EnvVar:
+    """One documented environment variable: the CLI's --help is generated from these."""
+
+    name: str
+    default: str | None
+    help: str
+    secret: bool = False
+
+
+ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
+    EnvVar("BIND_ADDR", "0.0.0.0:3000", "HOST:PORT the gateway listens on"),
+    EnvVar(
+        "DATABASE_URL",
+        None,
+        "postgresql://user:pass@host:port/db; unset = embedded PostgreSQL in LLMGW_DATA_DIR",
+        secret=True,
+    ),
+    EnvVar("VENICE_API_KEY", None, "Venice AI API key (required by serve)", secret=True),
+    EnvVar("VENICE_BASE_URL", "https://api.venice.ai/api/v1", "Venice API base URL"),
+    EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
+    EnvVar("REQUEST_TIMEOUT_SECONDS", "120", "upper bound on one upstream call, in seconds"),
+    EnvVar("REQUEST_BODY_LIMIT_BYTES", "1048576", "largest accepted request body"),
+    EnvVar("OTEL_SERVICE_NAME", "llm-gateway", "service.name of spans and metrics"),
+    EnvVar(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        None,
+        "OTLP collector URL; unset = telemetry is not exported",
+    ),
+    EnvVar(
+        "CAPTURE_GENAI_CONTENT",
+        "false",
+        "true = record prompts and completions on spans (off by default)",
+    ),
+    EnvVar("LLMGW_DATA_DIR", None, "where the embedded database lives (default: user data dir)"),
+    EnvVar("LLMGW_AUTO_MIGRATE", "false", "true = serve migrates an external database to head"),
+    EnvVar("SHUTDOWN_GRACE_SECONDS", "30", "time in-flight requests get to finish on SIGTERM"),
+    EnvVar("RATE_LIMIT_BACKEND", "postgres", "where rate-limit windows live: postgres or redis"),
+    EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
+    EnvVar("LLMGW_PROMETHEUS", "false", "true = also serve metrics at GET /metrics"),
+    EnvVar("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
+)
+
+_BY_NAME = {var.name: var for var in ENVIRONMENT_VARIABLES}
+
+
+@attrs.frozen
+class Settings:
+    """Everything the gateway reads from its environment, validated."""
+
+    bind_host: str = "0.0.0.0"
+    bind_port: int = 3000
+    database_url: str | None = attrs.field(default=None, repr=False)
+    venice_api_key: str | None = attrs.field(default=None, repr=False)
+    venice_base_url: str = "https://api.venice.ai/api/v1"
+    venice_max_retries: int = 2
+    request_timeout_seconds: float = 120.0
+    request_body_limit_bytes: int = 1_048_576
+    otel_service_name: str = "llm-gateway"
+    otel_exporter_otlp_endpoint: str | None = None
+    capture_genai_content: bool = False
+    data_dir: Path = attrs.field(factory=lambda: default_data_dir())
+    auto_migrate: bool = False
+    shutdown_grace_seconds: float = 30.0
+    rate_limit_backend: str = "postgres"
+    redis_url: str | None = attrs.field(default=None, repr=False)
+    prometheus: bool = False
+    log_level: str = "INFO"
+
+    @property
+    def uses_embedded_database(self) -> bool:
+        return self.database_url is None
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("llmgw", appauthor=False))
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, *, require_venice_key: bool = False
+) -> Settings:
+    """Read and validate every variable; raise ConfigError naming the first bad one."""
+    env = os.environ if environ is None else environ
+    reader = _Reader(env)
+    host, port = reader.get("BIND_ADDR", _parse_bind_addr, "HOST:PORT, e.g. 0.0.0.0:3000")
+    venice_key = reader.optional("VENICE_API_KEY", _parse_non_empty, "a non-empty API key")
+    if require_venice_key and venice_key is None:
+        raise ConfigError(
+            "VENICE_API_KEY", None, "your Venice API key (https://venice.ai/settings/api)"
+        )
+    data_dir = reader.optional("LLMGW_DATA_DIR", _parse_path, "a directory path")
+    backend = reader.get(
+        "RATE_LIMIT_BACKEND", _parse_choice("postgres", "redis"), "postgres or redis"
+    )
+    redis_url = reader.optional(
+        "REDIS_URL", _parse_url("redis", "rediss", "unix"), "redis://host:port/db"
+    )
+    if backend == "redis" and redis_url is None:
+        raise ConfigError("REDIS_URL", None, "redis://host:port/db when RATE_LIMIT_BACKEND=redis")
+    return Settings(
+        bind_host=host,
+        bind_port=port,
+        database_url=reader.optional(
+            "DATABASE_URL",
+            _parse_url("postgresql", "postgres"),
+            "postgresql://user:password@host:5432/dbname",
+        ),
+        venice_api_key=venice_key,
+        venice_base_url=reader.get(
+            "VENICE_BASE_URL", _parse_url("http", "https"), "an http(s) URL"
+        ),
+        venice_max_retries=reader.get("VENICE_MAX_RETRIES", _parse_int(0, 10), "an integer 0-10"),
+        request_timeout_seconds=reader.get(
+            "REQUEST_TIMEOUT_SECONDS", _parse_positive_float, "a positive number of seconds"
+        ),
+        request_body_limit_bytes=reader.get(
+            "REQUEST_BODY_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        otel_service_name=reader.get("OTEL_SERVICE_NAME", _parse_non_empty, "a non-empty name"),
+        otel_exporter_otlp_endpoint=reader.optional(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", _parse_url("http", "https"), "an http(s) URL"
+        ),
+        capture_genai_content=reader.get("CAPTURE_GENAI_CONTENT", _parse_bool, "true or false"),
+        data_dir=data_dir if data_dir is not None else default_data_dir(),
+        auto_migrate=reader.get("LLMGW_AUTO_MIGRATE", _parse_bool, "true or false"),
+        shutdown_grace_seconds=reader.get(
+            "SHUTDOWN_GRACE_SECONDS", _parse_non_negative_float, "a number of seconds >= 0"
+        ),
+        rate_limit_backend=backend,
+        redis_url=redis_url,
+        prometheus=reader.get("LLMGW_PROMETHEUS", _parse_bool, "true or false"),
+        log_level=reader.get(
+            "LOG_LEVEL",
+            _parse_choice("DEBUG", "INFO", "WARNING", "ERROR"),
+            "DEBUG|INFO|WARNING|ERROR",
+        ),
+    )
+
+
+@attrs.frozen
+class _Reader:
+    env: Mapping[str, str]
+
+    def optional(self, name: str, parse: Callable[[str], T], expected: str) -> T | None:
+        raw = self.env.get(name)
+        if raw is None or raw.strip() == "":
+            default = _BY_NAME[name].default
+            if default is None:
+                return None
+            raw = default
+        try:
+            return parse(raw.strip())
+        except ValueError:
+            raise ConfigError(name, raw, expected, secret=_BY_NAME[name].secret) from None
+
+    def get(self, name: str, parse: Callable[[str], T], expected: str) -> T:
+        value = self.optional(name, parse, expected)
+        if value is None:
+            raise ConfigError(name, None, expected)
+        return value
+
+
+def _parse_bind_addr(raw: str) -> tuple[str, int]:
+    host, sep, port_text = raw.rpartition(":")
+    if not sep or not host:
+        raise ValueError(raw)
+    host = host.strip("[]")
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not host.replace("-", "").replace(".", "").isalnum():
+                raise
+    return host, _parse_int(0, 65535)(port_text)
+
+
+def _parse_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw, 10)
+        if not low <= value <= high:
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+def _parse_positive_float(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _parse_non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(raw)
+
+
+def _parse_non_empty(raw: str) -> str:
+    if not raw:
+        raise ValueError(raw)
+    return raw
+
+
+def _parse_path(raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        for choice in choices:
+            if raw.lower() == choice.lower():
+                return choice
+        raise ValueError(raw)
+
+    return parse
+
+
+def _parse_url(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        parts = urlsplit(raw)
+        if parts.scheme not in schemes:
+            raise ValueError(raw)
+        if not parts.netloc and not (parts.query or parts.path):
+            raise ValueError(raw)
+        if parts.scheme in ("http", "https") and not parts.hostname:
+            raise ValueError(raw)
+        return raw.rstrip("/") if parts.scheme in ("http", "https") else raw
+
+    return parse

@@ -1,0 +1,159 @@
+"""Every error the gateway itself answers with, and how it renders.
+
+    GatewayError                      (status, OpenAI ``type``, ``code``)
+    ├── InvalidRequest                400 invalid_request_error   (param names the field)
+    ├── AuthenticationFailed          401 invalid_request_error / invalid_api_key
+    ├── ModelNotAllowed               403 permission_error / model_not_allowed
+    ├── NotFound                      404 invalid_request_error / not_found
+    ├── MethodNotAllowed              405 invalid_request_error / method_not_allowed
+    ├── PayloadTooLarge               413 invalid_request_error / request_too_large
+    ├── UnsupportedMediaType          415 invalid_request_error / unsupported_media_type
+    ├── RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
+    ├── InternalError                 500 server_error (never carries a traceback)
+    ├── UpstreamUnavailable           502 upstream_error / upstream_unavailable
+    ├── ServiceUnavailable            503 service_unavailable / database_unavailable
+    └── UpstreamTimeout               504 upstream_error / upstream_timeout
+
+Errors a provider answers with are not GatewayErrors: they pass through with the provider's own
+status and body (see ``providers.base.UpstreamHTTPError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+
+__all__ = [
+    "AuthenticationFailed",
+    "GatewayError",
+    "InternalError",
+    "InvalidRequest",
+    "MethodNotAllowed",
+    "ModelNotAllowed",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "ServiceUnavailable",
+    "UnsupportedMediaType",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+]
+
+
+class GatewayError(Exception):
+    status: int = 500
+    error_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers: Mapping[str, str] = headers or {}
+
+    @property
+    def error_kind(self) -> str:
+        """Low-cardinality label for telemetry (`error.type`)."""
+        return self.code or self.error_type
+
+    def body(self) -> dict[str, object]:
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": self.error_type,
+            "code": self.code,
+        }
+        if self.param is not None:
+            error["param"] = self.param
+        return {"error": error}
+
+    def body_bytes(self) -> bytes:
+        return orjson.dumps(self.body())
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    def __init__(self) -> None:
+        # One message for every cause: the response never says which part of the key failed.
+        super().__init__(
+            "Invalid API key. Send 'Authorization: Bearer <your llmgw key>'.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+class ModelNotAllowed(GatewayError):
+    status = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class InternalError(GatewayError):
+    status = 500
+    error_type = "server_error"
+    code = "internal_error"
+
+
+class UpstreamUnavailable(GatewayError):
+    status = 502
+    error_type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    error_type = "service_unavailable"
+    code = "database_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    error_type = "upstream_error"
+    code = "upstream_timeout"

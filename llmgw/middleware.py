@@ -1,0 +1,218 @@
+"""The middleware chain, outermost first: request context, error rendering, authentication, rate limit.
+
+``create_app`` states the order once; each middleware is a factory with keyword-only arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Collection
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from llmgw import app_keys
+from llmgw.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InternalError,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+)
+from llmgw.telemetry import semconv as sc
+from llmgw.telemetry.genai import GatewayInstruments
+from llmgw.telemetry.logs import REQUEST_ID
+
+__all__ = [
+    "add_response_headers",
+    "auth_middleware",
+    "error_middleware",
+    "rate_limit_middleware",
+    "render_error",
+    "request_context_middleware",
+]
+
+log = logging.getLogger(__name__)
+
+_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_ERROR_TYPE_ON_SPAN = web.RequestKey("error_type", str)
+
+
+def _route_template(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def request_context_middleware(
+    *, tracer: trace.Tracer, instruments: GatewayInstruments
+) -> Middleware:
+    """Request id (accepted if sane, else made), a SERVER span continuing the caller's trace."""
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        offered = request.headers.get("X-Request-Id", "")
+        request_id = offered if _SANE_REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
+        request[app_keys.REQUEST_ID] = request_id
+        token = REQUEST_ID.set(request_id)
+        route = _route_template(request)
+        parent = propagate.extract(request.headers)
+        status = 500
+        try:
+            with tracer.start_as_current_span(
+                f"{request.method} {route}",
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes={
+                    sc.HTTP_REQUEST_METHOD: request.method,
+                    sc.HTTP_ROUTE: route,
+                    sc.LLMGW_REQUEST_ID: request_id,
+                },
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                response = await handler(request)
+                status = response.status
+                span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
+                error_type = request.get(_ERROR_TYPE_ON_SPAN)
+                if error_type is not None:
+                    span.set_attribute(sc.ERROR_TYPE, error_type)
+                    span.set_status(Status(StatusCode.ERROR, error_type))
+                return response
+        finally:
+            attributes: dict[str, str | int] = {
+                sc.HTTP_ROUTE: route,
+                sc.HTTP_RESPONSE_STATUS_CODE: status,
+            }
+            error_type = request.get(_ERROR_TYPE_ON_SPAN)
+            if error_type is not None:
+                attributes[sc.ERROR_TYPE] = error_type
+            instruments.requests.add(1, attributes)
+            REQUEST_ID.reset(token)
+
+    return impl
+
+
+async def add_response_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: runs for plain and streamed responses alike, before headers leave."""
+    request_id = request.get(app_keys.REQUEST_ID)
+    if request_id is not None:
+        response.headers["X-Request-Id"] = request_id
+    decision = request.get(app_keys.RATE_LIMIT)
+    if decision is not None:
+        response.headers.update(decision.headers())
+
+
+def render_error(request: web.Request, error: GatewayError) -> web.Response:
+    request[_ERROR_TYPE_ON_SPAN] = error.error_kind
+    return web.Response(
+        status=error.status,
+        body=error.body_bytes(),
+        content_type="application/json",
+        headers=error.headers,
+    )
+
+
+def error_middleware() -> Middleware:
+    """Every failure becomes an OpenAI-shaped JSON error; nothing leaks a traceback."""
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except GatewayError as error:
+            return render_error(request, error)
+        except web.HTTPRequestEntityTooLarge:
+            limit = request.app[app_keys.SETTINGS].request_body_limit_bytes
+            return render_error(
+                request,
+                PayloadTooLarge(
+                    f"Request body is larger than the limit of {limit} bytes "
+                    "(REQUEST_BODY_LIMIT_BYTES)."
+                ),
+            )
+        except web.HTTPNotFound:
+            return render_error(request, NotFound(f"No route for {request.method} {request.path}."))
+        except web.HTTPMethodNotAllowed as exc:
+            return render_error(
+                request,
+                MethodNotAllowed(
+                    f"{request.method} is not allowed on {request.path}; "
+                    f"use {', '.join(sorted(exc.allowed_methods))}.",
+                    headers={"Allow": ",".join(sorted(exc.allowed_methods))},
+                ),
+            )
+        except web.HTTPException as exc:
+            generic = GatewayError(exc.reason, code=f"http_{exc.status}")
+            generic.status = exc.status
+            generic.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+            return render_error(request, generic)
+        except (ConnectionResetError, web.RequestPayloadError):
+            raise
+        except Exception:
+            log.exception("unexpected error while handling %s %s", request.method, request.path)
+            return render_error(
+                request, InternalError("The gateway failed unexpectedly; see its logs.")
+            )
+
+    return impl
+
+
+def _bearer_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def auth_middleware(
+    *, public_paths: Collection[str], instruments: GatewayInstruments
+) -> Middleware:
+    """Deny by default: every route outside ``public_paths`` needs a valid gateway key."""
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in public_paths:
+            return await handler(request)
+        token = _bearer_token(request)
+        try:
+            if token is None:
+                raise AuthenticationFailed()
+            authenticator = request.app[app_keys.AUTHENTICATOR]
+            request[app_keys.API_KEY] = await authenticator.authenticate(token)
+        except AuthenticationFailed:
+            instruments.auth_failures.add(1)
+            raise
+        return await handler(request)
+
+    return impl
+
+
+def rate_limit_middleware(*, instruments: GatewayInstruments) -> Middleware:
+    """Count the request against its key's window; refuse with 429 and Retry-After when full."""
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = request.get(app_keys.API_KEY)
+        if key is None:
+            return await handler(request)
+        decision = await request.app[app_keys.RATE_LIMITER].hit(key)
+        request[app_keys.RATE_LIMIT] = decision
+        if not decision.allowed:
+            instruments.rate_limit_refusals.add(1)
+            raise RateLimited(
+                f"Rate limit of {decision.limit} requests per {key.rate_limit_window_seconds}s "
+                f"reached for this key; retry in {decision.retry_after}s.",
+                headers={"Retry-After": str(decision.retry_after)},
+            )
+        return await handler(request)
+
+    return impl

@@ -1,0 +1,37 @@
+"""The route table, and the short list of routes that need no key (everything else does)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from llmgw import app_keys
+from llmgw.api import chat, health, models
+from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.errors import AuthenticationFailed
+
+__all__ = ["PUBLIC_PATHS", "add_routes", "protected"]
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+ProtectedHandler = Callable[[web.Request, AuthenticatedKey], Awaitable[web.StreamResponse]]
+
+
+def protected(handler: ProtectedHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A handler that is only ever called with the key the request authenticated with."""
+
+    async def with_key(request: web.Request) -> web.StreamResponse:
+        key = request.get(app_keys.API_KEY)
+        if key is None:
+            raise AuthenticationFailed()
+        return await handler(request, key)
+
+    return with_key
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", health.healthz)
+    app.router.add_get("/readyz", health.readyz)
+    app.router.add_post("/v1/chat/completions", protected(chat.chat_completions))
+    app.router.add_get("/v1/models", protected(models.list_models))

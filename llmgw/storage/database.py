@@ -1,0 +1,49 @@
+"""The asyncpg pool, and the one place database exceptions become gateway errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import asyncpg
+
+from llmgw.errors import ServiceUnavailable
+
+__all__ = ["DATABASE_DOWN_ERRORS", "create_pool", "database_errors"]
+
+# What asyncpg and the OS raise while the server is down, restarting or unreachable.
+DATABASE_DOWN_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+)
+
+
+@contextmanager
+def database_errors() -> Iterator[None]:
+    """Turn a database outage into a 503 the client can act on."""
+    try:
+        yield
+    except DATABASE_DOWN_ERRORS as exc:
+        raise ServiceUnavailable(
+            "The gateway cannot reach its database right now; retry in a few seconds."
+        ) from exc
+
+
+async def create_pool(database_url: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
+    """A pool whose connections cache prepared statements, so each hot-path query is parsed once."""
+    pool = await asyncpg.create_pool(
+        database_url,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=5.0,
+        command_timeout=10.0,
+        max_inactive_connection_lifetime=300.0,
+        statement_cache_size=256,
+    )
+    assert pool is not None
+    return pool

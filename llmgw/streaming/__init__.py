@@ -1,0 +1,1 @@
+"""Relaying a provider's server-sent events to the client as they arrive."""

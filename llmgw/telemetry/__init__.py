@@ -1,0 +1,1 @@
+"""OpenTelemetry GenAI spans and metrics, the billing record, and JSON logs."""

@@ -1,0 +1,344 @@
+"""One GenAI client span and its metrics per upstream operation, plus the billing record.
+
+A ``ChatObservation`` is opened before the provider is called and finished exactly once, when the
+response (or the stream) ends: completed, failed or cancelled. Per-chunk work is two clock reads and
+one histogram point.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import orjson
+from opentelemetry import metrics, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from llmgw.telemetry import semconv as sc
+from llmgw.telemetry.usage import Usage
+
+__all__ = ["ChatObservation", "GatewayInstruments", "Outcome", "content_messages"]
+
+billing_log = logging.getLogger("llmgw.billing")
+
+# Request fields the conventions name, and the attribute each becomes.
+_REQUEST_PARAMETERS: Mapping[str, str] = {
+    "max_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
+    "max_completion_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
+    "temperature": sc.GEN_AI_REQUEST_TEMPERATURE,
+    "top_p": sc.GEN_AI_REQUEST_TOP_P,
+    "top_k": sc.GEN_AI_REQUEST_TOP_K,
+    "frequency_penalty": sc.GEN_AI_REQUEST_FREQUENCY_PENALTY,
+    "presence_penalty": sc.GEN_AI_REQUEST_PRESENCE_PENALTY,
+    "seed": sc.GEN_AI_REQUEST_SEED,
+}
+
+
+class Outcome:
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class GatewayInstruments:
+    """Every metric instrument, created once per meter provider."""
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self.operation_duration = meter.create_histogram(
+            sc.METRIC_OPERATION_DURATION,
+            unit="s",
+            description="GenAI operation duration",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self.token_usage = meter.create_histogram(
+            sc.METRIC_TOKEN_USAGE,
+            unit="{token}",
+            description="Number of input and output tokens used",
+            explicit_bucket_boundaries_advisory=list(sc.TOKEN_BUCKETS),
+        )
+        self.time_to_first_chunk = meter.create_histogram(
+            sc.METRIC_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time to receive the first chunk of a streamed response",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self.time_per_output_chunk = meter.create_histogram(
+            sc.METRIC_TIME_PER_OUTPUT_CHUNK,
+            unit="s",
+            description="Time between consecutive chunks of a streamed response",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self.requests = meter.create_counter(
+            sc.METRIC_GATEWAY_REQUESTS, unit="{request}", description="HTTP requests answered"
+        )
+        self.rate_limit_refusals = meter.create_counter(
+            sc.METRIC_RATE_LIMIT_REFUSALS, unit="{request}", description="Requests refused (429)"
+        )
+        self.auth_failures = meter.create_counter(
+            sc.METRIC_AUTH_FAILURES, unit="{request}", description="Requests refused (401)"
+        )
+        self.upstream_retries = meter.create_counter(
+            sc.METRIC_UPSTREAM_RETRIES, unit="{retry}", description="Upstream calls retried"
+        )
+        self.venice_cost = meter.create_counter(
+            sc.METRIC_VENICE_COST, unit="USD", description="Cost Venice reported, by model"
+        )
+
+
+def content_messages(messages: Any) -> str:
+    """Chat messages in the conventions' JSON form (role + parts); used only when capture is on."""
+    converted = []
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        parts: list[dict[str, Any]] = []
+        if isinstance(content, str):
+            parts.append({"type": "text", "content": content})
+        elif isinstance(content, list):
+            parts.extend(
+                {"type": "text", "content": part.get("text", "")}
+                for part in content
+                if isinstance(part, dict) and part.get("type") == "text"
+            )
+        converted.append({"role": message.get("role"), "parts": parts})
+    return orjson.dumps(converted).decode()
+
+
+@attrs.define(slots=True)
+class ChatObservation:
+    tracer_span: trace.Span
+    instruments: GatewayInstruments
+    metric_attributes: dict[str, Any]
+    provider_reports_cost: bool
+    capture_content: bool
+    stream: bool
+    request_id: str
+    key_id: str
+    subject_id: str | None
+    started: float = attrs.field(factory=time.perf_counter)
+    first_chunk_at: float | None = None
+    last_chunk_at: float | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = attrs.field(factory=list)
+    usage: Usage | None = None
+    retries: int = 0
+    output_text: list[str] = attrs.field(factory=list)
+    finished: bool = False
+
+    @classmethod
+    def start(
+        cls,
+        tracer: trace.Tracer,
+        instruments: GatewayInstruments,
+        *,
+        operation: str,
+        provider_name: str,
+        server_address: str,
+        server_port: int,
+        provider_reports_cost: bool,
+        body: dict[str, Any],
+        model: str,
+        stream: bool,
+        capture_content: bool,
+        request_id: str,
+        key_id: str,
+        subject_id: str | None,
+    ) -> ChatObservation:
+        attributes: dict[str, Any] = {
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: provider_name,
+            sc.GEN_AI_REQUEST_MODEL: model,
+            sc.SERVER_ADDRESS: server_address,
+            sc.SERVER_PORT: server_port,
+        }
+        metric_attributes = dict(attributes)
+        if stream:
+            attributes[sc.GEN_AI_REQUEST_STREAM] = True
+        for field, attribute in _REQUEST_PARAMETERS.items():
+            value = body.get(field)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                attributes[attribute] = value
+        stop = body.get("stop")
+        if isinstance(stop, str):
+            attributes[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
+        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+            attributes[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = stop
+        choices = body.get("n")
+        if isinstance(choices, int) and choices != 1:
+            attributes[sc.GEN_AI_REQUEST_CHOICE_COUNT] = choices
+        if capture_content and "messages" in body:
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = content_messages(body["messages"])
+        span = tracer.start_span(
+            f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attributes
+        )
+        return cls(
+            tracer_span=span,
+            instruments=instruments,
+            metric_attributes=metric_attributes,
+            provider_reports_cost=provider_reports_cost,
+            capture_content=capture_content,
+            stream=stream,
+            request_id=request_id,
+            key_id=key_id,
+            subject_id=subject_id,
+        )
+
+    # Streaming hooks ---------------------------------------------------------------------------
+
+    def chunk_arrived(self) -> None:
+        now = time.perf_counter()
+        if self.first_chunk_at is None:
+            self.first_chunk_at = now
+        else:
+            assert self.last_chunk_at is not None
+            self.instruments.time_per_output_chunk.record(
+                now - self.last_chunk_at, self.metric_attributes
+            )
+        self.last_chunk_at = now
+
+    def note_document(self, document: dict[str, Any]) -> None:
+        """Read ids, finish reasons and (captured) content from a response or a stream chunk."""
+        if self.response_id is None and isinstance(document.get("id"), str):
+            self.response_id = document["id"]
+        if self.response_model is None and isinstance(document.get("model"), str):
+            self.response_model = document["model"]
+        choices = document.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                self.finish_reasons.append(reason)
+            if self.capture_content:
+                message = choice.get("message") or choice.get("delta") or {}
+                text = message.get("content") if isinstance(message, dict) else None
+                if isinstance(text, str):
+                    self.output_text.append(text)
+
+    # Ending ------------------------------------------------------------------------------------
+
+    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        now = time.perf_counter()
+        duration = now - self.started
+        span = self.tracer_span
+        metric_attributes = self.metric_attributes
+        if self.response_model is not None:
+            metric_attributes[sc.GEN_AI_RESPONSE_MODEL] = self.response_model
+        span_attributes: dict[str, Any] = {
+            sc.LLMGW_RETRY_COUNT: self.retries,
+            sc.HTTP_RESPONSE_STATUS_CODE: status,
+        }
+        if self.stream:
+            span_attributes[sc.LLMGW_STREAM_OUTCOME] = outcome
+        if self.response_id is not None:
+            span_attributes[sc.GEN_AI_RESPONSE_ID] = self.response_id
+        if self.response_model is not None:
+            span_attributes[sc.GEN_AI_RESPONSE_MODEL] = self.response_model
+        if self.finish_reasons:
+            span_attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = self.finish_reasons
+        elif self.stream and outcome != Outcome.COMPLETED:
+            span_attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = ["error"]
+        ttfc = None
+        if self.first_chunk_at is not None:
+            ttfc = self.first_chunk_at - self.started
+            span_attributes[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttfc
+            self.instruments.time_to_first_chunk.record(ttfc, metric_attributes)
+        if self.usage is not None:
+            self._record_usage(self.usage, span_attributes, metric_attributes)
+        if self.capture_content and self.output_text:
+            span_attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(
+                [
+                    {
+                        "role": "assistant",
+                        "parts": [{"type": "text", "content": "".join(self.output_text)}],
+                        "finish_reason": self.finish_reasons[0] if self.finish_reasons else None,
+                    }
+                ]
+            ).decode()
+        if error_type is not None:
+            span_attributes[sc.ERROR_TYPE] = error_type
+            metric_attributes[sc.ERROR_TYPE] = error_type
+            span.set_status(Status(StatusCode.ERROR, error_type))
+        span.set_attributes(span_attributes)
+        self.instruments.operation_duration.record(duration, metric_attributes)
+        if self.retries:
+            self.instruments.upstream_retries.add(self.retries, metric_attributes)
+        span.end()
+        self._write_billing_record(status, outcome, error_type, duration, ttfc, span)
+
+    def _record_usage(
+        self, usage: Usage, span_attributes: dict[str, Any], metric_attributes: dict[str, Any]
+    ) -> None:
+        optional = (
+            (sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens),
+            (sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens),
+            (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cache_read_input_tokens),
+            (sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens),
+            (sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, usage.reasoning_output_tokens),
+            (sc.VENICE_COST_USD, usage.cost_usd),
+            (sc.VENICE_COST_DIEM, usage.cost_diem),
+        )
+        for attribute, value in optional:
+            if value is not None:
+                span_attributes[attribute] = value
+        token_usage = self.instruments.token_usage
+        if usage.input_tokens is not None:
+            token_usage.record(
+                usage.input_tokens, {**metric_attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}
+            )
+        if usage.output_tokens is not None:
+            token_usage.record(
+                usage.output_tokens,
+                {**metric_attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT},
+            )
+        if usage.cost_usd is not None:
+            self.instruments.venice_cost.add(
+                usage.cost_usd,
+                {sc.GEN_AI_REQUEST_MODEL: metric_attributes[sc.GEN_AI_REQUEST_MODEL]},
+            )
+
+    def _write_billing_record(
+        self,
+        status: int,
+        outcome: str,
+        error_type: str | None,
+        duration: float,
+        ttfc: float | None,
+        span: trace.Span,
+    ) -> None:
+        usage = self.usage or Usage()
+        context = span.get_span_context()
+        billing_log.info(
+            "billing record",
+            extra={
+                "event": "venice.billing",
+                "api_key_id": self.key_id,
+                "subject_id": self.subject_id,
+                "request_id": self.request_id,
+                "response_id": self.response_id,
+                "provider": self.metric_attributes[sc.GEN_AI_PROVIDER_NAME],
+                "model": self.metric_attributes[sc.GEN_AI_REQUEST_MODEL],
+                "response_model": self.response_model,
+                "stream": self.stream,
+                "status": status,
+                "outcome": outcome,
+                "error_type": error_type,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cost_usd": usage.cost_usd,
+                "cost_diem": usage.cost_diem,
+                "duration_ms": round(duration * 1000, 3),
+                "time_to_first_chunk_ms": None if ttfc is None else round(ttfc * 1000, 3),
+                "trace_id": format(context.trace_id, "032x") if context.is_valid else None,
+            },
+        )

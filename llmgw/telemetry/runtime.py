@@ -1,0 +1,31 @@
+"""The telemetry handles the app uses at run time: a tracer, the instruments, the capture switch."""
+
+from __future__ import annotations
+
+import attrs
+from opentelemetry import trace
+
+from llmgw import __version__
+from llmgw.telemetry.genai import GatewayInstruments
+from llmgw.telemetry.setup import TelemetryProviders
+
+__all__ = ["Telemetry"]
+
+
+@attrs.frozen
+class Telemetry:
+    providers: TelemetryProviders
+    tracer: trace.Tracer
+    instruments: GatewayInstruments
+    capture_content: bool
+
+    @classmethod
+    def from_providers(cls, providers: TelemetryProviders, *, capture_content: bool) -> Telemetry:
+        return cls(
+            providers=providers,
+            tracer=providers.tracer_provider.get_tracer("llmgw", __version__),
+            instruments=GatewayInstruments(
+                providers.meter_provider.get_meter("llmgw", __version__)
+            ),
+            capture_content=capture_content,
+        )

@@ -1,0 +1,101 @@
+"""Tracer and meter providers: OTLP export when configured, nothing at all otherwise.
+
+Providers are built here and injected into the app; nothing is installed globally, so tests can
+pass in-memory ones and several apps can run in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+
+import attrs
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import NoOpTracerProvider
+
+from llmgw import __version__
+from llmgw.config import Settings
+
+__all__ = ["TelemetryProviders", "build_providers", "build_resource"]
+
+
+@attrs.frozen
+class TelemetryProviders:
+    tracer_provider: trace.TracerProvider
+    meter_provider: metrics.MeterProvider
+
+    def shutdown(self) -> None:
+        for provider in (self.tracer_provider, self.meter_provider):
+            shutdown = getattr(provider, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
+
+def build_resource(service_name: str) -> Resource:
+    return Resource.create(
+        {
+            "service.name": service_name,
+            "service.version": __version__,
+            "service.instance.id": f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        }
+    )
+
+
+def build_providers(
+    settings: Settings,
+    *,
+    span_processors: Sequence[SpanProcessor] = (),
+    metric_readers: Sequence[MetricReader] = (),
+) -> TelemetryProviders:
+    """OTLP exporters when OTEL_EXPORTER_OTLP_ENDPOINT is set, plus any processors/readers given."""
+    processors = list(span_processors)
+    readers = list(metric_readers)
+    if settings.otel_exporter_otlp_endpoint is not None:
+        span_exporter, metric_exporter = _otlp_exporters()
+        processors.append(BatchSpanProcessor(span_exporter))
+        readers.append(PeriodicExportingMetricReader(metric_exporter))
+    resource = build_resource(settings.otel_service_name)
+    tracer_provider: trace.TracerProvider
+    if processors:
+        sdk_tracer_provider = TracerProvider(resource=resource)
+        for processor in processors:
+            sdk_tracer_provider.add_span_processor(processor)
+        tracer_provider = sdk_tracer_provider
+    else:
+        tracer_provider = NoOpTracerProvider()
+    meter_provider: metrics.MeterProvider = (
+        MeterProvider(resource=resource, metric_readers=readers) if readers else NoOpMeterProvider()
+    )
+    return TelemetryProviders(tracer_provider, meter_provider)
+
+
+def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
+    # The exporters read the standard OTEL_EXPORTER_OTLP_* variables (endpoint, headers, timeouts).
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    )
+    if protocol.strip().lower() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter(), GrpcMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(), OTLPMetricExporter()

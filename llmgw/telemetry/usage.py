@@ -1,0 +1,56 @@
+"""Token usage and cost as providers report them (OpenAI ``usage``; Venice adds ``cost``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ["Usage", "parse_usage"]
+
+
+@attrs.frozen(slots=True)
+class Usage:
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    reasoning_output_tokens: int | None = None
+    cost_usd: float | None = None
+    cost_diem: float | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
+    """Usage from a response or chunk object; None when it carries none. Cost only if reported."""
+    usage = document.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt_details = _dict(usage.get("prompt_tokens_details"))
+    completion_details = _dict(usage.get("completion_tokens_details"))
+    cost = _dict(document.get("cost")) if with_cost else {}
+    cache_read = _int(prompt_details.get("cached_tokens"))
+    if cache_read is None:
+        cache_read = _int(usage.get("cache_read_input_tokens"))
+    return Usage(
+        input_tokens=_int(usage.get("prompt_tokens")),
+        output_tokens=_int(usage.get("completion_tokens")),
+        cache_read_input_tokens=cache_read,
+        cache_creation_input_tokens=_int(prompt_details.get("cache_creation_input_tokens")),
+        reasoning_output_tokens=_int(completion_details.get("reasoning_tokens")),
+        cost_usd=_number(cost.get("usd")),
+        cost_diem=_number(cost.get("diem")),
+    )

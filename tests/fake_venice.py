@@ -1,0 +1,944 @@
+"""A fake Venice AI upstream: a real aiohttp server on 127.0.0.1 that answers like Venice.
+
+Shapes, headers and error bodies follow ``shared/venice-api.md`` and the recorded cassettes.
+Tests script failures per request with :class:`Behaviour`; the benchmark runs it standalone
+(``python tests/fake_venice.py --port 8099``), so the hot path avoids logging, sleeps that
+nobody asked for, and repeated work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import signal
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from typing import Any, Literal
+
+import attrs
+import orjson
+from aiohttp import web
+
+FAKE_VENICE_KEY: str = "venice-fake-provider-key-7f3a9c"
+
+VENICE_VERSION = "20260821.193530"
+TOOL_ARGUMENTS = '{"a": 4, "b": 6}'
+DEFAULT_EMBEDDING_DIMENSIONS = 8
+
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+
+UsagePlacement = Literal["separate", "finish"]
+_UsageMode = Literal["separate", "finish", "none"]
+_Cut = Literal["drop", "error", "stall"]
+
+
+def expected_cost_usd(prompt_tokens: int, completion_tokens: int) -> float:
+    """The `cost.usd` the fake reports; output is priced high so sums stay visible in tests."""
+    return round(prompt_tokens * 0.1e-6 + completion_tokens * 0.15e-3, 10)
+
+
+def count_prompt_tokens(messages: Any) -> int:
+    """Whitespace-separated words over all message contents (strings and text parts), min 1."""
+    words = 0
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, dict):
+                words += _count_words(message.get("content"))
+    return max(1, words)
+
+
+def _count_words(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content.split())
+    if isinstance(content, list):
+        return sum(
+            len(part["text"].split())
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return 0
+
+
+def split_reply(text: str, chunks: int) -> list[str]:
+    """Split by characters (not bytes or words) into `chunks` near-equal, possibly empty pieces.
+
+    Character splitting puts multi-byte UTF-8 characters next to chunk borders, which is
+    exactly what a gateway's SSE re-framing must survive.
+    """
+    count = max(1, chunks)
+    size, extra = divmod(len(text), count)
+    pieces: list[str] = []
+    start = 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------------
+# Error bodies (venice-api.md A4)
+
+_STATUS_MESSAGES: dict[int, str] = {
+    400: "Invalid request parameters",
+    401: "Authentication failed",
+    402: (
+        "Insufficient USD or Diem balance to complete request. "
+        "Visit https://venice.ai/settings/api to add credits."
+    ),
+    403: "Unauthorized access",
+    415: "Invalid request content-type",
+    422: "Your prompt violates the content policy of Venice.ai or the model provider",
+    429: "Rate limit exceeded",
+    500: "Inference processing failed",
+    503: "The model is at capacity. Please try again later.",
+    504: (
+        "The request took too long to complete and was timed-out. "
+        "For long running requests, use the streaming API by setting stream=true."
+    ),
+}
+
+
+def model_not_found_body(model: str) -> bytes:
+    return orjson.dumps(
+        {
+            "error": f"Specified model not found: {model}. "
+            "Did you mean: venice-uncensored-1-2, venice-uncensored-role-play?"
+        }
+    )
+
+
+def venice_error_body(status: int, model: str = "") -> bytes:
+    """The body Venice sends for `status`; unknown statuses fall back to the HTTP reason."""
+    if status == 404:
+        return model_not_found_body(model)
+    if status == 413:
+        return orjson.dumps({"code": "PAYLOAD_TOO_LARGE", "error": "Request payload too large"})
+    message = _STATUS_MESSAGES.get(status)
+    if message is None:
+        try:
+            message = HTTPStatus(status).phrase
+        except ValueError:
+            message = "Error"
+    return orjson.dumps({"error": message})
+
+
+def detailed_error_body(field: str | None, message: str, code: str) -> bytes:
+    """Venice's zod-style DetailedError: `details` is the `_errors` tree, `issues` the flat list."""
+    details: dict[str, Any] = {"_errors": [] if field else [message]}
+    if field:
+        details[field] = {"_errors": [message]}
+    issue = {"code": code, "message": message, "path": [field] if field else []}
+    return orjson.dumps({"details": details, "error": _STATUS_MESSAGES[400], "issues": [issue]})
+
+
+_INVALID_JSON_BODY = orjson.dumps({"error": "Invalid JSON request"})
+_MODEL_REQUIRED_BODY = orjson.dumps({"error": "model is required"})
+_AUTH_FAILED_BODY = orjson.dumps({"error": "Authentication failed"})
+_ROUTE_NOT_FOUND_BODY = orjson.dumps({"error": "Not found"})
+_X402_BODY = orjson.dumps(
+    {
+        "x402Version": 2,
+        "error": "Authentication required",
+        "accepts": [
+            {
+                "scheme": "exact",
+                "network": "base",
+                "maxAmountRequired": "10000",
+                "resource": "https://api.venice.ai/api/v1/chat/completions",
+                "description": "Venice AI inference",
+                "mimeType": "application/json",
+                "payTo": "0x0000000000000000000000000000000000000000",
+                "asset": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+            }
+        ],
+        "authOptions": [
+            {"type": "bearer", "header": "Authorization"},
+            {"type": "x402", "header": "SIGN-IN-WITH-X"},
+        ],
+    }
+)
+_GARBAGE_BODY = b"<html><head><title>502 Bad Gateway</title></head><body>cloudflare</body></html>"
+_GARBAGE_EVENT = b'data: {"choices": [{"delta": not json at all\n\n'
+_MID_STREAM_ERROR_EVENT = (
+    b"data: "
+    + orjson.dumps(
+        {
+            "error": {
+                "message": "The model is currently overloaded.",
+                "type": "server_error",
+                "code": "model_overloaded",
+                "param": None,
+                "retry_after": 30,
+            }
+        }
+    )
+    + b"\n\n"
+)
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Models (trimmed from the recorded list_models cassette)
+
+
+def _model_item(
+    model_id: str, name: str, context: int, max_completion: int, price: tuple[float, float]
+) -> dict[str, Any]:
+    is_embedding = model_id.startswith("text-embedding")
+    return {
+        "context_length": context,
+        "created": 1727966436,
+        "id": model_id,
+        "model_spec": {
+            "availableContextTokens": context,
+            "capabilities": {
+                "optimizedForCode": False,
+                "quantization": "fp8",
+                "supportsFunctionCalling": not is_embedding,
+                "supportsLogProbs": False,
+                "supportsReasoning": model_id.startswith("qwen"),
+                "supportsResponseSchema": True,
+                "supportsVision": False,
+                "supportsWebSearch": not is_embedding,
+            },
+            "description": f"{name} (fake Venice).",
+            "maxCompletionTokens": max_completion,
+            "name": name,
+            "offline": False,
+            "pricing": {
+                "input": {"diem": price[0], "usd": price[0]},
+                "output": {"diem": price[1], "usd": price[1]},
+            },
+            "privacy": "private",
+            "traits": ["most_uncensored"] if model_id == "venice-uncensored-1-2" else [],
+        },
+        "object": "model",
+        "owned_by": "venice.ai",
+        "type": "embedding" if is_embedding else "text",
+    }
+
+
+MODELS: list[dict[str, Any]] = [
+    _model_item("qwen3-5-9b", "Qwen 3.5 9B", 256000, 32768, (0.1, 0.15)),
+    _model_item("llama-3.3-70b", "Llama 3.3 70B", 128000, 4096, (0.7, 2.8)),
+    _model_item(
+        "mistral-small-3-2-24b-instruct",
+        "Mistral Small 3.2 24B Instruct",
+        256000,
+        16384,
+        (0.09375, 0.25),
+    ),
+    _model_item("venice-uncensored-1-2", "Venice Uncensored 1.2", 128000, 8192, (0.2, 0.9)),
+    _model_item("text-embedding-qwen3-0-6b", "Qwen3 Embedding 0.6B", 32768, 0, (0.02, 0.0)),
+]
+_MODEL_NAMES = {item["id"]: item["model_spec"]["name"] for item in MODELS}
+_MODEL_TYPES = frozenset(
+    {"asr", "embedding", "image", "music", "text", "tts", "upscale", "inpaint", "video", "all", "code"}
+)  # fmt: skip
+
+
+def _model_list_body(model_type: str) -> bytes:
+    data = [item for item in MODELS if model_type == "all" or item["type"] == model_type]
+    return orjson.dumps({"data": data, "object": "list", "type": model_type})
+
+
+_MODEL_LIST_BODIES = {model_type: _model_list_body(model_type) for model_type in _MODEL_TYPES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Request checks; each returns (status, body) for a rejection or None
+
+
+_NOT_JSON: Any = object()
+
+_VENICE_PARAMETER_DEFAULTS: dict[str, Any] = {
+    "disable_thinking": False,
+    "enable_e2ee": True,
+    "enable_web_citations": False,
+    "enable_web_scraping": False,
+    "enable_web_search": "off",
+    "enable_x_search": False,
+    "include_search_results_in_stream": False,
+    "include_venice_system_prompt": True,
+    "return_search_results_as_documents": False,
+    "strip_thinking_response": False,
+}
+_ECHOED_VENICE_PARAMETERS = frozenset(_VENICE_PARAMETER_DEFAULTS) | {"character_slug"}
+
+CHAT_FIELDS = frozenset(
+    {
+        "model", "messages", "venice_parameters",
+        "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs",
+        "max_tokens", "max_completion_tokens", "n", "seed", "stop", "stream",
+        "stream_options", "temperature", "top_p", "tools", "tool_choice",
+        "parallel_tool_calls", "response_format", "reasoning_effort", "reasoning",
+        "prompt_cache_key", "prompt_cache_retention", "verbosity", "text",
+        "user", "store", "metadata", "include",
+        "top_k", "min_p", "min_temp", "max_temp", "repetition_penalty",
+        "stop_token_ids", "anon_user_id", "fallbacks",
+    }
+)  # fmt: skip
+
+_Rejection = tuple[int, bytes]
+
+
+def _auth_rejection(authorization: str | None) -> _Rejection | None:
+    # Venice answers a missing key with x402 payment discovery, not a 401.
+    if authorization is None:
+        return 402, _X402_BODY
+    if authorization != f"Bearer {FAKE_VENICE_KEY}":
+        return 401, _AUTH_FAILED_BODY
+    return None
+
+
+def _body_rejection(body: Any) -> _Rejection | None:
+    if body is _NOT_JSON:
+        return 400, _INVALID_JSON_BODY
+    if not isinstance(body, dict):
+        return 400, detailed_error_body(None, "Expected object", "invalid_type")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return 400, _MODEL_REQUIRED_BODY
+    return None
+
+
+def _chat_rejection(body: Any, strict_fields: bool) -> _Rejection | None:
+    rejection = _body_rejection(body)
+    if rejection is not None:
+        return rejection
+    if strict_fields and (unknown := sorted(body.keys() - CHAT_FIELDS)):
+        keys = ", ".join(f"'{key}'" for key in unknown)
+        message = f"Unrecognized key(s) in object: {keys}"
+        return 400, detailed_error_body(None, message, "unrecognized_keys")
+    if not isinstance(body.get("messages"), list):
+        return 400, detailed_error_body("messages", "Required", "invalid_type")
+    return _model_rejection(body["model"])
+
+
+def _embeddings_rejection(body: Any) -> _Rejection | None:
+    rejection = _body_rejection(body)
+    if rejection is not None:
+        return rejection
+    inputs = body.get("input")
+    if not (
+        isinstance(inputs, str)
+        or (isinstance(inputs, list) and inputs and all(isinstance(i, str) for i in inputs))
+    ):
+        return 400, detailed_error_body(
+            "input", "Expected string or array of strings", "invalid_type"
+        )
+    dimensions = body.get("dimensions", DEFAULT_EMBEDDING_DIMENSIONS)
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+        return 400, detailed_error_body("dimensions", "Expected positive integer", "invalid_type")
+    return _model_rejection(body["model"])
+
+
+def _model_rejection(model: str) -> _Rejection | None:
+    # "contains" rather than "starts with" so the recorded `venice-nonexistent-rig-test` works too.
+    if "nonexistent" in model:
+        return 404, model_not_found_body(model)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Answers
+
+
+@attrs.define
+class ReceivedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+
+
+@attrs.define
+class Behaviour:
+    """How the fake answers one chat/embeddings request; the defaults answer normally."""
+
+    status: int = 200
+    error_body: bytes | None = None
+    retry_after: str | None = None
+    ratelimit_reset_ms: int | None = None
+    delay_before_headers: float = 0.0
+    chunk_delay: float = 0.0
+    drop_after_chunks: int | None = None
+    error_event_after_chunks: int | None = None
+    garbage: bool = False
+    close_mid_body: bool = False
+    stall_after_chunks: int | None = None
+
+    def stream_cut(self) -> tuple[int, _Cut] | None:
+        """Where and how a stream stops early; the earliest one wins if several are set."""
+        candidates: tuple[tuple[int | None, _Cut], ...] = (
+            (self.drop_after_chunks, "drop"),
+            (self.error_event_after_chunks, "error"),
+            (self.stall_after_chunks, "stall"),
+        )
+        cuts = [(after, cut) for after, cut in candidates if after is not None]
+        return min(cuts) if cuts else None
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _choice(
+    delta: dict[str, Any], finish_reason: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {"delta": delta, "finish_reason": finish_reason, "index": 0, "logprobs": None, **extra}
+
+
+def _text_delta(content: str | None) -> dict[str, Any]:
+    return {"content": content, "reasoning_content": None, "reasoning_encrypted": False}
+
+
+def _tool_delta(call_id: str | None, name: str | None, arguments: str) -> dict[str, Any]:
+    function = {"arguments": arguments, "name": name}
+    call = {"function": function, "id": call_id, "index": 0, "type": "function"}
+    return {"content": "", "reasoning_content": None, "role": None, "tool_calls": [call]}
+
+
+@attrs.frozen
+class _StreamEvents:
+    opening: bytes
+    content: list[bytes]  # the events Behaviour's *_after_chunks counters count
+    closing: list[bytes]  # finish chunk, usage chunk if separate, [DONE]
+
+    def garbled(self) -> _StreamEvents:
+        return _StreamEvents(_GARBAGE_EVENT, [_GARBAGE_EVENT] * len(self.content), [_DONE_EVENT])
+
+
+@attrs.define
+class _Completion:
+    """One generated answer, rendered either as a JSON body or as SSE events."""
+
+    model: str
+    pieces: list[str]  # reply text, or tool-call arguments when tool_name is set
+    prompt_tokens: int
+    tool_name: str | None
+    include_cost: bool
+    usage_mode: _UsageMode
+    requested_venice_parameters: Any  # echoed (with Venice's defaults) by JSON answers only
+    id: str = attrs.field(factory=lambda: "chatcmpl-" + os.urandom(16).hex())
+    created: int = attrs.field(factory=lambda: int(time.time()))
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.tool_name is None else "tool_calls"
+
+    def billing(self) -> dict[str, Any]:
+        """`usage` plus `cost` (unless Venice would omit it)."""
+        prompt, completion = self.prompt_tokens, self.completion_tokens
+        billing: dict[str, Any] = {
+            "usage": {
+                "completion_tokens": completion,
+                "prompt_tokens": prompt,
+                "prompt_tokens_details": {"cached_tokens": 0},
+                "total_tokens": prompt + completion,
+            }
+        }
+        if self.include_cost:
+            billing["cost"] = {"diem": 0, "usd": expected_cost_usd(prompt, completion)}
+        return billing
+
+    def tool_call_id(self) -> str:
+        # Derived from the completion id so stream and JSON agree without storing more state.
+        return "call_" + self.id[-24:]
+
+    def response_body(self) -> bytes:
+        text = "".join(self.pieces)
+        tool_calls: list[dict[str, Any]] = []
+        if self.tool_name is not None:
+            function = {"arguments": text, "name": self.tool_name}
+            tool_calls = [{"function": function, "id": self.tool_call_id(), "type": "function"}]
+            text = ""
+        message = {
+            "annotations": None,
+            "audio": None,
+            "content": text,
+            "function_call": None,
+            "reasoning_content": None,
+            "reasoning_encrypted": False,
+            "refusal": None,
+            "role": "assistant",
+            "tool_calls": tool_calls,
+        }
+        choice = {
+            "finish_reason": self.finish_reason,
+            "index": 0,
+            "logprobs": None,
+            "message": message,
+            "stop_reason": None,
+            "token_ids": None,
+        }
+        return orjson.dumps(
+            {
+                "choices": [choice],
+                "created": self.created,
+                "id": self.id,
+                "kv_transfer_params": None,
+                "model": self.model,
+                "object": "chat.completion",
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "service_tier": None,
+                "venice_parameters": _echo_venice_parameters(self.requested_venice_parameters),
+                **self.billing(),
+            }
+        )
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk: dict[str, Any] = {
+            "choices": choices,
+            "created": self.created,
+            "id": self.id,
+            "model": self.model,
+            "object": "chat.completion.chunk",
+        }
+        if self.usage_mode == "finish":
+            # Mistral-style backends put "usage": null on every chunk but the billed one.
+            chunk["usage"] = None
+        chunk.update(extra)
+        return _sse(chunk)
+
+    def _content_events(self) -> list[bytes]:
+        if self.tool_name is None:
+            return [
+                self._chunk([_choice(_text_delta(piece), token_ids=None)]) for piece in self.pieces
+            ]
+        # Venice names the call once with empty arguments, then streams argument fragments.
+        deltas = [_tool_delta(self.tool_call_id(), self.tool_name, "")]
+        deltas += [_tool_delta(None, None, piece) for piece in self.pieces]
+        return [self._chunk([_choice(delta)]) for delta in deltas]
+
+    def _closing_events(self) -> list[bytes]:
+        finish_choice = _choice(
+            _text_delta("" if self.tool_name is None else None),
+            self.finish_reason,
+            stop_reason=None,
+            token_ids=None,
+        )
+        if self.usage_mode == "finish":
+            return [self._chunk([finish_choice], **self.billing()), _DONE_EVENT]
+        events = [self._chunk([finish_choice])]
+        if self.usage_mode == "separate":
+            events.append(self._chunk([], **self.billing()))
+        events.append(_DONE_EVENT)
+        return events
+
+    def stream_events(self) -> _StreamEvents:
+        opening = self._chunk(
+            [_choice({**_text_delta(""), "role": "assistant"})], prompt_token_ids=None
+        )
+        return _StreamEvents(opening, self._content_events(), self._closing_events())
+
+
+def _echo_venice_parameters(requested: Any) -> dict[str, Any]:
+    echo = dict(_VENICE_PARAMETER_DEFAULTS)
+    if isinstance(requested, dict):
+        echo.update((k, v) for k, v in requested.items() if k in _ECHOED_VENICE_PARAMETERS)
+    echo["web_search_citations"] = []
+    return echo
+
+
+def _first_tool_name(tools: Any) -> str | None:
+    if not isinstance(tools, list) or not tools:
+        return None
+    first = tools[0]
+    function = first.get("function") if isinstance(first, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else "tool"
+
+
+def _embedding(text: str, dimensions: int) -> list[float]:
+    # Seeded by the text so equal inputs embed equally across runs and processes.
+    rng = random.Random(zlib.crc32(text.encode()))
+    return [round(rng.uniform(-0.2, 0.2), 6) for _ in range(dimensions)]
+
+
+def _embeddings_body(body: dict[str, Any]) -> bytes:
+    raw_input = body["input"]
+    inputs: list[str] = [raw_input] if isinstance(raw_input, str) else raw_input
+    dimensions = body.get("dimensions", DEFAULT_EMBEDDING_DIMENSIONS)
+    tokens = max(1, sum(len(text.split()) for text in inputs))
+    data = [
+        {"embedding": _embedding(text, dimensions), "index": index, "object": "embedding"}
+        for index, text in enumerate(inputs)
+    ]
+    return orjson.dumps(
+        {
+            "data": data,
+            "model": body["model"],
+            "object": "list",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+_STATIC_HEADERS: dict[str, str] = {
+    "x-venice-version": VENICE_VERSION,
+    "x-ratelimit-limit-requests": "500",
+    "x-ratelimit-remaining-requests": "499",
+    "x-ratelimit-limit-tokens": "1000000",
+    "x-ratelimit-remaining-tokens": "999000",
+}
+_BALANCE_HEADERS: dict[str, str] = {
+    "x-venice-balance-usd": "12.3456",
+    "x-venice-balance-diem": "100.0",
+}
+_RESET_WINDOW_MS = 60_000
+
+
+def _hang_up(request: web.BaseRequest) -> None:
+    # close() (not abort()) so what was already written reaches the client before the FIN;
+    # the missing chunked terminator / short Content-Length is what the client must notice.
+    if request.transport is not None:
+        request.transport.close()
+
+
+@attrs.define
+class _Pacer:
+    """Writes SSE events one `write()` each, sleeping `delay` between them."""
+
+    response: web.StreamResponse
+    delay: float
+    sent: int = 0
+
+    async def send(self, event: bytes) -> None:
+        if self.delay and self.sent:
+            await asyncio.sleep(self.delay)
+        await self.response.write(event)
+        self.sent += 1
+
+
+class FakeVenice:
+    """The fake upstream. Constructor options are plain attributes tests may change at any time."""
+
+    def __init__(
+        self,
+        *,
+        reply: str = "Hello from fake Venice!",
+        chunks: int = 5,
+        usage_placement: UsagePlacement = "separate",
+        usage_always: bool = True,
+        include_cost: bool = True,
+        strict_fields: bool = False,
+        record_requests: bool = True,
+    ) -> None:
+        self.reply = reply
+        self.chunks = chunks
+        self.usage_placement: UsagePlacement = usage_placement
+        self.usage_always = usage_always
+        self.include_cost = include_cost
+        self.strict_fields = strict_fields
+        # The standalone benchmark server turns this off so memory stays flat.
+        self.record_requests = record_requests
+        self.default_behaviour = Behaviour()
+        self.received: list[ReceivedRequest] = []
+        self.active_streams = 0
+        self.cancelled_streams = 0
+        self.completed_streams = 0
+        self._behaviours: collections.deque[Behaviour] = collections.deque()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._closing = asyncio.Event()
+        self._ray_prefix = os.urandom(4).hex()
+        self._ray_count = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/api/v1/chat/completions", self._chat)
+        app.router.add_post("/api/v1/embeddings", self._embeddings)
+        app.router.add_get("/api/v1/models", self._models)
+        app.router.add_route("*", "/{tail:.*}", self._unknown_route)
+        # handler_cancellation: a client that goes away must cancel a stalled or sleeping
+        # stream, as it would cancel generation at Venice.
+        runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
+        )
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        self._runner = runner
+        self._port = runner.addresses[0][1]
+        self._closing.clear()
+
+    async def close(self) -> None:
+        self._closing.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeVenice:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("FakeVenice is not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1"
+
+    # -- scripting ------------------------------------------------------------------------
+
+    def enqueue(self, *behaviours: Behaviour) -> None:
+        self._behaviours.extend(behaviours)
+
+    def fail_times(self, n: int, status: int = 503, retry_after: str | None = None) -> None:
+        self.enqueue(*(Behaviour(status=status, retry_after=retry_after) for _ in range(n)))
+
+    def _next_behaviour(self) -> Behaviour:
+        return self._behaviours.popleft() if self._behaviours else self.default_behaviour
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _receive(self, request: web.Request) -> Any:
+        """Parse and record the request; a body that is not JSON comes back as _NOT_JSON."""
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw) if raw else _NOT_JSON
+        except orjson.JSONDecodeError:
+            body = _NOT_JSON
+        if self.record_requests:
+            headers = {name.lower(): value for name, value in request.headers.items()}
+            json_body = None if body is _NOT_JSON else body
+            self.received.append(ReceivedRequest(request.method, request.path, headers, json_body))
+        return body
+
+    def _headers(
+        self, content_type: str, behaviour: Behaviour | None = None, model: str | None = None
+    ) -> dict[str, str]:
+        self._ray_count += 1
+        reset = str(int(time.time() * 1000) + _RESET_WINDOW_MS)
+        headers = {
+            **_STATIC_HEADERS,
+            "CF-RAY": f"{self._ray_prefix}{self._ray_count:08x}-SJC",
+            "Content-Type": content_type,
+            "x-ratelimit-reset-requests": reset,
+            "x-ratelimit-reset-tokens": reset,
+        }
+        if model is not None:
+            headers["x-venice-model-id"] = model
+            headers["x-venice-model-name"] = _MODEL_NAMES.get(model, model)
+            headers.update(_BALANCE_HEADERS)
+        if behaviour is not None:
+            if behaviour.retry_after is not None:
+                headers["Retry-After"] = behaviour.retry_after
+            if behaviour.ratelimit_reset_ms is not None:
+                headers["x-ratelimit-reset-requests"] = str(behaviour.ratelimit_reset_ms)
+        return headers
+
+    def _reject(self, rejection: _Rejection) -> web.Response:
+        status, body = rejection
+        return web.Response(status=status, body=body, headers=self._headers(JSON_CONTENT_TYPE))
+
+    async def _admit(
+        self, request: web.Request, reject: Callable[[Any], _Rejection | None]
+    ) -> tuple[dict[str, Any], Behaviour] | web.Response:
+        """Auth, validation, then the scripted stall and status of the next Behaviour.
+
+        Returns the request body and its Behaviour, or the finished error answer. Requests
+        Venice would reject anyway do not consume a Behaviour.
+        """
+        body = await self._receive(request)
+        rejection = _auth_rejection(request.headers.get("Authorization")) or reject(body)
+        if rejection is not None:
+            return self._reject(rejection)
+        behaviour = self._next_behaviour()
+        if behaviour.delay_before_headers:
+            await asyncio.sleep(behaviour.delay_before_headers)
+        if behaviour.status == 200:
+            return body, behaviour
+        model = body["model"]
+        error_body = behaviour.error_body or venice_error_body(behaviour.status, model)
+        headers = self._headers(JSON_CONTENT_TYPE, behaviour, model)
+        return web.Response(status=behaviour.status, body=error_body, headers=headers)
+
+    async def _send_json(
+        self, request: web.Request, behaviour: Behaviour, body: bytes, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        if behaviour.garbage:
+            body = _GARBAGE_BODY
+        if not behaviour.close_mid_body:
+            return web.Response(body=body, headers=headers)
+        response = web.StreamResponse(headers=headers)
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        _hang_up(request)
+        return response
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, self._chat_rejection)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, behaviour = admitted
+        completion = self._completion(body)
+        if body.get("stream") is True:
+            return await self._stream(request, behaviour, completion)
+        headers = self._headers(JSON_CONTENT_TYPE, behaviour, completion.model)
+        return await self._send_json(request, behaviour, completion.response_body(), headers)
+
+    def _chat_rejection(self, body: Any) -> _Rejection | None:
+        return _chat_rejection(body, self.strict_fields)
+
+    def _completion(self, body: dict[str, Any]) -> _Completion:
+        tool_name = _first_tool_name(body.get("tools"))
+        text = self.reply if tool_name is None else TOOL_ARGUMENTS
+        return _Completion(
+            model=body["model"],
+            pieces=split_reply(text, self.chunks),
+            prompt_tokens=count_prompt_tokens(body["messages"]),
+            tool_name=tool_name,
+            include_cost=self.include_cost,
+            usage_mode=self._usage_mode(body.get("stream_options")),
+            requested_venice_parameters=body.get("venice_parameters"),
+        )
+
+    def _usage_mode(self, stream_options: Any) -> _UsageMode:
+        requested = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+        return self.usage_placement if self.usage_always or requested else "none"
+
+    async def _stream(
+        self, request: web.Request, behaviour: Behaviour, completion: _Completion
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers=self._headers(SSE_CONTENT_TYPE, behaviour, completion.model)
+        )
+        self.active_streams += 1
+        try:
+            await response.prepare(request)
+            finished = await self._play(request, response, behaviour, completion)
+        except asyncio.CancelledError:
+            self.cancelled_streams += 1
+            raise
+        except ConnectionResetError:
+            # aiohttp handles the dead connection after the handler returns; raising would log.
+            self.cancelled_streams += 1
+            return response
+        finally:
+            self.active_streams -= 1
+        if finished:
+            self.completed_streams += 1
+        return response
+
+    async def _play(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        behaviour: Behaviour,
+        completion: _Completion,
+    ) -> bool:
+        """Writes the stream as scripted; True when it ended with [DONE]."""
+        events = completion.stream_events()
+        if behaviour.garbage:
+            events = events.garbled()
+        pacer = _Pacer(response, behaviour.chunk_delay)
+        await pacer.send(events.opening)
+        cut = behaviour.stream_cut()
+        for event in events.content if cut is None else events.content[: cut[0]]:
+            await pacer.send(event)
+        if cut is None:
+            for event in events.closing:
+                await pacer.send(event)
+            return True
+        if cut[1] == "error":
+            await pacer.send(_MID_STREAM_ERROR_EVENT)
+            await pacer.send(_DONE_EVENT)
+            return True
+        if cut[1] == "stall":
+            await self._closing.wait()
+        _hang_up(request)
+        return False
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, _embeddings_rejection)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, behaviour = admitted
+        headers = self._headers(JSON_CONTENT_TYPE, behaviour, body["model"])
+        return await self._send_json(request, behaviour, _embeddings_body(body), headers)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        await self._receive(request)
+        model_type = request.query.get("type", "text")
+        body = _MODEL_LIST_BODIES.get(model_type)
+        if body is None:
+            message = f"Invalid enum value. Expected {' | '.join(sorted(_MODEL_TYPES))}"
+            return self._reject((400, detailed_error_body("type", message, "invalid_enum_value")))
+        return web.Response(body=body, headers=self._headers(JSON_CONTENT_TYPE))
+
+    async def _unknown_route(self, request: web.Request) -> web.Response:
+        await self._receive(request)
+        return self._reject((404, _ROUTE_NOT_FOUND_BODY))
+
+
+# ---------------------------------------------------------------------------------------------
+# Standalone server
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run the fake Venice upstream.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8099, help="0 picks a free port")
+    parser.add_argument("--chunks", type=int, default=5)
+    parser.add_argument("--chunk-delay", type=float, default=0.0)
+    parser.add_argument("--reply", default="Hello from fake Venice!")
+    return parser.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    fake = FakeVenice(reply=args.reply, chunks=args.chunks, record_requests=False)
+    fake.default_behaviour.chunk_delay = args.chunk_delay
+    await fake.start(host=args.host, port=args.port)
+    print(f"listening on http://{args.host}:{fake.port}/api/v1", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await fake.close()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    # Use uvloop when it is installed: the benchmark needs the fake to outpace the gateway.
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse_args(argv)
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
