@@ -41,9 +41,19 @@ class _AiohttpChatStream:
         self._provider = provider
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        with _transport_errors(self._provider):
+        try:
             async for data in self._response.content.iter_any():
                 yield data
+        except TimeoutError as exc:
+            raise UpstreamTimeout(
+                f"{self._provider} stopped sending the stream and timed out; the stream was ended.",
+                code="upstream_stream_timeout",
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable(
+                f"{self._provider} broke off the stream before it was complete.",
+                code="upstream_stream_interrupted",
+            ) from exc
 
     async def close(self) -> None:
         # close(), not release(): an unfinished stream must not be drained to reuse the connection.
@@ -110,13 +120,18 @@ class OpenAICompatibleProvider:
                         url, data=call.body, headers=headers, timeout=timeout
                     )
             except (UpstreamUnavailable, UpstreamTimeout):
-                wait = self._retry.delay(retries, {}, call.deadline - loop.time())
+                wait = self._retry.delay(retries, call.deadline - loop.time(), headers={})
                 if wait is None:
                     raise
             else:
                 if response.status not in RETRYABLE_STATUSES:
                     return response, retries
-                wait = self._retry.delay(retries, response.headers, call.deadline - loop.time())
+                wait = self._retry.delay(
+                    retries,
+                    call.deadline - loop.time(),
+                    status=response.status,
+                    headers=response.headers,
+                )
                 if wait is None:
                     return response, retries
                 response.release()

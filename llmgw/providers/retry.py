@@ -37,10 +37,16 @@ def _parse_delay(value: str, now: float) -> float | None:
     return number
 
 
-def hinted_delay(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Seconds the upstream asked us to wait, if it said; never negative."""
+def hinted_delay(
+    headers: Mapping[str, str], *, status: int, now: float | None = None
+) -> float | None:
+    """Seconds the upstream asked us to wait, if it said; never negative.
+
+    Reset headers ride on every Venice answer, but they only explain a rate-limit refusal (429).
+    """
     wall = time.time() if now is None else now
-    for name in ("retry-after", *_RESET_HEADERS):
+    names = ("retry-after", *_RESET_HEADERS) if status == 429 else ("retry-after",)
+    for name in names:
         value = headers.get(name)
         if value:
             delay = _parse_delay(value, wall)
@@ -59,12 +65,15 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_delay, self.base_delay * 2**retry_number))
 
     def delay(
-        self, retry_number: int, headers: Mapping[str, str], remaining: float
+        self, retry_number: int, remaining: float, *, status: int = 0, headers: Mapping[str, str]
     ) -> float | None:
-        """Seconds to wait before retry ``retry_number`` (0-based), or None to stop retrying."""
+        """Seconds to wait before retry ``retry_number`` (0-based), or None to stop retrying.
+
+        ``status`` 0 stands for a transport failure (no answer at all).
+        """
         if retry_number >= self.max_retries:
             return None
-        hinted = hinted_delay(headers)
+        hinted = hinted_delay(headers, status=status)
         wait = hinted if hinted is not None else self.backoff(retry_number)
         # A retry must still have time to be answered before the deadline.
         if wait >= remaining:

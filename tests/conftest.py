@@ -1,0 +1,232 @@
+"""Shared fixtures: one real Postgres per test run, a real fake-Venice server, the real app.
+
+Postgres is the embedded one unless LLMGW_TEST_DATABASE_URL names a server; either way a fresh
+database is created for the run, migrated to head, and emptied before each test that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import attrs
+import openai
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from llmgw.app import create_app
+from llmgw.config import Settings
+from llmgw.storage import api_keys, migrations
+from llmgw.storage.embedded import start_embedded
+from llmgw.telemetry.runtime import Telemetry
+from llmgw.telemetry.setup import build_providers
+from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
+
+_TABLES_TO_EMPTY = ("api_key_rate_limit_windows", "api_keys")
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL pointing at another database (works for socket URLs too)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+async def _create_database(admin_url: str, name: str) -> None:
+    connection = await asyncpg.connect(admin_url)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await connection.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await connection.close()
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    connection = await asyncpg.connect(admin_url)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await connection.close()
+
+
+@attrs.frozen
+class PostgresServer:
+    """Admin access to the test server, to make throwaway databases (migration tests)."""
+
+    admin_url: str
+
+    def new_database(self, name: str) -> str:
+        asyncio.run(_create_database(self.admin_url, name))
+        return with_database(self.admin_url, name)
+
+    def drop_database(self, name: str) -> None:
+        asyncio.run(_drop_database(self.admin_url, name))
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    external = os.environ.get("LLMGW_TEST_DATABASE_URL")
+    if external:
+        yield PostgresServer(external)
+        return
+    with tempfile.TemporaryDirectory(prefix="llmgw-test-pg-") as data_dir:
+        os.chmod(data_dir, 0o755)  # the embedded server runs as its own user when we are root
+        yield PostgresServer(start_embedded(Path(data_dir)))
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_server: PostgresServer) -> Iterator[str]:
+    name = f"llmgw_test_{os.getpid()}"
+    url = postgres_server.new_database(name)
+    migrations.upgrade(url)
+    yield url
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the test database, emptied before the test."""
+    connection = await asyncpg.connect(database_url)
+    await connection.execute(f"TRUNCATE {', '.join(_TABLES_TO_EMPTY)} CASCADE")
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def fake_venice() -> AsyncIterator[FakeVenice]:
+    async with FakeVenice() as fake:
+        yield fake
+
+
+@attrs.frozen
+class InMemoryTelemetry:
+    telemetry: Telemetry
+    spans: InMemorySpanExporter
+    metrics: InMemoryMetricReader
+
+    def finished_spans(self) -> list[Any]:
+        return list(self.spans.get_finished_spans())
+
+    def span(self, name: str) -> Any:
+        matching = [span for span in self.finished_spans() if span.name == name]
+        assert len(matching) == 1, [span.name for span in self.finished_spans()]
+        return matching[0]
+
+    def metric_points(self, name: str) -> list[Any]:
+        data = self.metrics.get_metrics_data()
+        points: list[Any] = []
+        if data is None:
+            return points
+        for resource in data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        points.extend(metric.data.data_points)
+        return points
+
+
+def make_settings(fake: FakeVenice, database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "venice_api_key": FAKE_VENICE_KEY,
+        "venice_base_url": fake.base_url,
+        "request_timeout_seconds": 5.0,
+        "venice_max_retries": 2,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def make_telemetry(settings: Settings) -> InMemoryTelemetry:
+    spans = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    providers = build_providers(
+        settings, span_processors=[SimpleSpanProcessor(spans)], metric_readers=[reader]
+    )
+    telemetry = Telemetry.from_providers(providers, capture_content=settings.capture_genai_content)
+    return InMemoryTelemetry(telemetry, spans, reader)
+
+
+@attrs.define
+class Gateway:
+    """A running gateway on a real loopback port, with its telemetry and the fake behind it."""
+
+    server: TestServer
+    fake: FakeVenice
+    telemetry: InMemoryTelemetry
+    db: asyncpg.Connection
+
+    @property
+    def base_url(self) -> str:
+        return str(self.server.make_url("/v1"))
+
+    def url(self, path: str) -> str:
+        return str(self.server.make_url(path))
+
+    async def create_key(self, **settings: Any) -> str:
+        issued = await api_keys.create_key(
+            self.db, api_keys.KeySettings(name=settings.pop("name", "test"), **settings)
+        )
+        return issued.plaintext
+
+    def client(self, key: str, **kwargs: Any) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, **kwargs)
+
+
+@pytest.fixture
+async def start_gateway(
+    fake_venice: FakeVenice, database_url: str, db: asyncpg.Connection
+) -> AsyncIterator[Any]:
+    """Start a gateway with settings overrides: ``gateway = await start_gateway(venice_max_retries=0)``."""
+    servers: list[TestServer] = []
+
+    async def start(**overrides: Any) -> Gateway:
+        settings = make_settings(fake_venice, database_url, **overrides)
+        telemetry = make_telemetry(settings)
+        app: web.Application = create_app(
+            settings, database_url=database_url, telemetry=telemetry.telemetry
+        )
+        server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+        await server.start_server()
+        servers.append(server)
+        return Gateway(server, fake_venice, telemetry, db)
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+@pytest.fixture
+async def gateway(start_gateway: Any) -> Gateway:
+    gateway: Gateway = await start_gateway()
+    return gateway
+
+
+@pytest.fixture
+async def api_key(gateway: Gateway) -> str:
+    return await gateway.create_key(name="default-test-key")
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def api_key_for() -> Any:
+    """Make a key on a gateway started with custom settings."""
+
+    async def make(gateway: Gateway, **settings: Any) -> str:
+        return await gateway.create_key(**settings)
+
+    return make

@@ -1,0 +1,190 @@
+"""Retries, timeouts and broken upstreams: each ends in a clear answer, never a hang or a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from tests.conftest import Gateway
+from tests.fake_venice import Behaviour
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+async def test_retryable_statuses_are_retried_until_success(gateway: Gateway, api_key: str) -> None:
+    gateway.fake.fail_times(2, status=503)
+    completion = await gateway.client(api_key).chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES
+    )
+    assert completion.choices[0].message.content
+    assert len(gateway.fake.received) == 3
+
+
+async def test_exhausted_retries_return_venice_status_and_body(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.fail_times(3, status=503)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await gateway.client(api_key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert caught.value.status_code == 503
+    assert caught.value.response.json() == {
+        "error": "The model is at capacity. Please try again later."
+    }
+    assert len(gateway.fake.received) == 3
+
+
+@pytest.mark.parametrize("status", [400, 401, 402, 403, 422])
+async def test_other_4xx_are_never_retried(gateway: Gateway, api_key: str, status: int) -> None:
+    gateway.fake.enqueue(Behaviour(status=status))
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/chat/completions"),
+            json={"model": "qwen3-5-9b", "messages": MESSAGES},
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+        assert response.status == status
+        body = await response.json()
+    assert "error" in body
+    assert len(gateway.fake.received) == 1
+
+
+async def test_retry_after_is_honoured(gateway: Gateway, api_key: str) -> None:
+    gateway.fake.fail_times(1, status=429, retry_after="1")
+    started = time.perf_counter()
+    await gateway.client(api_key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert time.perf_counter() - started >= 1.0
+
+
+async def test_reset_header_in_epoch_milliseconds_is_honoured(
+    gateway: Gateway, api_key: str
+) -> None:
+    reset_ms = int((time.time() + 1.0) * 1000)
+    gateway.fake.enqueue(Behaviour(status=429, ratelimit_reset_ms=reset_ms))
+    started = time.perf_counter()
+    await gateway.client(api_key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert time.perf_counter() - started >= 0.8
+
+
+async def test_retry_hint_longer_than_the_timeout_is_not_waited_for(
+    start_gateway, api_key_for
+) -> None:
+    gateway = await start_gateway(request_timeout_seconds=2.0)
+    key = await api_key_for(gateway)
+    gateway.fake.fail_times(1, status=429, retry_after="30")
+    started = time.perf_counter()
+    with pytest.raises(openai.RateLimitError):
+        await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert time.perf_counter() - started < 1.5
+
+
+async def test_stream_is_retried_before_the_first_byte(gateway: Gateway, api_key: str) -> None:
+    gateway.fake.fail_times(1, status=502)
+    stream = await gateway.client(api_key).chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == "Hello from fake Venice!"
+    assert len(gateway.fake.received) == 2
+
+
+async def test_stream_dropped_midway_ends_with_an_error_event(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=2))
+    stream = await gateway.client(api_key).chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
+    received = []
+    with pytest.raises(openai.APIError) as caught:
+        async for chunk in stream:
+            received.append(chunk)
+    assert received, "chunks before the drop must reach the client"
+    assert "broke off the stream" in caught.value.message
+    assert len(gateway.fake.received) == 1, "a stream is never retried after the first chunk"
+
+
+async def test_stream_idle_past_the_timeout_ends_with_an_error_event(
+    start_gateway, api_key_for
+) -> None:
+    gateway = await start_gateway(request_timeout_seconds=1.0)
+    key = await api_key_for(gateway)
+    gateway.fake.enqueue(Behaviour(stall_after_chunks=2))
+    stream = await gateway.client(key).chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
+    started = time.perf_counter()
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert time.perf_counter() - started < 4
+    assert "time" in caught.value.message.lower()
+
+
+async def test_venice_error_event_mid_stream_reaches_the_client_as_is(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(error_event_after_chunks=1))
+    stream = await gateway.client(api_key).chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert caught.value.message == "The model is currently overloaded."
+
+
+async def test_client_disconnect_cancels_the_upstream_stream(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(stall_after_chunks=1))
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/chat/completions"),
+            json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True},
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+        await response.content.readline()
+        assert gateway.fake.active_streams == 1
+        response.close()
+    for _ in range(50):
+        if gateway.fake.cancelled_streams:
+            break
+        await asyncio.sleep(0.05)
+    assert gateway.fake.cancelled_streams == 1
+    assert gateway.fake.active_streams == 0
+
+
+async def test_venice_unreachable_is_502(start_gateway, api_key_for) -> None:
+    gateway = await start_gateway(venice_base_url="http://127.0.0.1:9/api/v1", venice_max_retries=1)
+    key = await api_key_for(gateway)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert caught.value.status_code == 502
+    assert caught.value.response.json()["error"]["type"] == "upstream_error"
+
+
+async def test_no_answer_within_the_timeout_is_504(start_gateway, api_key_for) -> None:
+    gateway = await start_gateway(request_timeout_seconds=0.5)
+    key = await api_key_for(gateway)
+    gateway.fake.enqueue(Behaviour(delay_before_headers=3))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert caught.value.status_code == 504
+    assert caught.value.response.json()["error"]["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize("behaviour", [Behaviour(garbage=True), Behaviour(close_mid_body=True)])
+async def test_garbage_or_truncated_body_is_502(
+    start_gateway, api_key_for, behaviour: Behaviour
+) -> None:
+    gateway = await start_gateway(venice_max_retries=0)
+    key = await api_key_for(gateway)
+    gateway.fake.enqueue(behaviour)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
+    assert caught.value.status_code == 502
+    assert set(caught.value.response.json()["error"]) >= {"message", "type", "code"}
