@@ -218,8 +218,12 @@ async def api_key(gateway: Gateway) -> str:
 
 
 @pytest.fixture
-def unique_name() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
+async def empty_database(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    """A brand-new database with no schema, dropped after the test."""
+    name = f"llmgw_empty_{uuid.uuid4().hex[:10]}"
+    await _create_database(postgres_server.admin_url, name)
+    yield with_database(postgres_server.admin_url, name)
+    await _drop_database(postgres_server.admin_url, name)
 
 
 @pytest.fixture

@@ -70,7 +70,9 @@ async def test_stream_delivers_every_chunk_and_done(gateway: Gateway, api_key: s
     gateway.fake.reply = "héllo wörld ✓ ünïcode ßplit"
     gateway.fake.chunks = 9
     client = gateway.client(api_key)
-    stream = await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES, stream=True)
+    stream = await client.chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
     pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
     assert "".join(pieces) == "héllo wörld ✓ ünïcode ßplit"
 
@@ -79,7 +81,9 @@ async def test_stream_usage_hidden_unless_asked_but_always_requested_upstream(
     gateway: Gateway, api_key: str
 ) -> None:
     client = gateway.client(api_key)
-    stream = await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES, stream=True)
+    stream = await client.chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
     chunks = [chunk async for chunk in stream]
     assert all(chunk.choices for chunk in chunks), "a usage-only chunk leaked to the caller"
     assert gateway.fake.received[-1].json["stream_options"] == {"include_usage": True}
@@ -122,7 +126,9 @@ async def test_first_words_arrive_while_venice_is_still_generating(
     gateway.fake.enqueue(Behaviour(chunk_delay=0.25))
     client = gateway.client(api_key)
     started = time.perf_counter()
-    stream = await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES, stream=True)
+    stream = await client.chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
     first_content_at = None
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and first_content_at is None:
@@ -135,7 +141,9 @@ async def test_first_words_arrive_while_venice_is_still_generating(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_venice_404_keeps_status_and_body(gateway: Gateway, api_key: str, stream: bool) -> None:
+async def test_venice_404_keeps_status_and_body(
+    gateway: Gateway, api_key: str, stream: bool
+) -> None:
     client = gateway.client(api_key)
     with pytest.raises(openai.NotFoundError) as caught:
         await client.chat.completions.create(

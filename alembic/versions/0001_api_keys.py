@@ -28,13 +28,18 @@ def upgrade() -> None:
         sa.Column("subject_id", UUID(as_uuid=True), nullable=True),
         sa.Column("prefix", sa.String(12), nullable=False),
         sa.Column("key_hash", BYTEA(), nullable=False),
-        sa.Column("rate_limit_requests", sa.Integer(), nullable=False, server_default=sa.text("60")),
+        sa.Column(
+            "rate_limit_requests", sa.Integer(), nullable=False, server_default=sa.text("60")
+        ),
         sa.Column(
             "rate_limit_window_seconds", sa.Integer(), nullable=False, server_default=sa.text("60")
         ),
         sa.Column("is_active", sa.Boolean(), nullable=False, server_default=sa.text("true")),
         sa.Column(
-            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+            "created_at",
+            sa.DateTime(timezone=True),
+            nullable=False,
+            server_default=sa.text("now()"),
         ),
         sa.Column("last_used_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),

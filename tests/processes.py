@@ -1,0 +1,71 @@
+"""Helpers to run llmgw and the fake upstream as real processes on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))}
+    env.pop("DATABASE_URL", None)
+    env.update(extra)
+    return env
+
+
+def wait_for_http(
+    url: str, *, timeout: float = 30.0, process: subprocess.Popen[str] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"process exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback only)
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "serve"],
+        env={**env, "BIND_ADDR": f"127.0.0.1:{port}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_http(f"http://127.0.0.1:{port}/healthz", process=process)
+    return process
+
+
+def stop(process: subprocess.Popen[str], *, timeout: float = 30.0) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode

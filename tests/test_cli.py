@@ -1,0 +1,99 @@
+"""The ``llmgw`` command line against real databases: keys, db, and serve with embedded Postgres."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import asyncpg
+
+from llmgw.auth.keys import hash_key
+from tests.processes import clean_env, free_port, start_gateway, stop
+
+
+def llmgw(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_keys_create_list_revoke_rotate(database_url: str, db: asyncpg.Connection) -> None:
+    env = clean_env(DATABASE_URL=database_url)
+    created = llmgw("keys", "create", "--name", "demo", "--rate-limit-requests", "7", env=env)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("llmg_") and len(key) >= 5 + 43
+
+    row = await db.fetchrow("SELECT * FROM api_keys")
+    assert row["prefix"] == key[:12] and bytes(row["key_hash"]) == hash_key(key)
+    assert row["rate_limit_requests"] == 7
+    assert key not in " ".join(map(str, row.values()))
+
+    listed = llmgw("keys", "list", "--json", env=env)
+    assert listed.returncode == 0
+    [record] = json.loads(listed.stdout)
+    assert record["prefix"] == key[:12] and record["name"] == "demo"
+    assert key not in listed.stdout
+    assert "demo" in llmgw("keys", "list", env=env).stdout
+
+    rotated = llmgw("keys", "rotate", key[:12], "--json", env=env)
+    assert rotated.returncode == 0, rotated.stderr
+    new = json.loads(rotated.stdout)
+    assert new["key"] != key and new["rate_limit_requests"] == 7 and new["is_active"]
+    assert await db.fetchval("SELECT is_active FROM api_keys WHERE prefix = $1", key[:12]) is False
+
+    revoked = llmgw("keys", "revoke", new["id"], env=env)
+    assert revoked.returncode == 0
+    assert await db.fetchval("SELECT count(*) FROM api_keys WHERE is_active") == 0
+
+
+async def test_known_dev_key_and_prefix_collision(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    env = clean_env(DATABASE_URL=database_url)
+    first = llmgw("keys", "create", "--name", "dev", "--key", "llmg_dev_0123456789abcdef", env=env)
+    assert first.stdout.strip() == "llmg_dev_0123456789abcdef"
+    again = llmgw("keys", "create", "--name", "dev2", "--key", "llmg_dev_0123456789abcdXX", env=env)
+    assert again.returncode == 1
+    assert "llmg_dev_012" in again.stderr and "Traceback" not in again.stderr
+    missing = llmgw("keys", "revoke", "nosuchprefix", env=env)
+    assert missing.returncode == 1 and "no key" in missing.stderr
+
+
+def test_external_database_not_at_head_refuses_to_start(empty_database: str) -> None:
+    result = llmgw("serve", env=clean_env(DATABASE_URL=empty_database, VENICE_API_KEY="x"))
+    assert result.returncode == 1
+    assert "alembic upgrade head" in result.stderr
+    upgraded = llmgw("db", "upgrade", env=clean_env(DATABASE_URL=empty_database))
+    assert upgraded.returncode == 0, upgraded.stderr
+    current = llmgw("db", "current", env=clean_env(DATABASE_URL=empty_database))
+    assert current.stdout.startswith("0002")
+
+
+def test_embedded_database_serves_with_no_setup_and_keeps_keys(tmp_path: Path) -> None:
+    env = clean_env(VENICE_API_KEY="x", LLMGW_DATA_DIR=str(tmp_path / "data"))
+    port = free_port()
+    gateway = start_gateway(env, port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as response:
+            assert json.load(response) == {"status": "ok"}
+        created = llmgw("keys", "create", "--name", "while-serving", env=env)
+        assert created.returncode == 0, created.stderr
+    finally:
+        assert stop(gateway) == 0
+    assert "embedded PostgreSQL" in (gateway.stderr.read() if gateway.stderr else "")
+
+    gateway = start_gateway(env, port)
+    try:
+        listed = llmgw("keys", "list", "--json", env=env)
+        assert [k["name"] for k in json.loads(listed.stdout)] == ["while-serving"]
+    finally:
+        stop(gateway)

@@ -1,0 +1,109 @@
+"""Configuration: defaults, and a one-line exit 2 for every missing or malformed variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmgw.config import ConfigError, load_settings
+
+BAD_VALUES = [
+    ("BIND_ADDR", "nonsense"),
+    ("BIND_ADDR", "0.0.0.0:99999"),
+    ("DATABASE_URL", "mysql://user:secret-password@db/x"),
+    ("VENICE_BASE_URL", "ftp://example.com"),
+    ("VENICE_MAX_RETRIES", "-1"),
+    ("VENICE_MAX_RETRIES", "many"),
+    ("REQUEST_TIMEOUT_SECONDS", "0"),
+    ("REQUEST_BODY_LIMIT_BYTES", "1MB"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
+    ("CAPTURE_GENAI_CONTENT", "maybe"),
+    ("LLMGW_AUTO_MIGRATE", "2"),
+    ("SHUTDOWN_GRACE_SECONDS", "-5"),
+    ("RATE_LIMIT_BACKEND", "memcached"),
+    ("LLMGW_PROMETHEUS", "yes please"),
+    ("LOG_LEVEL", "LOUD"),
+]
+
+
+def run_llmgw(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))}
+    env.pop("DATABASE_URL", None)
+    env.update({"VENICE_API_KEY": "x", "LLMGW_DATA_DIR": str(tmp_path)})
+    return env
+
+
+def test_defaults_match_the_reference_design() -> None:
+    settings = load_settings({})
+    assert (settings.bind_host, settings.bind_port) == ("0.0.0.0", 3000)
+    assert settings.database_url is None and settings.uses_embedded_database
+    assert settings.venice_base_url == "https://api.venice.ai/api/v1"
+    assert settings.otel_service_name == "llm-gateway"
+    assert settings.otel_exporter_otlp_endpoint is None
+    assert settings.request_timeout_seconds == 120
+    assert settings.request_body_limit_bytes == 1_048_576
+    assert settings.venice_max_retries == 2
+    assert settings.capture_genai_content is False
+    assert settings.auto_migrate is False
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_each_invalid_value_exits_2_with_one_line_naming_it(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    result = run_llmgw("serve", env={**base_env(tmp_path), variable: value})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert variable in lines[0]
+    assert "Traceback" not in result.stderr
+    assert "secret-password" not in result.stderr
+
+
+def test_missing_venice_key_exits_2(tmp_path: Path) -> None:
+    env = base_env(tmp_path)
+    del env["VENICE_API_KEY"]
+    result = run_llmgw("serve", env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("llmgw: configuration error: VENICE_API_KEY is not set")
+
+
+def test_secret_values_are_never_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"DATABASE_URL": "mysql://u:hunter2@h/d"})
+    assert "hunter2" not in str(caught.value)
+    assert "DATABASE_URL" in str(caught.value)
+
+
+def test_help_teaches_every_variable() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for variable in (
+        "BIND_ADDR",
+        "DATABASE_URL",
+        "VENICE_API_KEY",
+        "LLMGW_DATA_DIR",
+        "SHUTDOWN_GRACE_SECONDS",
+    ):
+        assert variable in result.stdout

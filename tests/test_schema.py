@@ -1,0 +1,135 @@
+"""The schema: every invariant is a database constraint, and migrations match the metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from llmgw.auth.keys import hash_key
+from llmgw.storage import migrations
+from llmgw.storage.schema import metadata
+
+NOW = datetime.now(UTC)
+GOOD = {
+    "name": "k",
+    "prefix": "llmg_abcdefg",
+    "key_hash": hash_key("llmg_abcdefg-rest"),
+}
+
+
+async def insert_key(db: asyncpg.Connection, **overrides: object) -> uuid.UUID:
+    values = {**GOOD, **overrides}
+    columns = ", ".join(values)
+    placeholders = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+    key_id: uuid.UUID = await db.fetchval(
+        f"INSERT INTO api_keys ({columns}) VALUES ({placeholders}) RETURNING id", *values.values()
+    )
+    return key_id
+
+
+async def test_a_valid_key_row_is_accepted_with_defaults(db: asyncpg.Connection) -> None:
+    key_id = await insert_key(db)
+    row = await db.fetchrow("SELECT * FROM api_keys WHERE id = $1", key_id)
+    assert (row["rate_limit_requests"], row["rate_limit_window_seconds"]) == (60, 60)
+    assert row["is_active"] is True
+    assert row["created_at"] is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({"prefix": "llmg_short"}, asyncpg.CheckViolationError),
+        ({"prefix": "llmg_toolong12"}, asyncpg.StringDataRightTruncationError),
+        ({"key_hash": b"\x00" * 31}, asyncpg.CheckViolationError),
+        ({"key_hash": b"\x00" * 33}, asyncpg.CheckViolationError),
+        ({"rate_limit_requests": 0}, asyncpg.CheckViolationError),
+        ({"rate_limit_window_seconds": -1}, asyncpg.CheckViolationError),
+        ({"revoked_at": NOW}, asyncpg.CheckViolationError),
+        ({"name": None}, asyncpg.NotNullViolationError),
+    ],
+)
+async def test_impossible_key_rows_are_rejected(
+    db: asyncpg.Connection, overrides: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        await insert_key(db, **overrides)
+
+
+async def test_prefix_and_hash_are_unique(db: asyncpg.Connection) -> None:
+    await insert_key(db)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await insert_key(db, key_hash=hash_key("other"))
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await insert_key(db, prefix="llmg_zzzzzzz")
+
+
+async def test_revoked_at_is_allowed_once_inactive(db: asyncpg.Connection) -> None:
+    await insert_key(db, is_active=False, revoked_at=NOW)
+
+
+@pytest.mark.parametrize(
+    ("window_seconds", "request_count", "error"),
+    [
+        (0, 1, asyncpg.CheckViolationError),
+        (60, -1, asyncpg.CheckViolationError),
+    ],
+)
+async def test_impossible_windows_are_rejected(
+    db: asyncpg.Connection, window_seconds: int, request_count: int, error: type[Exception]
+) -> None:
+    key_id = await insert_key(db)
+    with pytest.raises(error):
+        await db.execute(
+            "INSERT INTO api_key_rate_limit_windows VALUES ($1, now(), $2, $3)",
+            key_id,
+            window_seconds,
+            request_count,
+        )
+
+
+async def test_window_needs_an_existing_key_and_is_unique(db: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await db.execute(
+            "INSERT INTO api_key_rate_limit_windows VALUES ($1, now(), 60, 1)", uuid.uuid4()
+        )
+    key_id = await insert_key(db)
+    await db.execute(
+        "INSERT INTO api_key_rate_limit_windows VALUES ($1, '2026-01-01', 60, 1)", key_id
+    )
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await db.execute(
+            "INSERT INTO api_key_rate_limit_windows VALUES ($1, '2026-01-01', 60, 2)", key_id
+        )
+
+
+async def test_metadata_matches_the_migrations(database_url: str) -> None:
+    engine = create_async_engine(migrations.sqlalchemy_url(database_url))
+    try:
+        async with engine.connect() as connection:
+            differences = await connection.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_type": True}), metadata
+                )
+            )
+    finally:
+        await engine.dispose()
+    assert differences == []
+
+
+async def test_downgrade_to_base_then_upgrade_to_head_round_trips(empty_database: str) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database)
+    await asyncio.to_thread(migrations.downgrade, empty_database, "base")
+    connection = await asyncpg.connect(empty_database)
+    try:
+        assert await connection.fetchval("SELECT to_regclass('api_keys')") is None
+        await asyncio.to_thread(migrations.upgrade, empty_database)
+        assert await migrations.current_revision(connection) == migrations.head_revision()
+    finally:
+        await connection.close()
