@@ -13,7 +13,7 @@ from llmgw.errors import AuthenticationFailed
 
 __all__ = ["PUBLIC_PATHS", "add_routes", "protected"]
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 ProtectedHandler = Callable[[web.Request, AuthenticatedKey], Awaitable[web.StreamResponse]]
 
@@ -33,5 +33,6 @@ def protected(handler: ProtectedHandler) -> Callable[[web.Request], Awaitable[we
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
+    app.router.add_get("/metrics", health.metrics)
     app.router.add_post("/v1/chat/completions", protected(chat.chat_completions))
     app.router.add_get("/v1/models", protected(models.list_models))

@@ -1,15 +1,16 @@
-"""GET /healthz (liveness: the process answers) and GET /readyz (the database answers, schema at head)."""
+"""Operational routes: /healthz (liveness), /readyz (database and schema), /metrics (Prometheus)."""
 
 from __future__ import annotations
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw import app_keys
-from llmgw.errors import ServiceUnavailable
+from llmgw.errors import NotFound, ServiceUnavailable
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.storage.migrations import current_revision, head_revision
 
-__all__ = ["healthz", "readyz"]
+__all__ = ["healthz", "metrics", "readyz"]
 
 _OK = b'{"status":"ok"}'
 
@@ -33,3 +34,13 @@ async def readyz(request: web.Request) -> web.Response:
             code="schema_not_at_head",
         )
     return web.Response(body=b'{"status":"ready"}', content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format of the same metrics OTLP exports (enabled by LLMGW_PROMETHEUS)."""
+    registry = request.app[app_keys.TELEMETRY].providers.prometheus_registry
+    if registry is None:
+        raise NotFound("Metrics are not served here; set LLMGW_PROMETHEUS=true to enable /metrics.")
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )

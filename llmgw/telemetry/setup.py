@@ -12,7 +12,9 @@ import uuid
 from collections.abc import Sequence
 
 import attrs
+from prometheus_client import CollectorRegistry
 from opentelemetry import metrics, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -35,6 +37,8 @@ __all__ = ["TelemetryProviders", "build_providers", "build_resource"]
 class TelemetryProviders:
     tracer_provider: trace.TracerProvider
     meter_provider: metrics.MeterProvider
+    # Set when LLMGW_PROMETHEUS=true: the registry GET /metrics renders.
+    prometheus_registry: CollectorRegistry | None = None
 
     def shutdown(self) -> None:
         for provider in (self.tracer_provider, self.meter_provider):
@@ -62,6 +66,10 @@ def build_providers(
     """OTLP exporters when OTEL_EXPORTER_OTLP_ENDPOINT is set, plus any processors/readers given."""
     processors = list(span_processors)
     readers = list(metric_readers)
+    prometheus_registry = None
+    if settings.prometheus:
+        prometheus_registry = CollectorRegistry(auto_describe=True)
+        readers.append(PrometheusMetricReader(registry=prometheus_registry))
     if settings.otel_exporter_otlp_endpoint is not None:
         span_exporter, metric_exporter = _otlp_exporters()
         processors.append(BatchSpanProcessor(span_exporter))
@@ -78,7 +86,7 @@ def build_providers(
     meter_provider: metrics.MeterProvider = (
         MeterProvider(resource=resource, metric_readers=readers) if readers else NoOpMeterProvider()
     )
-    return TelemetryProviders(tracer_provider, meter_provider)
+    return TelemetryProviders(tracer_provider, meter_provider, prometheus_registry)
 
 
 def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
