@@ -62,7 +62,11 @@ async def test_spans_and_metrics_reach_an_otlp_receiver(
         assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
         assert attributes[sc.VENICE_COST_USD] > 0
     assert streamed[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] > 0
-    assert all(span.kind == span.SPAN_KIND_CLIENT for span in receiver.spans if span.name.startswith("chat"))
+    assert all(
+        span.kind == span.SPAN_KIND_CLIENT
+        for span in receiver.spans
+        if span.name.startswith("chat")
+    )
     assert {"service.name": "llmgw-under-test"}.items() <= receiver.resources[0].items()
 
     names = {metric.name for metric in receiver.metrics}

@@ -159,7 +159,9 @@ async def test_metrics_have_convention_names_units_buckets_and_attributes(
 ) -> None:
     client = gateway.client(api_key)
     await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
-    stream = await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES, stream=True)
+    stream = await client.chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
     async for _ in stream:
         pass
     durations = gateway.telemetry.metric_points(sc.METRIC_OPERATION_DURATION)
@@ -181,7 +183,9 @@ async def test_metrics_have_convention_names_units_buckets_and_attributes(
     assert per_chunk.count >= 5
     for name in (sc.METRIC_OPERATION_DURATION, sc.METRIC_TOKEN_USAGE, sc.METRIC_GATEWAY_REQUESTS):
         for point in gateway.telemetry.metric_points(name):
-            assert not any("key" in attribute or "subject" in attribute for attribute in point.attributes)
+            assert not any(
+                "key" in attribute or "subject" in attribute for attribute in point.attributes
+            )
     [cost] = gateway.telemetry.metric_points(sc.METRIC_VENICE_COST)
     assert cost.value == pytest.approx(2 * expected_cost_usd(3, 5))
 
@@ -225,7 +229,9 @@ async def test_one_billing_record_per_request_also_for_streams(
     caplog.set_level(logging.INFO, logger="llmgw.billing")
     client = gateway.client(api_key)
     await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
-    stream = await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES, stream=True)
+    stream = await client.chat.completions.create(
+        model="qwen3-5-9b", messages=MESSAGES, stream=True
+    )
     async for _ in stream:
         pass
     plain, streamed = billing_records(caplog)

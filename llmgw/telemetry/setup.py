@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Sequence
 
 import attrs
-from prometheus_client import CollectorRegistry
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import NoOpMeterProvider
@@ -26,6 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import NoOpTracerProvider
+from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
 from llmgw.config import Settings
