@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
+import asyncpg
 from aiohttp import web
 
 from llmgw import app_keys
@@ -30,6 +31,15 @@ __all__ = ["create_app"]
 ProvidersFactory = Callable[[Settings], ProviderRegistry]
 
 
+def _rate_limiter(settings: Settings, pool: asyncpg.Pool) -> RateLimiter:
+    if settings.rate_limit_backend == "redis":
+        from llmgw.ratelimit.redis import RedisRateLimiter
+
+        assert settings.redis_url is not None  # load_settings requires it for this backend
+        return RedisRateLimiter(settings.redis_url)
+    return PostgresRateLimiter(pool)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -53,7 +63,7 @@ def create_app(
         authenticator = Authenticator(pool, database_url)
         await authenticator.start()
         app[app_keys.AUTHENTICATOR] = authenticator
-        limiter: RateLimiter = PostgresRateLimiter(pool)
+        limiter = _rate_limiter(settings, pool)
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
         yield

@@ -6,6 +6,7 @@ turns into one line on stderr and exit status 2. Secret values are never echoed 
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 from collections.abc import Callable, Mapping
@@ -140,6 +141,12 @@ def load_settings(
     )
     if backend == "redis" and redis_url is None:
         raise ConfigError("REDIS_URL", None, "redis://host:port/db when RATE_LIMIT_BACKEND=redis")
+    if backend == "redis" and importlib.util.find_spec("redis") is None:
+        raise ConfigError(
+            "RATE_LIMIT_BACKEND",
+            backend,
+            "postgres, or install the extra: pip install 'llmgw[redis]'",
+        )
     return Settings(
         bind_host=host,
         bind_port=port,
