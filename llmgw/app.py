@@ -8,6 +8,7 @@ import asyncpg
 from aiohttp import web
 
 from llmgw import app_keys
+from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
@@ -18,11 +19,13 @@ from llmgw.middleware import (
     rate_limit_middleware,
     request_context_middleware,
 )
+from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.ratelimit.base import RateLimiter
 from llmgw.ratelimit.postgres import PostgresRateLimiter
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
+from llmgw.storage.ledger import UsageLedger
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -66,7 +69,12 @@ def create_app(
         limiter = _rate_limiter(settings, pool)
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
+        app[app_keys.POLICY] = PolicyGuard(pool)
+        ledger = UsageLedger(pool, on_drop=telemetry.instruments.usage_ledger_dropped.add)
+        await ledger.start()
+        app[app_keys.LEDGER] = ledger
         yield
+        await ledger.close()  # after the server stopped: every finished request is written
         await limiter.close()
         await authenticator.close()
         await pool.close()
@@ -83,12 +91,19 @@ def create_app(
 
     app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
     add_routes(app)
+    if settings.admin_token is not None:
+        app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))
 
     app.middlewares.extend(
         [
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
             error_middleware(),
-            auth_middleware(public_paths=PUBLIC_PATHS, instruments=telemetry.instruments),
+            auth_middleware(
+                public_paths=PUBLIC_PATHS,
+                # The admin API checks its own token; with none set its routes do not exist (404).
+                public_prefixes=(ADMIN_PREFIX + "/",),
+                instruments=telemetry.instruments,
+            ),
             rate_limit_middleware(instruments=telemetry.instruments),
         ]
     )

@@ -7,8 +7,10 @@ from aiohttp import web
 
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
+from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.ratelimit.base import RateLimitDecision, RateLimiter
+from llmgw.storage.ledger import UsageLedger
 from llmgw.telemetry.runtime import Telemetry
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -17,6 +19,8 @@ AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 RATE_LIMITER = web.AppKey("rate_limiter", RateLimiter)
 PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
+POLICY = web.AppKey("policy", PolicyGuard)
+LEDGER = web.AppKey("ledger", UsageLedger)
 
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)

@@ -11,11 +11,14 @@ import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 import attrs
 import platformdirs
+
+if TYPE_CHECKING:
+    from llmgw.provider_config import ModelAlias, ProviderSpec
 
 __all__ = [
     "ENVIRONMENT_VARIABLES",
@@ -62,6 +65,11 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar("VENICE_API_KEY", None, "Venice AI API key (required by serve)", secret=True),
     EnvVar("VENICE_BASE_URL", "https://api.venice.ai/api/v1", "Venice API base URL"),
+    EnvVar(
+        "LLMGW_CONFIG",
+        None,
+        "TOML file of providers and model aliases; unset = one provider venice from VENICE_*",
+    ),
     EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
     EnvVar("REQUEST_TIMEOUT_SECONDS", "120", "upper bound on one upstream call, in seconds"),
     EnvVar("REQUEST_BODY_LIMIT_BYTES", "1048576", "largest accepted request body"),
@@ -83,6 +91,12 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
     EnvVar("LLMGW_PROMETHEUS", "false", "true = also serve metrics at GET /metrics"),
     EnvVar("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    EnvVar(
+        "LLMGW_ADMIN_TOKEN",
+        None,
+        "bearer token of the admin API under /admin/v1; unset = the admin API is off (404)",
+        secret=True,
+    ),
 )
 
 _BY_NAME = {var.name: var for var in ENVIRONMENT_VARIABLES}
@@ -110,6 +124,10 @@ class Settings:
     redis_url: str | None = attrs.field(default=None, repr=False)
     prometheus: bool = False
     log_level: str = "INFO"
+    admin_token: str | None = attrs.field(default=None, repr=False)
+    # From LLMGW_CONFIG; empty = the one provider "venice" built from the VENICE_* settings.
+    providers: tuple[ProviderSpec, ...] = ()
+    model_aliases: tuple[ModelAlias, ...] = ()
 
     @property
     def uses_embedded_database(self) -> bool:
@@ -128,7 +146,8 @@ def load_settings(
     reader = _Reader(env)
     host, port = reader.get("BIND_ADDR", _parse_bind_addr, "HOST:PORT, e.g. 0.0.0.0:3000")
     venice_key = reader.optional("VENICE_API_KEY", _parse_non_empty, "a non-empty API key")
-    if require_venice_key and venice_key is None:
+    config_path = reader.optional("LLMGW_CONFIG", _parse_path, "a TOML file path")
+    if require_venice_key and venice_key is None and config_path is None:
         raise ConfigError(
             "VENICE_API_KEY", None, "your Venice API key (https://venice.ai/settings/api)"
         )
@@ -147,6 +166,13 @@ def load_settings(
             backend,
             "postgres, or install the extra: pip install 'llmgw[redis]'",
         )
+    providers: tuple[ProviderSpec, ...] = ()
+    model_aliases: tuple[ModelAlias, ...] = ()
+    if config_path is not None:
+        from llmgw.provider_config import load_provider_config  # it imports this module
+
+        providers_config = load_provider_config(config_path, env)
+        providers, model_aliases = providers_config.providers, providers_config.model_aliases
     return Settings(
         bind_host=host,
         bind_port=port,
@@ -179,11 +205,16 @@ def load_settings(
         rate_limit_backend=backend,
         redis_url=redis_url,
         prometheus=reader.get("LLMGW_PROMETHEUS", _parse_bool, "true or false"),
+        admin_token=reader.optional(
+            "LLMGW_ADMIN_TOKEN", _parse_admin_token, "at least 16 printable characters"
+        ),
         log_level=reader.get(
             "LOG_LEVEL",
             _parse_choice("DEBUG", "INFO", "WARNING", "ERROR"),
             "DEBUG|INFO|WARNING|ERROR",
         ),
+        providers=providers,
+        model_aliases=model_aliases,
     )
 
 
@@ -263,6 +294,12 @@ def _parse_bool(raw: str) -> bool:
 
 def _parse_non_empty(raw: str) -> str:
     if not raw:
+        raise ValueError(raw)
+    return raw
+
+
+def _parse_admin_token(raw: str) -> str:
+    if len(raw) < 16 or not raw.isprintable() or " " in raw:
         raise ValueError(raw)
     return raw
 

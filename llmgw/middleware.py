@@ -174,13 +174,16 @@ def _bearer_token(request: web.Request) -> str | None:
 
 
 def auth_middleware(
-    *, public_paths: Collection[str], instruments: GatewayInstruments
+    *,
+    public_paths: Collection[str],
+    public_prefixes: tuple[str, ...] = (),
+    instruments: GatewayInstruments,
 ) -> Middleware:
-    """Deny by default: every route outside ``public_paths`` needs a valid gateway key."""
+    """Deny by default: every route outside ``public_paths``/``public_prefixes`` needs a key."""
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in public_paths:
+        if request.path in public_paths or request.path.startswith(public_prefixes):
             return await handler(request)
         token = _bearer_token(request)
         try:

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.api import chat, health, models
+from llmgw.api import chat, embeddings, health, models
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import AuthenticationFailed
 
@@ -35,4 +35,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
     app.router.add_post("/v1/chat/completions", protected(chat.chat_completions))
+    app.router.add_post("/v1/embeddings", protected(embeddings.create_embeddings))
     app.router.add_get("/v1/models", protected(models.list_models))

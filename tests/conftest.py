@@ -29,11 +29,12 @@ from llmgw.app import create_app
 from llmgw.config import Settings
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
+from llmgw.storage.schema import metadata
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
 
-_TABLES_TO_EMPTY = ("api_key_rate_limit_windows", "api_keys")
+_TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
 
 
 def with_database(url: str, name: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import asyncpg
 
 from llmgw.auth.keys import hash_key
+from llmgw.storage import migrations
 from tests.processes import clean_env, free_port, start_gateway, stop
 
 
@@ -75,7 +76,7 @@ def test_external_database_not_at_head_refuses_to_start(empty_database: str) -> 
     upgraded = llmgw("db", "upgrade", env=clean_env(DATABASE_URL=empty_database))
     assert upgraded.returncode == 0, upgraded.stderr
     current = llmgw("db", "current", env=clean_env(DATABASE_URL=empty_database))
-    assert current.stdout.startswith("0002")
+    assert current.stdout.startswith(migrations.head_revision())
 
 
 def test_embedded_database_serves_with_no_setup_and_keeps_keys(tmp_path: Path) -> None:

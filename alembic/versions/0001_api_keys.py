@@ -46,16 +46,12 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_api_keys"),
         sa.UniqueConstraint("prefix", name="uq_api_keys_prefix"),
         sa.UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
-        sa.CheckConstraint("char_length(prefix) = 12", name="ck_api_keys_prefix_length"),
-        sa.CheckConstraint("octet_length(key_hash) = 32", name="ck_api_keys_key_hash_length"),
+        sa.CheckConstraint("char_length(prefix) = 12", name="prefix_length"),
+        sa.CheckConstraint("octet_length(key_hash) = 32", name="key_hash_length"),
+        sa.CheckConstraint("rate_limit_requests > 0", name="rate_limit_requests_positive"),
+        sa.CheckConstraint("rate_limit_window_seconds > 0", name="rate_limit_window_positive"),
         sa.CheckConstraint(
-            "rate_limit_requests > 0", name="ck_api_keys_rate_limit_requests_positive"
-        ),
-        sa.CheckConstraint(
-            "rate_limit_window_seconds > 0", name="ck_api_keys_rate_limit_window_positive"
-        ),
-        sa.CheckConstraint(
-            "revoked_at IS NULL OR NOT is_active", name="ck_api_keys_revoked_only_when_inactive"
+            "revoked_at IS NULL OR NOT is_active", name="revoked_only_when_inactive"
         ),
     )
     op.create_table(
@@ -73,12 +69,8 @@ def upgrade() -> None:
             name="fk_api_key_rate_limit_windows_api_key_id_api_keys",
             ondelete="CASCADE",
         ),
-        sa.CheckConstraint(
-            "request_count >= 0", name="ck_api_key_rate_limit_windows_request_count_non_negative"
-        ),
-        sa.CheckConstraint(
-            "window_seconds > 0", name="ck_api_key_rate_limit_windows_window_seconds_positive"
-        ),
+        sa.CheckConstraint("request_count >= 0", name="request_count_non_negative"),
+        sa.CheckConstraint("window_seconds > 0", name="window_seconds_positive"),
     )
 
 

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from llmgw.errors import InvalidRequest, UnsupportedMediaType
 
-__all__ = ["read_json_object", "validate_chat_request"]
+__all__ = ["read_json_object", "validate_chat_request", "validate_embeddings_request"]
 
 
 async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]:
@@ -59,6 +59,7 @@ def validate_chat_request(body: dict[str, Any]) -> tuple[str, bool]:
 
 
 def validate_embeddings_request(body: dict[str, Any]) -> str:
+    """Check the fields the gateway reads; return the model. The rest is the provider's."""
     model = _require_model(body)
     if "input" not in body:
         raise InvalidRequest("'input' is required.", param="input")

@@ -28,7 +28,8 @@ __all__ = ["AuthenticatedKey", "Authenticator"]
 log = logging.getLogger(__name__)
 
 _LOOKUP = """
-SELECT id, subject_id, key_hash, rate_limit_requests, rate_limit_window_seconds
+SELECT id, subject_id, key_hash, rate_limit_requests, rate_limit_window_seconds,
+       extract(epoch FROM expires_at)::float8 AS expires_at_epoch, allowed_models, tokens_per_minute
 FROM api_keys WHERE prefix = $1 AND is_active AND revoked_at IS NULL
 """
 _TOUCH = "UPDATE api_keys SET last_used_at = now() WHERE id = ANY($1::uuid[])"
@@ -45,6 +46,12 @@ class AuthenticatedKey:
     subject_id: uuid.UUID | None
     rate_limit_requests: int
     rate_limit_window_seconds: int
+    expires_at_epoch: float | None = None  # Unix time after which the key is refused
+    allowed_models: frozenset[str] = frozenset()  # empty: every model
+    tokens_per_minute: int | None = None
+
+    def allows_model(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
 
 
 @attrs.define(slots=True)
@@ -63,12 +70,14 @@ class Authenticator:
         cache_ttl: float = 10.0,
         last_used_interval: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._pool = pool
         self._database_url = database_url
         self._cache_ttl = cache_ttl
         self._last_used_interval = last_used_interval
         self._clock = clock
+        self._wall_clock = wall_clock
         self._cache: dict[str, _CacheEntry] = {}
         self._listening = False
         self._last_touched: dict[uuid.UUID, float] = {}
@@ -103,6 +112,9 @@ class Authenticator:
         presented = hash_key(token)
         if not hmac.compare_digest(presented, entry.key_hash) or entry.key is None:
             raise AuthenticationFailed()
+        expires_at = entry.key.expires_at_epoch
+        if expires_at is not None and expires_at <= self._wall_clock():
+            raise AuthenticationFailed()
         self._note_use(entry.key.id, now)
         return entry.key
 
@@ -118,6 +130,9 @@ class Authenticator:
                 subject_id=row["subject_id"],
                 rate_limit_requests=row["rate_limit_requests"],
                 rate_limit_window_seconds=row["rate_limit_window_seconds"],
+                expires_at_epoch=row["expires_at_epoch"],
+                allowed_models=frozenset(row["allowed_models"]),
+                tokens_per_minute=row["tokens_per_minute"],
             )
             entry = _CacheEntry(key, bytes(row["key_hash"]), now + self._cache_ttl)
         self._cache[prefix] = entry

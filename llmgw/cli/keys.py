@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -66,6 +67,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="window length in seconds (default 60)",
     )
     create.add_argument(
+        "--allowed-model",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="a model the key may call (repeat for several; none = every model)",
+    )
+    create.add_argument(
+        "--expires-at",
+        type=_timestamp,
+        metavar="RFC3339",
+        help="when the key stops working, e.g. 2027-01-31T00:00:00Z",
+    )
+    create.add_argument(
+        "--tokens-per-minute", type=_positive_int, help="tokens the key may use per minute"
+    )
+    create.add_argument(
         "--key",
         metavar="PLAINTEXT",
         help="use this exact key (e.g. a known local dev key like llmg_dev_0123456789abcdef)",
@@ -86,8 +103,24 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "rotate", help="issue a replacement with the same settings and revoke the old key"
     )
     rotate.add_argument("key", metavar="ID_OR_PREFIX", help="the key's id or 12-character prefix")
+    rotate.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=0,
+        help="keep the old key working this long (default 0: it stops at once)",
+    )
     rotate.add_argument("--json", action="store_true", help="print JSON instead of text")
     rotate.set_defaults(run=_rotate)
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an RFC 3339 time, got {text!r}") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give a time zone, e.g. {text}Z")
+    return value
 
 
 def _database_url() -> str:
@@ -123,6 +156,9 @@ def _create(args: argparse.Namespace) -> int:
         subject_id=args.subject_id,
         rate_limit_requests=args.rate_limit_requests,
         rate_limit_window_seconds=args.rate_limit_window_seconds,
+        allowed_models=tuple(args.allowed_model),
+        expires_at=args.expires_at,
+        tokens_per_minute=args.tokens_per_minute,
     )
     try:
         issued = run_with_connection(
@@ -177,8 +213,9 @@ def _revoke(args: argparse.Namespace) -> int:
 
 def _rotate(args: argparse.Namespace) -> int:
     try:
-        issued = run_with_connection(
-            _database_url(), lambda conn: api_keys.rotate_key(conn, args.key)
+        _, issued = run_with_connection(
+            _database_url(),
+            lambda conn: api_keys.rotate_key(conn, args.key, grace_seconds=args.grace_seconds),
         )
     except KeyNotFound as exc:
         raise CommandError(str(exc)) from None

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 import attrs
+import orjson
 
-__all__ = ["ChatStream", "Provider", "UpstreamCall", "UpstreamHTTPError", "UpstreamResponse"]
+__all__ = [
+    "ChatStream",
+    "Deployment",
+    "Provider",
+    "UpstreamCall",
+    "UpstreamHTTPError",
+    "UpstreamResponse",
+]
 
 
 @attrs.frozen(slots=True)
@@ -17,6 +25,17 @@ class UpstreamCall:
     body: bytes
     deadline: float  # event-loop time by which the whole call, retries included, must be answered
     trace_headers: Mapping[str, str] = attrs.field(factory=dict)
+    model: str | None = None  # the body's "model", when known
+    # Told before each deployment a route tries, with how many it has tried by then (1, 2, ...).
+    on_deployment: Callable[[Deployment, int], None] | None = attrs.field(default=None, eq=False)
+
+    def with_model(self, model: str) -> UpstreamCall:
+        """The same call asking for ``model``: the body is re-encoded only when the model differs."""
+        if model == self.model:
+            return self
+        document = orjson.loads(self.body)
+        document["model"] = model
+        return attrs.evolve(self, body=orjson.dumps(document), model=model)
 
 
 @attrs.frozen(slots=True)
@@ -66,3 +85,15 @@ class Provider(Protocol):
     async def list_models(self, deadline: float) -> UpstreamResponse: ...
 
     async def close(self) -> None: ...
+
+
+@attrs.frozen(slots=True)
+class Deployment:
+    """A provider and the model id it knows: one step of a route (``venice:llama-3.2-3b``)."""
+
+    provider: Provider
+    model: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider.name}:{self.model}"

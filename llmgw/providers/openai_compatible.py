@@ -72,6 +72,8 @@ class OpenAICompatibleProvider:
         session: aiohttp.ClientSession,
         retry: RetryPolicy,
         idle_timeout: float,
+        call_timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self._base_url = base_url.rstrip("/")
@@ -81,12 +83,20 @@ class OpenAICompatibleProvider:
         self._session = session
         self._retry = retry
         self._idle_timeout = idle_timeout
-        self._auth_headers: Mapping[str, str] = (
-            {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        )
+        # A provider's own bound on a call, within the request's deadline (a fallback's chance).
+        self._call_timeout = call_timeout
+        self._auth_headers: Mapping[str, str] = {
+            **(headers or {}),
+            **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+        }
 
     async def close(self) -> None:
         await self._session.close()
+
+    def _deadline(self, deadline: float) -> float:
+        if self._call_timeout is None:
+            return deadline
+        return min(deadline, asyncio.get_running_loop().time() + self._call_timeout)
 
     def _headers(self, call: UpstreamCall, accept: str) -> dict[str, str]:
         # Built afresh: nothing the client sent (its Authorization above all) is forwarded.
@@ -104,9 +114,10 @@ class OpenAICompatibleProvider:
         loop = asyncio.get_running_loop()
         url = self._base_url + path
         headers = self._headers(call, accept)
+        deadline = self._deadline(call.deadline)
         retries = 0
         while True:
-            remaining = call.deadline - loop.time()
+            remaining = deadline - loop.time()
             timeout = (
                 aiohttp.ClientTimeout(
                     total=None, sock_connect=remaining, sock_read=self._idle_timeout
@@ -120,7 +131,7 @@ class OpenAICompatibleProvider:
                         url, data=call.body, headers=headers, timeout=timeout
                     )
             except (UpstreamUnavailable, UpstreamTimeout):
-                wait = self._retry.delay(retries, call.deadline - loop.time(), headers={})
+                wait = self._retry.delay(retries, deadline - loop.time(), headers={})
                 if wait is None:
                     raise
             else:
@@ -128,7 +139,7 @@ class OpenAICompatibleProvider:
                     return response, retries
                 wait = self._retry.delay(
                     retries,
-                    call.deadline - loop.time(),
+                    deadline - loop.time(),
                     status=response.status,
                     headers=response.headers,
                 )
@@ -183,7 +194,7 @@ class OpenAICompatibleProvider:
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         loop = asyncio.get_running_loop()
-        timeout = aiohttp.ClientTimeout(total=max(deadline - loop.time(), 0.001))
+        timeout = aiohttp.ClientTimeout(total=max(self._deadline(deadline) - loop.time(), 0.001))
         with _transport_errors(self.name):
             async with self._session.get(
                 self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout

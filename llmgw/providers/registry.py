@@ -1,45 +1,58 @@
-"""Which provider serves a model name, and building providers from settings.
+"""Which deployments serve a model name, and building providers from settings.
 
-A name of the form ``provider/model`` goes to that provider with ``model`` as its own id; any other
-name goes to the first provider, unchanged. The router never needs to know a provider's kind.
+A name is resolved in this order: a configured alias (its deployments, in order); ``provider/model``
+(that provider, asked for ``model``); anything else goes to the first provider, unchanged. The router
+never needs to know a provider's kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import aiohttp
-import attrs
 
 from llmgw.config import Settings
-from llmgw.providers.base import Provider
+from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
+from llmgw.providers.base import Deployment, Provider
+from llmgw.providers.fallback import FallbackChain
+from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.retry import RetryPolicy
 from llmgw.providers.venice import VeniceProvider
 
-__all__ = ["ProviderRegistry", "Route", "build_registry", "new_client_session"]
+__all__ = ["ADAPTERS", "ProviderRegistry", "build_registry", "new_client_session"]
 
-
-@attrs.frozen(slots=True)
-class Route:
-    provider: Provider
-    upstream_model: str
-    rewrites_model: bool = False
+ADAPTERS: Mapping[ProviderKind, type[OpenAICompatibleProvider]] = {
+    "venice": VeniceProvider,
+    "openai-compatible": OpenAICompatibleProvider,
+}
 
 
 class ProviderRegistry:
-    def __init__(self, providers: Sequence[Provider]) -> None:
+    def __init__(
+        self,
+        providers: Sequence[Provider],
+        aliases: Sequence[ModelAlias] = (),
+    ) -> None:
         if not providers:
             raise ValueError("at least one provider is required")
         self.providers = tuple(providers)
         self._by_name = {provider.name: provider for provider in providers}
+        self.aliases: Mapping[str, FallbackChain] = {
+            alias.alias: FallbackChain(
+                [Deployment(self._by_name[d.provider], d.model) for d in alias.deployments]
+            )
+            for alias in aliases
+        }
 
-    def resolve(self, model: str) -> Route:
+    def resolve(self, model: str) -> FallbackChain:
+        chain = self.aliases.get(model)
+        if chain is not None:
+            return chain
         name, sep, upstream_model = model.partition("/")
-        if sep and upstream_model:
-            provider = self._by_name.get(name)
-            if provider is not None:
-                return Route(provider, upstream_model, rewrites_model=True)
-        return Route(self.providers[0], model)
+        provider = self._by_name.get(name) if sep and upstream_model else None
+        if provider is not None:
+            return FallbackChain([Deployment(provider, upstream_model)])
+        return FallbackChain([Deployment(self.providers[0], model)])
 
     async def close(self) -> None:
         for provider in self.providers:
@@ -54,14 +67,37 @@ def new_client_session() -> aiohttp.ClientSession:
     )
 
 
-def build_registry(settings: Settings) -> ProviderRegistry:
-    """Providers from the environment: Venice, named ``venice``. Call inside the event loop."""
-    venice = VeniceProvider(
+def _venice_from_environment(settings: Settings) -> ProviderSpec:
+    """Without LLMGW_CONFIG: one provider ``venice`` from the VENICE_* variables."""
+    return ProviderSpec(
         name="venice",
+        kind="venice",
         base_url=settings.venice_base_url,
+        api_key_env="VENICE_API_KEY",
         api_key=settings.venice_api_key,
-        session=new_client_session(),
-        retry=RetryPolicy(max_retries=settings.venice_max_retries),
-        idle_timeout=settings.request_timeout_seconds,
     )
-    return ProviderRegistry([venice])
+
+
+def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
+    return ADAPTERS[spec.kind](
+        name=spec.name,
+        base_url=spec.base_url,
+        api_key=spec.api_key,
+        session=new_client_session(),
+        retry=RetryPolicy(
+            max_retries=settings.venice_max_retries
+            if spec.max_retries is None
+            else spec.max_retries
+        ),
+        idle_timeout=spec.timeout_seconds or settings.request_timeout_seconds,
+        call_timeout=spec.timeout_seconds,
+        headers=spec.headers,
+    )
+
+
+def build_registry(settings: Settings) -> ProviderRegistry:
+    """Every configured provider, each with its own session. Call inside the event loop."""
+    specs = settings.providers or (_venice_from_environment(settings),)
+    return ProviderRegistry(
+        [_build_provider(spec, settings) for spec in specs], settings.model_aliases
+    )

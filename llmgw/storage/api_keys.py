@@ -29,7 +29,7 @@ __all__ = [
 
 _COLUMNS = (
     "id, name, subject_id, prefix, rate_limit_requests, rate_limit_window_seconds, "
-    "is_active, created_at, last_used_at, revoked_at"
+    "allowed_models, expires_at, tokens_per_minute, is_active, created_at, last_used_at, revoked_at"
 )
 
 
@@ -47,6 +47,20 @@ class KeySettings:
     subject_id: uuid.UUID | None = None
     rate_limit_requests: int = 60
     rate_limit_window_seconds: int = 60
+    allowed_models: tuple[str, ...] = ()
+    expires_at: datetime | None = None
+    tokens_per_minute: int | None = None
+
+
+# What PATCH may change, and nothing else (subject and secrets are fixed for a key's life).
+MUTABLE_FIELDS = (
+    "name",
+    "rate_limit_requests",
+    "rate_limit_window_seconds",
+    "allowed_models",
+    "expires_at",
+    "tokens_per_minute",
+)
 
 
 @attrs.frozen
@@ -57,6 +71,9 @@ class ApiKeyRecord:
     prefix: str
     rate_limit_requests: int
     rate_limit_window_seconds: int
+    allowed_models: tuple[str, ...]
+    expires_at: datetime | None
+    tokens_per_minute: int | None
     is_active: bool
     created_at: datetime
     last_used_at: datetime | None
@@ -64,7 +81,9 @@ class ApiKeyRecord:
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> ApiKeyRecord:
-        return cls(**dict(row.items()))
+        values = dict(row.items())
+        values["allowed_models"] = tuple(values["allowed_models"])
+        return cls(**values)
 
 
 @attrs.frozen
@@ -81,8 +100,9 @@ async def create_key(
         row = await conn.fetchrow(
             f"""
             INSERT INTO api_keys
-                (name, subject_id, prefix, key_hash, rate_limit_requests, rate_limit_window_seconds)
-            VALUES ($1, $2, $3, $4, $5, $6)
+                (name, subject_id, prefix, key_hash, rate_limit_requests, rate_limit_window_seconds,
+                 allowed_models, expires_at, tokens_per_minute)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
             RETURNING {_COLUMNS}
             """,
             settings.name,
@@ -91,6 +111,9 @@ async def create_key(
             hash_key(key),
             settings.rate_limit_requests,
             settings.rate_limit_window_seconds,
+            list(settings.allowed_models),
+            settings.expires_at,
+            settings.tokens_per_minute,
         )
     except asyncpg.UniqueViolationError as exc:
         raise DuplicateKeyPrefix(
@@ -101,8 +124,34 @@ async def create_key(
     return IssuedKey(ApiKeyRecord.from_row(row), key)
 
 
-async def list_keys(conn: asyncpg.Connection) -> list[ApiKeyRecord]:
-    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at, prefix")
+_STATE_CONDITIONS = {
+    "all": "true",
+    "active": "is_active AND (expires_at IS NULL OR expires_at > now())",
+    "revoked": "NOT is_active",
+    "expired": "is_active AND expires_at <= now()",
+}
+KEY_STATES = tuple(_STATE_CONDITIONS)
+
+
+async def list_keys(
+    conn: asyncpg.Connection,
+    *,
+    subject_id: uuid.UUID | None = None,
+    state: str = "all",
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[ApiKeyRecord]:
+    """Keys oldest first, optionally of one subject and in one state (see KEY_STATES)."""
+    rows = await conn.fetch(
+        f"""
+        SELECT {_COLUMNS} FROM api_keys
+        WHERE ($1::uuid IS NULL OR subject_id = $1) AND {_STATE_CONDITIONS[state]}
+        ORDER BY created_at, id LIMIT $2 OFFSET $3
+        """,
+        subject_id,
+        limit,
+        offset,
+    )
     return [ApiKeyRecord.from_row(row) for row in rows]
 
 
@@ -136,8 +185,36 @@ async def revoke_key(conn: asyncpg.Connection, reference: str) -> ApiKeyRecord:
     return ApiKeyRecord.from_row(row)
 
 
-async def rotate_key(conn: asyncpg.Connection, reference: str) -> IssuedKey:
-    """Issue a new key with the old one's settings and revoke the old one, atomically."""
+async def update_key(
+    conn: asyncpg.Connection, reference: str, changes: dict[str, Any]
+) -> tuple[ApiKeyRecord, ApiKeyRecord]:
+    """Apply ``changes`` (names from MUTABLE_FIELDS); returns the record before and after."""
+    unknown = set(changes) - set(MUTABLE_FIELDS)
+    if unknown:
+        raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
+    async with conn.transaction():
+        before = await find_key(conn, reference)
+        if not changes:
+            return before, before
+        names = list(changes)
+        assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=2))
+        values = [list(v) if name == "allowed_models" else v for name, v in changes.items()]
+        row = await conn.fetchrow(
+            f"UPDATE api_keys SET {assignments} WHERE id = $1 RETURNING {_COLUMNS}",
+            before.id,
+            *values,
+        )
+    assert row is not None
+    return before, ApiKeyRecord.from_row(row)
+
+
+async def rotate_key(
+    conn: asyncpg.Connection, reference: str, *, grace_seconds: float = 0
+) -> tuple[ApiKeyRecord, IssuedKey]:
+    """Issue a new key with the old one's settings; the old one stops working now or after a grace.
+
+    Returns the old key's record as it is afterwards, and the new key.
+    """
     async with conn.transaction():
         old = await find_key(conn, reference)
         issued = await create_key(
@@ -147,7 +224,23 @@ async def rotate_key(conn: asyncpg.Connection, reference: str) -> IssuedKey:
                 subject_id=old.subject_id,
                 rate_limit_requests=old.rate_limit_requests,
                 rate_limit_window_seconds=old.rate_limit_window_seconds,
+                allowed_models=old.allowed_models,
+                expires_at=old.expires_at,
+                tokens_per_minute=old.tokens_per_minute,
             ),
         )
-        await revoke_key(conn, str(old.id))
-    return issued
+        if grace_seconds > 0:
+            row = await conn.fetchrow(
+                f"""
+                UPDATE api_keys
+                SET expires_at = least(coalesce(expires_at, 'infinity'), now() + make_interval(secs => $2))
+                WHERE id = $1 RETURNING {_COLUMNS}
+                """,
+                old.id,
+                float(grace_seconds),
+            )
+            assert row is not None
+            old_after = ApiKeyRecord.from_row(row)
+        else:
+            old_after = await revoke_key(conn, str(old.id))
+    return old_after, issued

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import BYTEA, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, UUID
 
-__all__ = ["API_KEY_CHANGES_CHANNEL", "api_key_rate_limit_windows", "api_keys", "metadata"]
+__all__ = [
+    "API_KEY_CHANGES_CHANNEL",
+    "admin_audit",
+    "api_key_rate_limit_windows",
+    "api_key_token_windows",
+    "api_keys",
+    "metadata",
+    "subject_monthly_spend",
+    "subjects",
+    "usage_events",
+]
 
 # Postgres NOTIFY channel on which every change to api_keys is announced (auth cache invalidation).
 API_KEY_CHANGES_CHANNEL = "llmgw_api_key_changes"
@@ -40,6 +50,11 @@ api_keys = sa.Table(
     ),
     sa.Column("last_used_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column(
+        "allowed_models", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")
+    ),
+    sa.Column("tokens_per_minute", sa.Integer(), nullable=True),
     sa.UniqueConstraint("prefix"),
     sa.UniqueConstraint("key_hash"),
     sa.CheckConstraint("char_length(prefix) = 12", name="prefix_length"),
@@ -47,6 +62,13 @@ api_keys = sa.Table(
     sa.CheckConstraint("rate_limit_requests > 0", name="rate_limit_requests_positive"),
     sa.CheckConstraint("rate_limit_window_seconds > 0", name="rate_limit_window_positive"),
     sa.CheckConstraint("revoked_at IS NULL OR NOT is_active", name="revoked_only_when_inactive"),
+    sa.CheckConstraint(
+        "tokens_per_minute IS NULL OR tokens_per_minute > 0", name="tokens_per_minute_positive"
+    ),
+    sa.CheckConstraint(
+        "array_position(allowed_models, '') IS NULL AND array_position(allowed_models, NULL) IS NULL",
+        name="allowed_models_not_blank",
+    ),
 )
 
 api_key_rate_limit_windows = sa.Table(
@@ -64,4 +86,98 @@ api_key_rate_limit_windows = sa.Table(
     sa.PrimaryKeyConstraint("api_key_id", "window_start_at", "window_seconds"),
     sa.CheckConstraint("request_count >= 0", name="request_count_non_negative"),
     sa.CheckConstraint("window_seconds > 0", name="window_seconds_positive"),
+)
+
+subjects = sa.Table(
+    "subjects",
+    metadata,
+    sa.Column("subject_id", UUID(as_uuid=True), primary_key=True),
+    sa.Column("monthly_budget_usd", sa.Numeric(18, 8), nullable=True),
+    sa.Column(
+        "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.CheckConstraint(
+        "monthly_budget_usd IS NULL OR monthly_budget_usd >= 0", name="budget_non_negative"
+    ),
+)
+
+# Month-to-date spend per subject, kept by the usage ledger so budget checks need no aggregate.
+subject_monthly_spend = sa.Table(
+    "subject_monthly_spend",
+    metadata,
+    sa.Column("subject_id", UUID(as_uuid=True), nullable=False),
+    sa.Column("month", sa.Date(), nullable=False),
+    sa.Column("spend_usd", sa.Numeric(18, 8), nullable=False, server_default=sa.text("0")),
+    sa.PrimaryKeyConstraint("subject_id", "month"),
+    sa.CheckConstraint("spend_usd >= 0", name="spend_non_negative"),
+    sa.CheckConstraint("extract(day FROM month) = 1", name="month_is_first_day"),
+)
+
+api_key_token_windows = sa.Table(
+    "api_key_token_windows",
+    metadata,
+    sa.Column(
+        "api_key_id",
+        UUID(as_uuid=True),
+        sa.ForeignKey("api_keys.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("window_start_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("tokens", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    sa.PrimaryKeyConstraint("api_key_id", "window_start_at"),
+    sa.CheckConstraint("tokens >= 0", name="tokens_non_negative"),
+)
+
+usage_events = sa.Table(
+    "usage_events",
+    metadata,
+    sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
+    sa.Column(
+        "occurred_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.Column("api_key_id", UUID(as_uuid=True), nullable=False),
+    sa.Column("subject_id", UUID(as_uuid=True), nullable=True),
+    sa.Column("request_id", sa.Text(), nullable=False),
+    sa.Column("response_id", sa.Text(), nullable=True),
+    sa.Column("operation", sa.Text(), nullable=False),
+    sa.Column("provider", sa.Text(), nullable=False),
+    sa.Column("model", sa.Text(), nullable=False),
+    sa.Column("stream", sa.Boolean(), nullable=False),
+    sa.Column("status", sa.Integer(), nullable=False),
+    sa.Column("error_type", sa.Text(), nullable=True),
+    sa.Column("input_tokens", sa.Integer(), nullable=True),
+    sa.Column("output_tokens", sa.Integer(), nullable=True),
+    sa.Column("cost_usd", sa.Numeric(18, 8), nullable=True),
+    sa.Column("cost_diem", sa.Numeric(18, 8), nullable=True),
+    sa.Column("duration_ms", sa.Float(), nullable=False),
+    sa.Column("time_to_first_chunk_ms", sa.Float(), nullable=True),
+    sa.Index("ix_usage_events_occurred_at", "occurred_at"),
+    sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
+    sa.Index("ix_usage_events_subject_id", "subject_id", "occurred_at"),
+    sa.CheckConstraint("status BETWEEN 100 AND 599", name="status_http"),
+    sa.CheckConstraint("input_tokens IS NULL OR input_tokens >= 0", name="input_tokens"),
+    sa.CheckConstraint("output_tokens IS NULL OR output_tokens >= 0", name="output_tokens"),
+    sa.CheckConstraint("cost_usd IS NULL OR cost_usd >= 0", name="cost_usd"),
+    sa.CheckConstraint("cost_diem IS NULL OR cost_diem >= 0", name="cost_diem"),
+    sa.CheckConstraint("duration_ms >= 0", name="duration"),
+    sa.CheckConstraint(
+        "time_to_first_chunk_ms IS NULL OR time_to_first_chunk_ms >= 0", name="time_to_first_chunk"
+    ),
+    sa.CheckConstraint("operation IN ('chat', 'embeddings')", name="operation"),
+)
+
+admin_audit = sa.Table(
+    "admin_audit",
+    metadata,
+    sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
+    sa.Column(
+        "occurred_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.Column("actor", sa.Text(), nullable=False),
+    sa.Column("action", sa.Text(), nullable=False),
+    sa.Column("target", sa.Text(), nullable=True),
+    sa.Column("before", JSONB(), nullable=True),
+    sa.Column("after", JSONB(), nullable=True),
+    sa.CheckConstraint("actor <> ''", name="actor_not_empty"),
+    sa.CheckConstraint("action <> ''", name="action_not_empty"),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -19,6 +19,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.usage import Usage
+
+if TYPE_CHECKING:
+    from llmgw.providers.base import Deployment
 
 __all__ = ["ChatObservation", "GatewayInstruments", "Outcome", "content_messages"]
 
@@ -86,6 +89,11 @@ class GatewayInstruments:
         self.venice_cost = meter.create_counter(
             sc.METRIC_VENICE_COST, unit="USD", description="Cost Venice reported, by model"
         )
+        self.usage_ledger_dropped = meter.create_counter(
+            sc.METRIC_USAGE_LEDGER_DROPPED,
+            unit="{row}",
+            description="Usage rows dropped because the ledger queue was full",
+        )
 
 
 def content_messages(messages: Any) -> str:
@@ -129,6 +137,8 @@ class ChatObservation:
     retries: int = 0
     output_text: list[str] = attrs.field(factory=list)
     finished: bool = False
+    deployment: str | None = None
+    deployments_tried: int = 0
 
     @classmethod
     def start(
@@ -188,6 +198,20 @@ class ChatObservation:
             subject_id=subject_id,
         )
 
+    def deployment_tried(self, deployment: Deployment, tried: int) -> None:
+        """A route is about to call its ``tried``-th deployment: it answers unless it fails too."""
+        provider = deployment.provider
+        self.deployment = deployment.label
+        self.deployments_tried = tried
+        self.provider_reports_cost = provider.reports_cost
+        answering: dict[str, str | int] = {
+            sc.GEN_AI_PROVIDER_NAME: provider.name,
+            sc.SERVER_ADDRESS: provider.server_address,
+            sc.SERVER_PORT: provider.server_port,
+        }
+        self.metric_attributes.update(answering)
+        self.tracer_span.set_attributes(answering)
+
     # Streaming hooks ---------------------------------------------------------------------------
 
     def chunk_arrived(self) -> None:
@@ -240,6 +264,9 @@ class ChatObservation:
         }
         if self.stream:
             span_attributes[sc.LLMGW_STREAM_OUTCOME] = outcome
+        if self.deployment is not None:
+            span_attributes[sc.LLMGW_DEPLOYMENT] = self.deployment
+            span_attributes[sc.LLMGW_DEPLOYMENTS_TRIED] = self.deployments_tried
         if self.response_id is not None:
             span_attributes[sc.GEN_AI_RESPONSE_ID] = self.response_id
         if self.response_model is not None:
@@ -326,7 +353,9 @@ class ChatObservation:
                 "subject_id": self.subject_id,
                 "request_id": self.request_id,
                 "response_id": self.response_id,
+                "operation": self.metric_attributes[sc.GEN_AI_OPERATION_NAME],
                 "provider": self.metric_attributes[sc.GEN_AI_PROVIDER_NAME],
+                "deployment": self.deployment,
                 "model": self.metric_attributes[sc.GEN_AI_REQUEST_MODEL],
                 "response_model": self.response_model,
                 "stream": self.stream,

@@ -49,6 +49,8 @@ VENICE_COST_DIEM: Final = "venice.cost.diem"
 LLMGW_RETRY_COUNT: Final = "llmgw.upstream.retry_count"
 LLMGW_STREAM_OUTCOME: Final = "llmgw.stream.outcome"
 LLMGW_REQUEST_ID: Final = "llmgw.request_id"
+LLMGW_DEPLOYMENT: Final = "llmgw.deployment"  # "provider:model" that answered (or failed last)
+LLMGW_DEPLOYMENTS_TRIED: Final = "llmgw.deployments_tried"
 
 # Values
 OPERATION_CHAT: Final = "chat"
@@ -75,3 +77,4 @@ METRIC_RATE_LIMIT_REFUSALS: Final = "llmgw.rate_limit.refusals"
 METRIC_AUTH_FAILURES: Final = "llmgw.auth.failures"
 METRIC_UPSTREAM_RETRIES: Final = "llmgw.upstream.retries"
 METRIC_VENICE_COST: Final = "llmgw.venice.cost"
+METRIC_USAGE_LEDGER_DROPPED: Final = "llmgw.usage_ledger.dropped"

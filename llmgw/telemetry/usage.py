@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
 from typing import Any
 
 import attrs
 
-__all__ = ["Usage", "parse_usage"]
+__all__ = ["Usage", "UsageRecord", "parse_usage"]
 
 
 @attrs.frozen(slots=True)
@@ -54,3 +56,28 @@ def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
         cost_usd=_number(cost.get("usd")),
         cost_diem=_number(cost.get("diem")),
     )
+
+
+@attrs.frozen(slots=True)
+class UsageRecord:
+    """One finished request, as billed: the billing log line and the usage ledger row."""
+
+    occurred_at: datetime
+    api_key_id: uuid.UUID
+    subject_id: uuid.UUID | None
+    request_id: str
+    response_id: str | None
+    operation: str
+    provider: str
+    model: str
+    stream: bool
+    status: int
+    outcome: str
+    error_type: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: float | None
+    cost_diem: float | None
+    duration_ms: float
+    time_to_first_chunk_ms: float | None
+    trace_id: str | None

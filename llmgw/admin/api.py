@@ -1,0 +1,277 @@
+"""The admin API, a sub-application mounted at /admin/v1 when LLMGW_ADMIN_TOKEN is set.
+
+Every change is written to ``admin_audit`` in the same transaction as the change itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import attrs
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from llmgw import app_keys
+from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
+from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
+from llmgw.storage import api_keys, subjects
+from llmgw.storage.audit import write_audit
+from llmgw.storage.database import database_errors
+from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
+
+__all__ = ["ADMIN_PREFIX", "build_admin_app"]
+
+ADMIN_PREFIX = "/admin/v1"
+_ACTOR = web.RequestKey("admin_actor", str)
+_SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
+_MAX_PAGE = 200
+
+
+def _admin_auth(*, token: str) -> Middleware:
+    expected = token.encode()
+    # Audit rows name the caller by a hash of the token's prefix, never by the token.
+    token_actor = "token:" + hashlib.sha256(token[:8].encode()).hexdigest()[:16]
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode(), expected
+        ):
+            raise AuthenticationFailed()
+        offered = request.headers.get("X-Admin-Actor", "")
+        request[_ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
+        return await handler(request)
+
+    return impl
+
+
+@asynccontextmanager
+async def _transaction(request: web.Request) -> AsyncIterator[asyncpg.Connection]:
+    pool = request.config_dict[app_keys.POOL]
+    with database_errors():
+        async with pool.acquire() as connection, connection.transaction():
+            yield connection
+
+
+async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
+    raw = await request.read()
+    if not raw and optional:
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The request body is not valid JSON.") from None
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(value), content_type="application/json")
+
+
+def _uuid(text: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise InvalidRequest(f"{what} must be a UUID, not {text!r}.", param=what) from None
+
+
+def _key_id(request: web.Request) -> str:
+    return str(_uuid(request.match_info["key_id"], "key id"))
+
+
+async def _audit(
+    connection: asyncpg.Connection,
+    request: web.Request,
+    action: str,
+    target: str,
+    before: Any = None,
+    after: Any = None,
+) -> None:
+    await write_audit(
+        connection,
+        actor=request[_ACTOR],
+        action=action,
+        target=target,
+        before=None if before is None else to_json(before),
+        after=None if after is None else to_json(after),
+    )
+
+
+def _issued_json(issued: api_keys.IssuedKey) -> dict[str, Any]:
+    return {**to_json(issued.record), "key": issued.plaintext}
+
+
+async def create_key(request: web.Request) -> web.Response:
+    wanted = parse(await _json_body(request), KeyCreate)
+    async with _transaction(request) as connection:
+        issued = await api_keys.create_key(
+            connection, api_keys.KeySettings(**attrs.asdict(wanted, recurse=False))
+        )
+        await _audit(connection, request, "key.create", str(issued.record.id), after=issued.record)
+    return _json(_issued_json(issued), status=201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    query = request.query
+    subject = query.get("subject_id")
+    state = query.get("state", "all")
+    if state not in api_keys.KEY_STATES:
+        raise InvalidRequest(
+            f"state must be one of {', '.join(api_keys.KEY_STATES)}.", param="state"
+        )
+    try:
+        limit = int(query.get("limit", "50"))
+        offset = int(query.get("offset", "0"))
+    except ValueError:
+        raise InvalidRequest("limit and offset must be integers.", param="limit") from None
+    if not 1 <= limit <= _MAX_PAGE or offset < 0:
+        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE} and offset >= 0.", param="limit")
+    async with _transaction(request) as connection:
+        records = await api_keys.list_keys(
+            connection,
+            subject_id=None if subject is None else _uuid(subject, "subject_id"),
+            state=state,
+            limit=limit + 1,
+            offset=offset,
+        )
+    page = records[:limit]
+    return _json(
+        {
+            "object": "list",
+            "data": [to_json(record) for record in page],
+            "has_more": len(records) > limit,
+            "next_offset": offset + len(page) if len(records) > limit else None,
+        }
+    )
+
+
+async def get_key(request: web.Request) -> web.Response:
+    async with _transaction(request) as connection:
+        record = await _find(connection, _key_id(request))
+    return _json(to_json(record))
+
+
+async def _find(connection: asyncpg.Connection, key_id: str) -> api_keys.ApiKeyRecord:
+    try:
+        return await api_keys.find_key(connection, key_id)
+    except api_keys.KeyNotFound:
+        raise NotFound(f"No key has id {key_id}.") from None
+
+
+async def patch_key(request: web.Request) -> web.Response:
+    changes = await _json_body(request)
+    if not isinstance(changes, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    not_mutable = sorted(set(changes) - set(api_keys.MUTABLE_FIELDS))
+    if not_mutable:
+        raise InvalidRequest(
+            f"cannot change {', '.join(not_mutable)}; changeable: {', '.join(api_keys.MUTABLE_FIELDS)}.",
+            param=not_mutable[0],
+        )
+    key_id = _key_id(request)
+    async with _transaction(request) as connection:
+        current = await _find(connection, key_id)
+        # Validate the key as it would be after the change, with the same rules as creation.
+        merged = {name: to_json(getattr(current, name)) for name in api_keys.MUTABLE_FIELDS}
+        merged.update(changes)
+        if current.subject_id is not None:
+            merged["subject_id"] = str(current.subject_id)
+        wanted = parse(merged, KeyCreate)
+        before, after = await api_keys.update_key(
+            connection, key_id, {name: getattr(wanted, name) for name in changes}
+        )
+        await _audit(connection, request, "key.update", key_id, before=before, after=after)
+    return _json(to_json(after))
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    key_id = _key_id(request)
+    async with _transaction(request) as connection:
+        before = await _find(connection, key_id)
+        after = await api_keys.revoke_key(connection, key_id)
+        await _audit(connection, request, "key.revoke", key_id, before=before, after=after)
+    return _json(to_json(after))
+
+
+async def rotate_key(request: web.Request) -> web.Response:
+    wanted = parse(await _json_body(request, optional=True), Rotate)
+    key_id = _key_id(request)
+    async with _transaction(request) as connection:
+        before = await _find(connection, key_id)
+        old_after, issued = await api_keys.rotate_key(
+            connection, key_id, grace_seconds=wanted.grace_seconds
+        )
+        await _audit(connection, request, "key.rotate", key_id, before=before, after=old_after)
+        await _audit(connection, request, "key.create", str(issued.record.id), after=issued.record)
+    return _json({**_issued_json(issued), "replaces": to_json(old_after)}, status=201)
+
+
+async def put_subject(request: web.Request) -> web.Response:
+    subject_id = _uuid(request.match_info["subject_id"], "subject_id")
+    wanted = parse(await _json_body(request), SubjectBudgetUpdate)
+    async with _transaction(request) as connection:
+        before, after = await subjects.set_budget(connection, subject_id, wanted.monthly_budget_usd)
+        await _audit(
+            connection, request, "subject.budget", str(subject_id), before=before, after=after
+        )
+    return _json(to_json(after))
+
+
+async def get_subject(request: web.Request) -> web.Response:
+    subject_id = _uuid(request.match_info["subject_id"], "subject_id")
+    async with _transaction(request) as connection:
+        subject = await subjects.get_subject(connection, subject_id)
+    return _json(to_json(subject))
+
+
+def _time(text: str | None, name: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an RFC 3339 time.", param=name) from None
+    if moment.tzinfo is None:
+        raise InvalidRequest(f"{name} needs a time zone, e.g. {text}Z.", param=name)
+    return moment
+
+
+async def usage(request: web.Request) -> web.Response:
+    query = request.query
+    group_by = query.get("group_by", "model")
+    if group_by not in GROUPINGS:
+        raise InvalidRequest(f"group_by must be one of {', '.join(GROUPINGS)}.", param="group_by")
+    subject, key = query.get("subject_id"), query.get("key_id")
+    wanted = UsageQuery(
+        subject_id=None if subject is None else _uuid(subject, "subject_id"),
+        key_id=None if key is None else _uuid(key, "key_id"),
+        start=_time(query.get("from"), "from"),
+        end=_time(query.get("to"), "to"),
+        group_by=group_by,
+    )
+    async with _transaction(request) as connection:
+        rows = await summarize_usage(connection, wanted)
+    return _json({"object": "list", "group_by": group_by, "data": rows})
+
+
+def build_admin_app(token: str) -> web.Application:
+    admin = web.Application(middlewares=[_admin_auth(token=token)])
+    admin.router.add_post("/keys", create_key)
+    admin.router.add_get("/keys", list_keys)
+    admin.router.add_get("/keys/{key_id}", get_key)
+    admin.router.add_patch("/keys/{key_id}", patch_key)
+    admin.router.add_post("/keys/{key_id}/revoke", revoke_key)
+    admin.router.add_post("/keys/{key_id}/rotate", rotate_key)
+    admin.router.add_put("/subjects/{subject_id}", put_subject)
+    admin.router.add_get("/subjects/{subject_id}", get_subject)
+    admin.router.add_get("/usage", usage)
+    return admin

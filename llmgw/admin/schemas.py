@@ -1,0 +1,114 @@
+"""Admin request bodies as frozen attrs classes, parsed by one strict cattrs converter.
+
+Unknown fields are rejected; a bad body becomes a 400 whose message lists every problem as
+``cattrs.transform_error`` words it (e.g. ``invalid value for type, expected int @ $.rate_limit_requests``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import date, datetime
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from attrs import validators as v
+
+from llmgw.errors import InvalidRequest
+
+__all__ = ["KeyCreate", "Rotate", "SubjectBudgetUpdate", "parse", "to_json"]
+
+T = TypeVar("T")
+
+
+def _rfc3339(value: Any, _type: Any) -> datetime:
+    if not isinstance(value, str):
+        raise ValueError("expected an RFC 3339 string")
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        raise ValueError("the time needs a zone, e.g. 2027-01-31T00:00:00Z")
+    return moment
+
+
+def _strict_int(value: Any, _type: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("expected an integer")
+    return value
+
+
+def _strict_number(value: Any, _type: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a number")
+    return float(value)
+
+
+def _strict_str(value: Any, _type: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(datetime, _rfc3339)
+    converter.register_structure_hook(uuid.UUID, lambda value, _t: uuid.UUID(str(value)))
+    converter.register_structure_hook(int, _strict_int)
+    converter.register_structure_hook(float, _strict_number)
+    converter.register_structure_hook(str, _strict_str)
+    converter.register_unstructure_hook(uuid.UUID, str)
+    converter.register_unstructure_hook(datetime, lambda moment: moment.isoformat())
+    converter.register_unstructure_hook(date, lambda day: day.isoformat())
+    return converter
+
+
+CONVERTER = _make_converter()
+
+_positive = v.gt(0)
+_optional_positive = v.optional(v.gt(0))
+
+
+def _model_names(
+    _instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]
+) -> None:
+    if any(not name.strip() for name in value):
+        raise ValueError(f"{attribute.name} must not contain empty model names")
+
+
+@attrs.frozen
+class KeyCreate:
+    name: str = attrs.field(validator=v.min_len(1))
+    subject_id: uuid.UUID | None = None
+    rate_limit_requests: int = attrs.field(default=60, validator=_positive)
+    rate_limit_window_seconds: int = attrs.field(default=60, validator=_positive)
+    allowed_models: tuple[str, ...] = attrs.field(default=(), validator=_model_names)
+    expires_at: datetime | None = None
+    tokens_per_minute: int | None = attrs.field(default=None, validator=_optional_positive)
+
+
+@attrs.frozen
+class Rotate:
+    grace_seconds: float = attrs.field(default=0, validator=v.ge(0))
+
+
+@attrs.frozen
+class SubjectBudgetUpdate:
+    monthly_budget_usd: float | None = attrs.field(validator=v.optional(v.ge(0)))
+
+
+def parse(body: Any, cls: type[T]) -> T:
+    """Structure a JSON body into ``cls`` or raise a 400 naming every problem."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    try:
+        return CONVERTER.structure(body, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        problems = (
+            cattrs.transform_error(exc)
+            if isinstance(exc, cattrs.BaseValidationError)
+            else [str(exc)]
+        )
+        raise InvalidRequest("; ".join(problems)) from None
+
+
+def to_json(value: Any) -> Any:
+    return CONVERTER.unstructure(value)

@@ -1,0 +1,174 @@
+"""The one pipeline every proxied operation (chat, embeddings) goes through.
+
+    read the body → validate → route the model → open the observation → call the route → answer
+
+The key and the route are both known right after ``resolve``; the observation finishes exactly once,
+whatever the outcome. An :class:`Operation` says what differs between operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import orjson
+from aiohttp import web
+from opentelemetry import propagate, trace
+
+from llmgw import app_keys
+from llmgw.api.body import read_json_object
+from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.errors import GatewayError, UpstreamUnavailable
+from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.streaming.relay import relay_stream
+from llmgw.telemetry import semconv as sc
+from llmgw.telemetry.genai import ChatObservation, Outcome
+from llmgw.telemetry.usage import parse_usage
+
+__all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
+
+# Status recorded for a request whose client went away before the answer (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
+
+
+@attrs.frozen
+class Operation:
+    """What one API operation adds to the pipeline."""
+
+    name: str  # gen_ai.operation.name, and the first word of the span name
+    validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
+    complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
+
+
+def forward_upstream_error(response: UpstreamResponse) -> web.Response:
+    """The provider's own status and body, untouched, so clients see exactly what it said."""
+    return web.Response(
+        status=response.status, body=response.body, headers={"Content-Type": response.content_type}
+    )
+
+
+async def proxy(
+    request: web.Request, key: AuthenticatedKey, operation: Operation
+) -> web.StreamResponse:
+    raw, body = await read_json_object(request)
+    model, stream = operation.validate(body)
+    route = request.app[app_keys.PROVIDERS].resolve(model)
+    # Token counts for every stream: ask for usage even when the caller did not, and hide the
+    # usage-only chunk from a caller who did not ask for it.
+    hide_usage_chunk = stream and not _caller_asked_for_usage(body)
+    if hide_usage_chunk:
+        options = body.get("stream_options")
+        body["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
+    telemetry = request.app[app_keys.TELEMETRY]
+    observation = ChatObservation.start(
+        telemetry.tracer,
+        telemetry.instruments,
+        operation=operation.name,
+        provider_name=route.name,
+        server_address=route.server_address,
+        server_port=route.server_port,
+        provider_reports_cost=route.reports_cost,
+        body=body,
+        model=model,
+        stream=stream,
+        capture_content=telemetry.capture_content,
+        request_id=request[app_keys.REQUEST_ID],
+        key_id=str(key.id),
+        subject_id=None if key.subject_id is None else str(key.subject_id),
+    )
+    call = _upstream_call(
+        request, orjson.dumps(body) if hide_usage_chunk else raw, model, observation
+    )
+    answer: Callable[[], Awaitable[web.StreamResponse]] = (
+        functools.partial(_stream, request, route, call, observation, hide_usage_chunk)
+        if stream
+        else functools.partial(_complete, operation, route, call, observation)
+    )
+    return await _observe_upstream(observation, answer)
+
+
+def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _upstream_call(
+    request: web.Request, body: bytes, model: str, observation: ChatObservation
+) -> UpstreamCall:
+    settings = request.app[app_keys.SETTINGS]
+    trace_headers: dict[str, str] = {}
+    propagate.inject(trace_headers, context=trace.set_span_in_context(observation.tracer_span))
+    deadline = asyncio.get_running_loop().time() + settings.request_timeout_seconds
+    return UpstreamCall(
+        body=body,
+        deadline=deadline,
+        trace_headers=trace_headers,
+        model=model,
+        on_deployment=observation.deployment_tried,
+    )
+
+
+async def _stream(
+    request: web.Request,
+    provider: Provider,
+    call: UpstreamCall,
+    observation: ChatObservation,
+    hide_usage_chunk: bool,
+) -> web.StreamResponse:
+    upstream = await provider.stream_chat_completion(call)
+    observation.retries = upstream.retries
+    return await relay_stream(request, upstream, observation, hide_usage_chunk=hide_usage_chunk)
+
+
+async def _complete(
+    operation: Operation, provider: Provider, call: UpstreamCall, observation: ChatObservation
+) -> web.StreamResponse:
+    result = await operation.complete(provider, call)
+    observation.retries = result.retries
+    answered_by = observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]
+    try:
+        document = orjson.loads(result.body)
+    except orjson.JSONDecodeError:
+        raise UpstreamUnavailable(
+            f"{answered_by} answered with a body that is not JSON.",
+            code="upstream_invalid_response",
+        ) from None
+    if not isinstance(document, dict):
+        raise UpstreamUnavailable(
+            f"{answered_by} answered with an unexpected JSON value.",
+            code="upstream_invalid_response",
+        )
+    observation.note_document(document)
+    observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
+    observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    return web.Response(
+        status=result.status, body=result.body, headers={"Content-Type": result.content_type}
+    )
+
+
+async def _observe_upstream(
+    observation: ChatObservation, call: Callable[[], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Run ``call``; finish the observation on any failure it raises (success finishes itself)."""
+    try:
+        return await call()
+    except UpstreamHTTPError as exc:
+        observation.retries = exc.response.retries
+        observation.finish(
+            status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
+        )
+        return forward_upstream_error(exc.response)
+    except GatewayError as exc:
+        observation.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
+        raise
+    except asyncio.CancelledError:
+        observation.finish(
+            status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
+        )
+        raise

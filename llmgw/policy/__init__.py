@@ -1,0 +1,1 @@
+"""Per-key and per-subject policy beyond authentication: model allowlists, budgets, token limits."""

@@ -1,0 +1,286 @@
+"""The providers configuration file named by ``LLMGW_CONFIG`` (TOML), parsed once into frozen classes.
+
+    [[providers]]
+    name = "venice"                  # unique; used in "provider/model" names, deployments, telemetry
+    kind = "venice"                  # or "openai-compatible"
+    base_url = "https://api.venice.ai/api/v1"
+    api_key_env = "VENICE_API_KEY"   # optional (a local Ollama needs none); the key stays in the env
+    timeout_seconds = 30             # optional; default REQUEST_TIMEOUT_SECONDS
+    max_retries = 1                  # optional; default VENICE_MAX_RETRIES
+    headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
+
+    [[models]]
+    alias = "fast"                   # what callers send as "model"
+    deployments = ["venice:llama-3.2-3b", "local:llama3.2"]   # tried in order
+
+Every problem raises :class:`ProviderConfigError`, one line naming the file and the entry, e.g.
+``LLMGW_CONFIG /etc/llmgw.toml: providers[1].kind: expected "venice" or "openai-compatible", got
+"foo"``. Entries are counted from 0. Key values and header values are never echoed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, NoReturn, TypeAlias, cast, get_args
+
+import attrs
+
+from llmgw.config import ConfigError, _parse_url
+
+__all__ = [
+    "PROVIDER_KINDS",
+    "DeploymentSpec",
+    "ModelAlias",
+    "ProviderConfigError",
+    "ProviderKind",
+    "ProviderSpec",
+    "ProvidersConfig",
+    "load_provider_config",
+]
+
+ProviderKind = Literal["venice", "openai-compatible"]
+PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
+
+# Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ProviderConfigError(ConfigError):
+    """The providers file is unreadable or invalid; the message names the file and the entry."""
+
+    def __init__(self, path: Path, where: str, problem: str) -> None:
+        # Not ConfigError's "VARIABLE has invalid value" sentence: the file, not the variable, is bad.
+        Exception.__init__(self, f"LLMGW_CONFIG {path}: {where}: {problem}")
+        self.variable = "LLMGW_CONFIG"
+
+
+@attrs.frozen
+class ProviderSpec:
+    """One upstream API. ``api_key`` is read from the environment variable ``api_key_env``."""
+
+    name: str
+    kind: ProviderKind
+    base_url: str
+    api_key_env: str | None = None
+    api_key: str | None = attrs.field(default=None, repr=False)
+    timeout_seconds: float | None = None  # None: REQUEST_TIMEOUT_SECONDS
+    max_retries: int | None = None  # None: VENICE_MAX_RETRIES
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+
+
+@attrs.frozen
+class DeploymentSpec:
+    """``provider:model``: a provider by name and the model id that provider knows."""
+
+    provider: str
+    model: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+
+@attrs.frozen
+class ModelAlias:
+    alias: str
+    deployments: tuple[DeploymentSpec, ...]  # tried in order
+
+
+@attrs.frozen
+class ProvidersConfig:
+    providers: tuple[ProviderSpec, ...]
+    model_aliases: tuple[ModelAlias, ...]
+
+
+def load_provider_config(path: Path, environ: Mapping[str, str]) -> ProvidersConfig:
+    """Read and validate the file; provider keys come from ``environ``. Raises ProviderConfigError."""
+    return _Parser(path, environ).parse()
+
+
+def _show(value: object) -> str:
+    """A value from the file, quoted like TOML would write it, on one line."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+_PROVIDER_KEYS = (
+    "name", "kind", "base_url", "api_key_env", "timeout_seconds", "max_retries", "headers",
+)  # fmt: skip
+_MODEL_KEYS = ("alias", "deployments")
+
+
+_Kind: TypeAlias = type | tuple[type, ...]
+_NUMBER = (int, float)
+_KIND_NAMES: dict[_Kind, str] = {
+    str: "a string",
+    int: "an integer",
+    _NUMBER: "a number",
+    list: "an array",
+    dict: "a table",
+}
+
+
+@attrs.frozen
+class _Parser:
+    path: Path
+    environ: Mapping[str, str]
+
+    def fail(self, where: str, problem: str) -> NoReturn:
+        raise ProviderConfigError(self.path, where, problem)
+
+    def parse(self) -> ProvidersConfig:
+        try:
+            document = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ProviderConfigError(
+                self.path, "file", f"cannot be read ({exc.strerror or type(exc).__name__})"
+            ) from None
+        except UnicodeDecodeError:
+            self.fail("file", "is not UTF-8 text")
+        except tomllib.TOMLDecodeError as exc:
+            self.fail("file", f"is not valid TOML: {exc}")
+        self.reject_unknown_keys(document, "", ("providers", "models"))
+        provider_tables = self.tables(document, "providers")
+        if not provider_tables:
+            self.fail("providers", "at least one [[providers]] entry is required")
+        providers = tuple(
+            self.provider(table, f"providers[{index}]")
+            for index, table in enumerate(provider_tables)
+        )
+        self.check_unique([p.name for p in providers], "providers", "name")
+        aliases = tuple(
+            self.model_alias(table, f"models[{index}]", providers)
+            for index, table in enumerate(self.tables(document, "models"))
+        )
+        self.check_unique([a.alias for a in aliases], "models", "alias")
+        return ProvidersConfig(providers, aliases)
+
+    # Entries ---------------------------------------------------------------------------------
+
+    def provider(self, table: dict[str, Any], where: str) -> ProviderSpec:
+        self.reject_unknown_keys(table, where + ".", _PROVIDER_KEYS)
+        name = self.name(table, where, "name")
+        kind = self.required(table, where, "kind", str)
+        if kind not in PROVIDER_KINDS:
+            expected = " or ".join(_show(k) for k in PROVIDER_KINDS)
+            self.fail(f"{where}.kind", f"expected {expected}, got {_show(kind)}")
+        base_url = self.required(table, where, "base_url", str)
+        try:
+            base_url = _parse_url("http", "https")(base_url)
+        except ValueError:
+            self.fail(f"{where}.base_url", f"expected an http(s) URL, got {_show(base_url)}")
+        api_key_env = self.optional(table, where, "api_key_env", str)
+        api_key = None
+        if api_key_env is not None:
+            if not _ENV_NAME.fullmatch(api_key_env):
+                self.fail(
+                    f"{where}.api_key_env",
+                    f"expected the name of an environment variable, got {_show(api_key_env)}",
+                )
+            api_key = self.environ.get(api_key_env, "").strip() or None
+            if api_key is None:
+                self.fail(
+                    f"{where}.api_key_env",
+                    f"environment variable {api_key_env} is not set (it holds {name}'s API key)",
+                )
+        timeout = self.optional(table, where, "timeout_seconds", _NUMBER)
+        if timeout is not None and not 0 < timeout < float("inf"):
+            self.fail(
+                f"{where}.timeout_seconds", f"expected a positive number, got {_show(timeout)}"
+            )
+        retries = self.optional(table, where, "max_retries", int)
+        if retries is not None and not 0 <= retries <= 10:
+            self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
+        headers = self.optional(table, where, "headers", dict) or {}
+        for header, value in headers.items():
+            if not isinstance(value, str):
+                self.fail(f"{where}.headers.{header}", "expected a string")
+        return ProviderSpec(
+            name=name,
+            kind=cast(ProviderKind, kind),
+            base_url=base_url,
+            api_key_env=api_key_env,
+            api_key=api_key,
+            timeout_seconds=None if timeout is None else float(timeout),
+            max_retries=retries,
+            headers=dict(headers),
+        )
+
+    def model_alias(
+        self, table: dict[str, Any], where: str, providers: tuple[ProviderSpec, ...]
+    ) -> ModelAlias:
+        self.reject_unknown_keys(table, where + ".", _MODEL_KEYS)
+        alias = self.required(table, where, "alias", str).strip()
+        if not alias:
+            self.fail(f"{where}.alias", "expected a non-empty model name")
+        entries = self.required(table, where, "deployments", list)
+        if not entries:
+            self.fail(f"{where}.deployments", 'expected at least one "provider:model"')
+        known = [p.name for p in providers]
+        deployments = []
+        for index, entry in enumerate(entries):
+            at = f"{where}.deployments[{index}]"
+            provider, sep, model = entry.partition(":") if isinstance(entry, str) else ("", "", "")
+            if not sep or not provider or not model.strip():
+                self.fail(at, f'expected "provider:model", got {_show(entry)}')
+            if provider not in known:
+                self.fail(
+                    at,
+                    f"unknown provider {_show(provider)} in {_show(entry)}; "
+                    f"providers are {', '.join(_show(k) for k in known)}",
+                )
+            deployments.append(DeploymentSpec(provider, model.strip()))
+        return ModelAlias(alias, tuple(deployments))
+
+    # Values ----------------------------------------------------------------------------------
+
+    def name(self, table: dict[str, Any], where: str, key: str) -> str:
+        value: str = self.required(table, where, key, str)
+        if not _NAME.fullmatch(value):
+            self.fail(
+                f"{where}.{key}",
+                f"expected letters, digits, '.', '_' or '-' (no '/' or ':'), got {_show(value)}",
+            )
+        return value
+
+    def required(self, table: dict[str, Any], where: str, key: str, kind: _Kind) -> Any:
+        value = self.optional(table, where, key, kind)
+        if value is None:
+            self.fail(f"{where}.{key}", "is required")
+        return value
+
+    def optional(self, table: dict[str, Any], where: str, key: str, kind: _Kind) -> Any:
+        value = table.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            self.fail(f"{where}.{key}", f"expected {_KIND_NAMES[kind]}, got {_show(value)}")
+        return value
+
+    def tables(self, document: dict[str, Any], key: str) -> list[dict[str, Any]]:
+        value = document.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+            self.fail(key, f"expected [[{key}]] tables")
+        return value
+
+    def reject_unknown_keys(
+        self, table: dict[str, Any], prefix: str, known: tuple[str, ...]
+    ) -> None:
+        for key in table:
+            if key not in known:
+                self.fail(f"{prefix}{key}", f"unknown key; expected one of {', '.join(known)}")
+
+    def check_unique(self, values: list[str], section: str, key: str) -> None:
+        first_seen: dict[str, int] = {}
+        for index, value in enumerate(values):
+            if value in first_seen:
+                self.fail(
+                    f"{section}[{index}].{key}",
+                    f"{_show(value)} is already used by {section}[{first_seen[value]}]",
+                )
+            first_seen[value] = index

@@ -1,0 +1,74 @@
+"""A route: deployments tried in order, each after the one before failed in a retryable way.
+
+A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any adapter. Each
+deployment is sent its own model id and retries as it always does; when it still ends in a retryable
+status (``RETRYABLE_STATUSES``) or cannot be reached or times out, the next one is tried. Any other
+answer (a 400, a 404, a success) is final. A stream falls back only while it is being opened, so
+never after a byte has reached the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from llmgw.errors import UpstreamTimeout, UpstreamUnavailable
+from llmgw.providers.base import (
+    ChatStream,
+    Deployment,
+    Provider,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+)
+from llmgw.providers.retry import RETRYABLE_STATUSES
+
+__all__ = ["FallbackChain"]
+
+T = TypeVar("T")
+
+
+class FallbackChain:
+    """Until a deployment answers, it speaks for the first one (name, address, cost reporting)."""
+
+    def __init__(self, deployments: Sequence[Deployment]) -> None:
+        if not deployments:
+            raise ValueError("a route needs at least one deployment")
+        self.deployments = tuple(deployments)
+        first = self.deployments[0].provider
+        self.name = first.name
+        self.server_address = first.server_address
+        self.server_port = first.server_port
+        self.reports_cost = first.reports_cost
+
+    async def _first_answer(
+        self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
+    ) -> T:
+        last = len(self.deployments)
+        for tried, deployment in enumerate(self.deployments, start=1):
+            if call.on_deployment is not None:
+                call.on_deployment(deployment, tried)
+            try:
+                return await attempt(deployment.provider, call.with_model(deployment.model))
+            except UpstreamHTTPError as exc:
+                if tried == last or exc.response.status not in RETRYABLE_STATUSES:
+                    raise
+            except (UpstreamUnavailable, UpstreamTimeout):
+                if tried == last:
+                    raise
+        raise AssertionError("unreachable: the last deployment returns or raises")
+
+    async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
+        return await self._first_answer(call, lambda p, c: p.chat_completion(c))
+
+    async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
+        return await self._first_answer(call, lambda p, c: p.stream_chat_completion(c))
+
+    async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
+        return await self._first_answer(call, lambda p, c: p.embeddings(c))
+
+    async def list_models(self, deadline: float) -> UpstreamResponse:
+        return await self.deployments[0].provider.list_models(deadline)
+
+    async def close(self) -> None:
+        """Nothing to release: the registry owns and closes the providers."""

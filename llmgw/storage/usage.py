@@ -1,0 +1,139 @@
+"""The usage ledger's tables: writing batches of usage rows, reporting on them, and retention."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import attrs
+
+from llmgw.telemetry.usage import UsageRecord
+
+__all__ = [
+    "GROUPINGS",
+    "UsageQuery",
+    "month_start",
+    "prune_usage",
+    "summarize_usage",
+    "write_batch",
+]
+
+_INSERT = """
+INSERT INTO usage_events (
+    occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
+    stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
+    time_to_first_chunk_ms
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+"""
+_ADD_SPEND = """
+INSERT INTO subject_monthly_spend AS s (subject_id, month, spend_usd) VALUES ($1, $2, $3)
+ON CONFLICT (subject_id, month) DO UPDATE SET spend_usd = s.spend_usd + excluded.spend_usd
+"""
+_ADD_TOKENS = """
+INSERT INTO api_key_token_windows AS w (api_key_id, window_start_at, tokens) VALUES ($1, $2, $3)
+ON CONFLICT (api_key_id, window_start_at) DO UPDATE SET tokens = w.tokens + excluded.tokens
+"""
+
+
+def month_start(moment: datetime) -> date:
+    return moment.astimezone(UTC).date().replace(day=1)
+
+
+def minute_start(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+def _decimal(value: float | None) -> Decimal | None:
+    return None if value is None else Decimal(str(value))
+
+
+async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
+    """Insert the rows and add their spend and tokens to the running totals, in one transaction."""
+    spend: defaultdict[tuple[uuid.UUID, date], Decimal] = defaultdict(Decimal)
+    tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
+    rows = []
+    for r in records:
+        rows.append(
+            (
+                r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
+                r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
+                r.input_tokens, r.output_tokens, _decimal(r.cost_usd), _decimal(r.cost_diem),
+                r.duration_ms, r.time_to_first_chunk_ms,
+            )
+        )  # fmt: skip
+        if r.subject_id is not None and r.cost_usd:
+            spend[(r.subject_id, month_start(r.occurred_at))] += Decimal(str(r.cost_usd))
+        used = (r.input_tokens or 0) + (r.output_tokens or 0)
+        if used:
+            tokens[(r.api_key_id, minute_start(r.occurred_at))] += used
+    async with conn.transaction():
+        await conn.executemany(_INSERT, rows)
+        if spend:
+            await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
+        if tokens:
+            await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
+
+
+GROUPINGS = {
+    "model": "model",
+    "key": "api_key_id::text",
+    "day": "to_char(date_trunc('day', occurred_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
+}
+
+
+@attrs.frozen
+class UsageQuery:
+    subject_id: uuid.UUID | None = None
+    key_id: uuid.UUID | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    group_by: str = "model"
+
+
+async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[dict[str, Any]]:
+    """Requests, tokens and cost per group over [start, end)."""
+    rows = await conn.fetch(
+        f"""
+        SELECT {GROUPINGS[query.group_by]} AS grp, count(*) AS requests,
+               coalesce(sum(input_tokens), 0) AS input_tokens,
+               coalesce(sum(output_tokens), 0) AS output_tokens,
+               coalesce(sum(cost_usd), 0) AS cost_usd, coalesce(sum(cost_diem), 0) AS cost_diem
+        FROM usage_events
+        WHERE ($1::uuid IS NULL OR subject_id = $1) AND ($2::uuid IS NULL OR api_key_id = $2)
+          AND ($3::timestamptz IS NULL OR occurred_at >= $3)
+          AND ($4::timestamptz IS NULL OR occurred_at < $4)
+        GROUP BY grp ORDER BY grp
+        """,
+        query.subject_id,
+        query.key_id,
+        query.start,
+        query.end,
+    )
+    return [
+        {
+            query.group_by: row["grp"],
+            "requests": row["requests"],
+            "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"],
+            "cost_usd": float(row["cost_usd"]),
+            "cost_diem": float(row["cost_diem"]),
+        }
+        for row in rows
+    ]
+
+
+async def prune_usage(conn: asyncpg.Connection, older_than: timedelta) -> int:
+    """Delete usage rows (and spent token windows) older than ``older_than``; returns rows deleted."""
+    async with conn.transaction():
+        status: str = await conn.execute(
+            "DELETE FROM usage_events WHERE occurred_at < now() - $1::interval", older_than
+        )
+        await conn.execute(
+            "DELETE FROM api_key_token_windows WHERE window_start_at < now() - interval '1 hour'"
+        )
+    return int(status.rsplit(" ", 1)[-1])

@@ -1,0 +1,145 @@
+"""A second fake upstream, shaped like OpenAI's API (no ``cost``, no Venice fields), and a helper to
+configure a gateway with several providers from a TOML file.
+
+A real aiohttp server on 127.0.0.1 serving ``/v1/chat/completions`` (JSON, and SSE with a final
+usage chunk when ``stream_options.include_usage``), ``/v1/models`` and ``/v1/embeddings``. Tests
+script failures with :meth:`FakeOpenAI.fail_next` and read what it was sent in ``received``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from llmgw.config import load_settings
+from tests.fake_venice import (
+    ReceivedRequest,
+    _embeddings_body,  # OpenAI's embeddings shape already: data, model, object, usage
+    count_prompt_tokens,
+    split_reply,
+)
+
+FAKE_OPENAI_KEY = "sk-fake-openai-key-51c0de"
+FAKE_OPENAI_MODELS = ("gpt-4o-mini", "text-embedding-3-small")
+
+JSON = "application/json"
+
+
+def openai_error(status: int, message: str) -> web.Response:
+    error = {
+        "message": message,
+        "type": "server_error" if status >= 500 else "invalid_request_error",
+    }
+    return web.json_response({"error": {**error, "param": None, "code": None}}, status=status)
+
+
+class FakeOpenAI:
+    def __init__(self, *, reply: str = "Hello from fake OpenAI!", chunks: int = 4) -> None:
+        self.reply = reply
+        self.chunks = chunks
+        self.received: list[ReceivedRequest] = []
+        self._failures: collections.deque[int] = collections.deque()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def fail_next(self, *statuses: int) -> None:
+        """The next chat/embeddings requests answer these statuses, one each, in order."""
+        self._failures.extend(statuses)
+
+    def calls(self, path: str) -> list[ReceivedRequest]:
+        return [r for r in self.received if r.path == path]
+
+    async def __aenter__(self) -> FakeOpenAI:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _admit(self, request: web.Request) -> dict[str, Any] | web.Response:
+        body = orjson.loads(await request.read() or b"null")
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        self.received.append(ReceivedRequest(request.method, request.path, headers, body))
+        if request.headers.get("Authorization") != f"Bearer {FAKE_OPENAI_KEY}":
+            return openai_error(401, "Incorrect API key provided.")
+        if self._failures:
+            return openai_error(self._failures.popleft(), "The server had an error.")
+        return body if isinstance(body, dict) else openai_error(400, "Expected an object.")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._admit(request)
+        if isinstance(body, web.Response):
+            return body
+        completion_id = "chatcmpl-" + os.urandom(12).hex()
+        base = {"id": completion_id, "created": int(time.time()), "model": body["model"]}
+        pieces = split_reply(self.reply, self.chunks)
+        prompt = count_prompt_tokens(body.get("messages"))
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": len(pieces),
+            "total_tokens": prompt + len(pieces),
+        }
+        if body.get("stream") is not True:
+            message = {"role": "assistant", "content": self.reply}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            document = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+            return web.json_response(document)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {**base, "object": "chat.completion.chunk"}
+        deltas = [{"role": "assistant", "content": ""}] + [{"content": p} for p in pieces]
+        for delta in deltas:
+            choice = {"index": 0, "delta": delta, "finish_reason": None}
+            await response.write(_event({**chunk, "choices": [choice]}))
+        finish = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        await response.write(_event({**chunk, "choices": [finish]}))
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage") is True:
+            await response.write(_event({**chunk, "choices": [], "usage": usage}))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        body = await self._admit(request)
+        if isinstance(body, web.Response):
+            return body
+        return web.Response(body=_embeddings_body(body), content_type=JSON)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.received.append(ReceivedRequest(request.method, request.path, {}, None))
+        data = [
+            {"id": model, "object": "model", "created": 1715367049, "owned_by": "system"}
+            for model in FAKE_OPENAI_MODELS
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def providers_settings(tmp_path: Path, toml: str, **environ: str) -> dict[str, Any]:
+    """Settings overrides for ``start_gateway`` from a providers file, read as ``serve`` reads it."""
+    path = tmp_path / "llmgw.toml"
+    path.write_text(toml)
+    settings = load_settings({"LLMGW_CONFIG": str(path), **environ})
+    return {"providers": settings.providers, "model_aliases": settings.model_aliases}

@@ -1,0 +1,225 @@
+"""The admin API: keys issued, listed, patched, rotated and revoked; budgets; every action audited."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import Gateway
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+CHAT = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Admin:
+    def __init__(self, gateway: Gateway, session: aiohttp.ClientSession) -> None:
+        self.gateway = gateway
+        self.session = session
+
+    async def call(
+        self, method: str, path: str, body: Any = None, token: str | None = ADMIN_TOKEN, **kw: Any
+    ) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(kw.pop("headers", {}))
+        async with self.session.request(
+            method, self.gateway.url(f"/admin/v1{path}"), json=body, headers=headers, **kw
+        ) as response:
+            return response.status, await response.json()
+
+    async def chat(self, key: str, **body: Any) -> int:
+        async with self.session.post(
+            self.gateway.url("/v1/chat/completions"),
+            json={**CHAT, **body},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response:
+            await response.read()
+            return response.status
+
+
+@pytest.fixture
+async def admin(start_gateway: Any) -> Any:
+    gateway = await start_gateway(admin_token=ADMIN_TOKEN)
+    async with aiohttp.ClientSession() as session:
+        yield Admin(gateway, session)
+
+
+async def test_admin_api_is_404_when_no_token_is_configured(gateway: Gateway) -> None:
+    async with aiohttp.ClientSession() as session:
+        for method, path in (("GET", "/admin/v1/keys"), ("POST", "/admin/v1/keys")):
+            async with session.request(
+                method, gateway.url(path), headers={"Authorization": "Bearer whatever-token-here"}
+            ) as response:
+                assert response.status == 404
+                assert (await response.json())["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-0123456789abcdef", ADMIN_TOKEN + "x"])
+async def test_wrong_or_missing_admin_token_is_401(admin: Admin, token: str | None) -> None:
+    status, body = await admin.call("GET", "/keys", token=token)
+    assert status == 401
+    assert body["error"]["code"] == "invalid_api_key"
+
+
+async def test_gateway_keys_do_not_open_the_admin_api(admin: Admin) -> None:
+    key = await admin.gateway.create_key()
+    status, _ = await admin.call("GET", "/keys", token=key)
+    assert status == 401
+
+
+async def test_key_lifecycle_through_the_admin_api(admin: Admin) -> None:
+    subject = str(uuid.uuid4())
+    status, created = await admin.call(
+        "POST",
+        "/keys",
+        {"name": "team-a", "subject_id": subject, "rate_limit_requests": 5, "allowed_models": []},
+    )
+    assert status == 201
+    plaintext = created.pop("key")
+    assert plaintext.startswith("llmg_")
+    assert created["prefix"] == plaintext[:12]
+    assert created["subject_id"] == subject
+    assert created["is_active"] is True
+    expected_fields = {
+        "id", "prefix", "name", "subject_id", "rate_limit_requests", "rate_limit_window_seconds",
+        "allowed_models", "expires_at", "tokens_per_minute", "is_active", "created_at",
+        "last_used_at", "revoked_at",
+    }  # fmt: skip
+    assert set(created) == expected_fields
+    assert await admin.chat(plaintext) == 200
+
+    status, fetched = await admin.call("GET", f"/keys/{created['id']}")
+    assert status == 200
+    assert "key" not in fetched
+    assert plaintext not in json.dumps(fetched)
+
+    status, listed = await admin.call("GET", f"/keys?subject_id={subject}&state=active")
+    assert [k["id"] for k in listed["data"]] == [created["id"]]
+
+    status, patched = await admin.call(
+        "PATCH", f"/keys/{created['id']}", {"name": "team-a-renamed", "rate_limit_requests": 9}
+    )
+    assert status == 200
+    assert (patched["name"], patched["rate_limit_requests"]) == ("team-a-renamed", 9)
+
+    status, rotated = await admin.call("POST", f"/keys/{created['id']}/rotate")
+    assert status == 201
+    assert rotated["key"] != plaintext
+    assert rotated["rate_limit_requests"] == 9
+    assert rotated["replaces"]["is_active"] is False
+    await _eventually(lambda: admin.chat(plaintext), 401)
+    assert await admin.chat(rotated["key"]) == 200
+
+    status, revoked = await admin.call("POST", f"/keys/{rotated['id']}/revoke")
+    assert status == 200
+    assert revoked["is_active"] is False
+    await _eventually(lambda: admin.chat(rotated["key"]), 401)
+
+    rows = await admin.gateway.db.fetch("SELECT * FROM admin_audit ORDER BY id")
+    assert [row["action"] for row in rows] == [
+        "key.create", "key.update", "key.rotate", "key.create", "key.revoke",
+    ]  # fmt: skip
+    dump = " ".join(str(dict(row)) for row in rows)
+    for secret in (plaintext, rotated["key"], ADMIN_TOKEN):
+        assert secret not in dump
+    assert json.loads(rows[1]["before"])["name"] == "team-a"
+    assert json.loads(rows[1]["after"])["name"] == "team-a-renamed"
+    assert all(row["actor"].startswith("token:") for row in rows)
+
+
+async def test_audit_names_a_caller_supplied_actor(admin: Admin) -> None:
+    await admin.call("POST", "/keys", {"name": "x"}, headers={"X-Admin-Actor": "alice@example"})
+    assert await admin.gateway.db.fetchval("SELECT actor FROM admin_audit") == "alice@example"
+
+
+async def test_rotation_with_grace_keeps_the_old_key_working_for_a_while(admin: Admin) -> None:
+    _, created = await admin.call("POST", "/keys", {"name": "graceful"})
+    status, rotated = await admin.call(
+        "POST", f"/keys/{created['id']}/rotate", {"grace_seconds": 1.5}
+    )
+    assert status == 201
+    assert await admin.chat(created["key"]) == 200
+    assert await admin.chat(rotated["key"]) == 200
+    await asyncio.sleep(1.6)
+    assert await admin.chat(created["key"]) == 401
+
+
+async def test_expired_keys_are_refused_like_revoked_ones(admin: Admin) -> None:
+    _, created = await admin.call("POST", "/keys", {"name": "short-lived"})
+    assert await admin.chat(created["key"]) == 200
+    soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2))
+    status, _ = await admin.call("PATCH", f"/keys/{created['id']}", {"expires_at": soon})
+    assert status == 200
+    await asyncio.sleep(2.2)
+    assert await admin.chat(created["key"]) == 401
+    _, listed = await admin.call("GET", "/keys?state=expired")
+    assert [k["id"] for k in listed["data"]] == [created["id"]]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"name": ""},
+        {"name": "x", "rate_limit_requests": 0},
+        {"name": "x", "rate_limit_requests": "ten"},
+        {"name": "x", "subject_id": "not-a-uuid"},
+        {"name": "x", "expires_at": "tomorrow"},
+        {"name": "x", "expires_at": "2027-01-01T00:00:00"},
+        {"name": "x", "allowed_models": [""]},
+        {"name": "x", "unknown_field": 1},
+        ["name", "x"],
+    ],
+)
+async def test_invalid_key_bodies_are_400(admin: Admin, body: Any) -> None:
+    status, answer = await admin.call("POST", "/keys", body)
+    assert status == 400
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert await admin.gateway.db.fetchval("SELECT count(*) FROM api_keys") == 0
+
+
+async def test_patch_rejects_fields_that_cannot_change(admin: Admin) -> None:
+    _, created = await admin.call("POST", "/keys", {"name": "x"})
+    status, answer = await admin.call("PATCH", f"/keys/{created['id']}", {"prefix": "llmg_hacked1"})
+    assert status == 400
+    assert "prefix" in answer["error"]["message"]
+    status, _ = await admin.call("PATCH", f"/keys/{uuid.uuid4()}", {"name": "y"})
+    assert status == 404
+
+
+async def test_listing_is_paginated(admin: Admin) -> None:
+    for index in range(5):
+        await admin.call("POST", "/keys", {"name": f"k{index}"})
+    _, first = await admin.call("GET", "/keys?limit=2")
+    _, second = await admin.call("GET", f"/keys?limit=2&offset={first['next_offset']}")
+    _, last = await admin.call("GET", "/keys?limit=2&offset=4")
+    assert [k["name"] for k in first["data"] + second["data"] + last["data"]] == [
+        "k0", "k1", "k2", "k3", "k4",
+    ]  # fmt: skip
+    assert (first["has_more"], last["has_more"]) == (True, False)
+
+
+async def test_subject_budget_is_set_shown_and_cleared(admin: Admin) -> None:
+    subject = str(uuid.uuid4())
+    status, shown = await admin.call("PUT", f"/subjects/{subject}", {"monthly_budget_usd": 12.5})
+    assert status == 200
+    assert shown["monthly_budget_usd"] == 12.5
+    assert shown["month_to_date_spend_usd"] == 0
+    status, shown = await admin.call("GET", f"/subjects/{subject}")
+    assert shown["monthly_budget_usd"] == 12.5
+    _, cleared = await admin.call("PUT", f"/subjects/{subject}", {"monthly_budget_usd": None})
+    assert cleared["monthly_budget_usd"] is None
+    status, _ = await admin.call("PUT", f"/subjects/{subject}", {"monthly_budget_usd": -1})
+    assert status == 400
+
+
+async def _eventually(call: Any, expected: int, within: float = 1.0) -> None:
+    started = time.perf_counter()
+    while (status := await call()) != expected:
+        assert time.perf_counter() - started < within, f"still {status}"
+        await asyncio.sleep(0.02)

@@ -1,0 +1,344 @@
+"""Several providers behind one API: the providers file, model routing, fallbacks, merged model list."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from llmgw.config import load_settings
+from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
+from llmgw.telemetry import semconv as sc
+from tests.conftest import Gateway
+from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings
+from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.processes import clean_env, free_port
+
+MESSAGES = [{"role": "user", "content": "route me"}]
+VENICE_TEXT = "Hello from fake Venice!"
+OPENAI_TEXT = "Hello from fake OpenAI!"
+KEYS = {"VENICE_API_KEY": FAKE_VENICE_KEY, "OPENAI_API_KEY": FAKE_OPENAI_KEY}
+
+
+@pytest.fixture
+async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def provider(name: str, kind: str, base_url: str, key_env: str | None = None, **extra: Any) -> str:
+    lines = ["[[providers]]", f'name = "{name}"', f'kind = "{kind}"', f'base_url = "{base_url}"']
+    if key_env is not None:
+        lines.append(f'api_key_env = "{key_env}"')
+    lines += [f"{key} = {value}" for key, value in extra.items()]
+    return "\n".join(lines) + "\n\n"
+
+
+def alias(name: str, *deployments: str) -> str:
+    quoted = ", ".join(f'"{d}"' for d in deployments)
+    return f'[[models]]\nalias = "{name}"\ndeployments = [{quoted}]\n\n'
+
+
+def venice_and_openai(venice: FakeVenice, fake_openai: FakeOpenAI) -> str:
+    return provider("venice", "venice", venice.base_url, "VENICE_API_KEY") + provider(
+        "openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY"
+    )
+
+
+async def start(
+    start_gateway: Any, tmp_path: Path, toml: str
+) -> tuple[Gateway, openai.AsyncOpenAI]:
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+    return gateway, gateway.client(await gateway.create_key(name="routing"))
+
+
+async def answer(client: openai.AsyncOpenAI, model: str, *, stream: bool) -> str:
+    if not stream:
+        completion = await client.chat.completions.create(model=model, messages=MESSAGES)
+        return completion.choices[0].message.content or ""
+    chunks = await client.chat.completions.create(model=model, messages=MESSAGES, stream=True)
+    return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+
+def chat_span(gateway: Gateway, model: str) -> dict[str, Any]:
+    return dict(gateway.telemetry.span(f"chat {model}").attributes)
+
+
+# Acceptance 1 ------------------------------------------------------------------------------------
+
+
+async def test_sdk_reaches_both_providers_by_model_name_and_models_lists_both(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = venice_and_openai(fake_venice, fake_openai) + alias("fast", "openai:gpt-4o-mini")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+
+    assert await answer(client, "qwen3-5-9b", stream=False) == VENICE_TEXT
+    assert await answer(client, "openai/gpt-4o-mini", stream=False) == OPENAI_TEXT
+    assert fake_venice.received[-1].json["model"] == "qwen3-5-9b"
+    sent = fake_openai.calls("/v1/chat/completions")[-1]
+    assert sent.json["model"] == "gpt-4o-mini", "the upstream receives its own model id"
+    assert sent.headers["authorization"] == f"Bearer {FAKE_OPENAI_KEY}"
+
+    ids = {model.id for model in (await client.models.list()).data}
+    assert {"qwen3-5-9b", "llama-3.3-70b", "openai/gpt-4o-mini", "fast"} <= ids
+    await client.models.list()
+    assert len(fake_openai.calls("/v1/models")) == 1, "the merged list is cached"
+
+    span = chat_span(gateway, "openai/gpt-4o-mini")
+    assert span[sc.GEN_AI_PROVIDER_NAME] == "openai"
+    assert span[sc.SERVER_PORT] == fake_openai.port
+    assert span[sc.LLMGW_DEPLOYMENT] == "openai:gpt-4o-mini"
+    assert span[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+    assert sc.VENICE_COST_USD not in span, "cost is never invented for a provider without one"
+    assert chat_span(gateway, "qwen3-5-9b")[sc.GEN_AI_PROVIDER_NAME] == "venice"
+
+
+async def test_alias_sends_the_deployments_own_model_id(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = venice_and_openai(fake_venice, fake_openai) + alias("fast", "venice:llama-3.3-70b")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+
+    assert await answer(client, "fast", stream=True) == VENICE_TEXT
+    assert fake_venice.received[-1].json["model"] == "llama-3.3-70b"
+    assert fake_venice.received[-1].json["stream_options"] == {"include_usage": True}
+    span = chat_span(gateway, "fast")
+    assert span[sc.GEN_AI_REQUEST_MODEL] == "fast"
+    assert span[sc.GEN_AI_RESPONSE_MODEL] == "llama-3.3-70b"
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == (
+        "venice:llama-3.3-70b",
+        1,
+    )
+
+
+async def test_a_name_without_alias_or_known_prefix_goes_to_the_first_provider_unchanged(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY")
+    _, client = await start(start_gateway, tmp_path, toml)
+
+    assert await answer(client, "meta-llama/Llama-3-8b", stream=False) == OPENAI_TEXT
+    assert fake_openai.calls("/v1/chat/completions")[-1].json["model"] == "meta-llama/Llama-3-8b"
+    assert await answer(client, "venice/qwen3-5-9b", stream=False) == VENICE_TEXT
+    assert fake_venice.received[-1].json["model"] == "qwen3-5-9b"
+
+
+# Acceptance 2 and fallbacks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_alias_answers_from_the_second_deployment_when_the_first_returns_503(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    stream: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmgw.billing")
+    toml = venice_and_openai(fake_venice, fake_openai)
+    toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    fake_venice.fail_times(3, status=503)  # the first attempt and its two retries
+
+    assert await answer(client, "fast", stream=stream) == OPENAI_TEXT
+    assert len(fake_venice.received) == 3, "the first deployment's own retries come first"
+    assert [r.json["model"] for r in fake_openai.calls("/v1/chat/completions")] == ["gpt-4o-mini"]
+    span = chat_span(gateway, "fast")
+    assert span[sc.LLMGW_DEPLOYMENT] == "openai:gpt-4o-mini"
+    assert span[sc.LLMGW_DEPLOYMENTS_TRIED] == 2
+    assert span[sc.GEN_AI_PROVIDER_NAME] == "openai"
+    assert span[sc.SERVER_PORT] == fake_openai.port
+    assert span[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+    assert sc.VENICE_COST_USD not in span
+    assert sc.ERROR_TYPE not in span
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "venice.billing"]
+    assert (record.provider, record.deployment, record.cost_usd) == (
+        "openai",
+        "openai:gpt-4o-mini",
+        None,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_alias_falls_back_when_the_first_provider_cannot_be_reached(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice, stream: bool
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    toml = provider("down", "openai-compatible", down, max_retries=0)
+    toml += provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY")
+    toml += alias("sturdy", "down:gpt-4o-mini", "venice:qwen3-5-9b")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+
+    assert await answer(client, "sturdy", stream=stream) == VENICE_TEXT
+    span = chat_span(gateway, "sturdy")
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == ("venice:qwen3-5-9b", 2)
+    assert span[sc.GEN_AI_PROVIDER_NAME] == "venice"
+    assert span[sc.VENICE_COST_USD] > 0, "Venice answered, and Venice reports its cost"
+
+
+async def test_no_fallback_after_the_first_byte_of_a_stream(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = venice_and_openai(fake_venice, fake_openai)
+    toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    fake_venice.enqueue(Behaviour(drop_after_chunks=2))
+
+    stream = await client.chat.completions.create(model="fast", messages=MESSAGES, stream=True)
+    received = []
+    with pytest.raises(openai.APIError) as caught:
+        async for chunk in stream:
+            received.append(chunk)
+    assert received, "chunks before the drop reached the client"
+    assert "broke off the stream" in caught.value.message
+    assert fake_openai.calls("/v1/chat/completions") == []
+    span = chat_span(gateway, "fast")
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == ("venice:qwen3-5-9b", 1)
+    assert span[sc.LLMGW_STREAM_OUTCOME] == "failed"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_non_retryable_answer_is_final(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    stream: bool,
+) -> None:
+    toml = venice_and_openai(fake_venice, fake_openai)
+    toml += alias("fast", "venice:venice-nonexistent-model", "openai:gpt-4o-mini")
+    _, client = await start(start_gateway, tmp_path, toml)
+
+    with pytest.raises(openai.NotFoundError):
+        await answer(client, "fast", stream=stream)
+    assert fake_openai.calls("/v1/chat/completions") == []
+
+
+async def test_when_every_deployment_fails_the_last_answer_is_returned(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY", max_retries=0)
+    toml += provider(
+        "openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY", max_retries=0
+    )
+    toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    fake_venice.fail_times(1, status=503)
+    fake_openai.fail_next(502)
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        await answer(client, "fast", stream=False)
+    assert caught.value.status_code == 502
+    span = chat_span(gateway, "fast")
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.ERROR_TYPE]) == ("openai:gpt-4o-mini", "502")
+
+
+async def test_models_lists_the_providers_that_answer_when_one_is_down(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY")
+    toml += provider("down", "openai-compatible", f"http://127.0.0.1:{free_port()}/v1")
+    _, client = await start(start_gateway, tmp_path, toml)
+
+    ids = {model.id for model in (await client.models.list()).data}
+    assert "qwen3-5-9b" in ids
+    assert not any(i.startswith("down/") for i in ids)
+
+
+# The providers file -------------------------------------------------------------------------------
+
+
+def test_without_a_file_venice_is_the_only_provider() -> None:
+    settings = load_settings({"VENICE_API_KEY": "k"})
+    assert (settings.providers, settings.model_aliases) == ((), ())
+
+
+def test_a_valid_file_is_parsed_with_keys_from_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        provider("venice", "venice", "https://api.venice.ai/api/v1/", "VENICE_API_KEY")
+        + provider(
+            "local",
+            "openai-compatible",
+            "http://localhost:11434/v1",
+            timeout_seconds=30,
+            max_retries=1,
+            headers='{ "X-Team" = "search" }',
+        )
+        + alias("fast", "venice:llama-3.2-3b", "local:llama3.2:3b")
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "secret-key-value"})
+    venice, local = settings.providers
+    assert venice == ProviderSpec(
+        "venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY", "secret-key-value"
+    )
+    assert "secret-key-value" not in repr(settings)
+    assert local == ProviderSpec(
+        "local",
+        "openai-compatible",
+        "http://localhost:11434/v1",
+        timeout_seconds=30.0,
+        max_retries=1,
+        headers={"X-Team": "search"},
+    )
+    assert settings.model_aliases == (
+        ModelAlias(
+            "fast",
+            (DeploymentSpec("venice", "llama-3.2-3b"), DeploymentSpec("local", "llama3.2:3b")),
+        ),
+    )
+
+
+VENICE_OK = provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
+BAD_FILES = [
+    (VENICE_OK + provider("x", "foo", "http://x/v1"), 'providers[1].kind: expected "venice" or "openai-compatible", got "foo"'),
+    (VENICE_OK + provider("venice", "openai-compatible", "http://x/v1"), 'providers[1].name: "venice" is already used by providers[0]'),
+    (VENICE_OK + alias("fast", "venice:a", "nope:b"), 'models[0].deployments[1]: unknown provider "nope"'),
+    (VENICE_OK + alias("fast", "venice"), 'models[0].deployments[0]: expected "provider:model"'),
+    (provider("o", "openai-compatible", "http://x/v1", "UNSET_LLMGW_TEST_KEY"), "providers[0].api_key_env: environment variable UNSET_LLMGW_TEST_KEY is not set"),
+    (provider("o", "openai-compatible", "ftp://x/v1"), 'providers[0].base_url: expected an http(s) URL, got "ftp://x/v1"'),
+    (provider("o", "openai-compatible", "http://x/v1", colour='"blue"'), "providers[0].colour: unknown key"),
+    (provider("o", "openai-compatible", "http://x/v1", max_retries=99), "providers[0].max_retries: expected an integer 0-10, got 99"),
+    (VENICE_OK + "[[models]]\ndeployments = []\n", "models[0].alias: is required"),
+    ("[[providers]\n", "file: is not valid TOML"),
+    ("", "providers: at least one [[providers]] entry is required"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("toml", "message"), BAD_FILES)
+def test_each_invalid_file_exits_2_with_one_line_naming_the_entry(
+    tmp_path: Path, toml: str, message: str
+) -> None:
+    path = tmp_path / "providers.toml"
+    path.write_text(toml)
+    env = clean_env(
+        VENICE_API_KEY="secret-venice-value", LLMGW_CONFIG=str(path), LLMGW_DATA_DIR=str(tmp_path)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"llmgw: configuration error: LLMGW_CONFIG {path}: "), lines[0]
+    assert message in lines[0]
+    assert "secret-venice-value" not in result.stderr
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"LLMGW_CONFIG .*nowhere\.toml: file: cannot be read"):
+        load_settings({"LLMGW_CONFIG": str(tmp_path / "nowhere.toml")})
