@@ -19,6 +19,7 @@ from llmgw.middleware import (
     rate_limit_middleware,
     request_context_middleware,
 )
+from llmgw.policy.accounting import UsageAccounting
 from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.ratelimit.base import RateLimiter
@@ -69,10 +70,11 @@ def create_app(
         limiter = _rate_limiter(settings, pool)
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
-        app[app_keys.POLICY] = PolicyGuard(pool)
+        policy = app[app_keys.POLICY] = PolicyGuard(pool)
         ledger = UsageLedger(pool, on_drop=telemetry.instruments.usage_ledger_dropped.add)
         await ledger.start()
         app[app_keys.LEDGER] = ledger
+        app[app_keys.USAGE] = UsageAccounting(policy, ledger)
         yield
         await ledger.close()  # after the server stopped: every finished request is written
         await limiter.close()

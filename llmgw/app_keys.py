@@ -7,6 +7,7 @@ from aiohttp import web
 
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
+from llmgw.policy.accounting import UsageAccounting
 from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.ratelimit.base import RateLimitDecision, RateLimiter
@@ -21,6 +22,7 @@ PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 POLICY = web.AppKey("policy", PolicyGuard)
 LEDGER = web.AppKey("ledger", UsageLedger)
+USAGE = web.AppKey("usage", UsageAccounting)
 
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)

@@ -110,11 +110,9 @@ def _show(value: object) -> str:
         return type(value).__name__
 
 
-_PROVIDER_KEYS = (
-    "name", "kind", "base_url", "api_key_env", "timeout_seconds", "max_retries", "headers",
-)  # fmt: skip
+# The file's keys are the spec's fields, but the key itself: that comes from the environment.
+_PROVIDER_KEYS = tuple(field for field in attrs.fields_dict(ProviderSpec) if field != "api_key")
 _MODEL_KEYS = ("alias", "deployments")
-
 
 _Kind: TypeAlias = type | tuple[type, ...]
 _NUMBER = (int, float)
@@ -139,9 +137,7 @@ class _Parser:
         try:
             document = tomllib.loads(self.path.read_text(encoding="utf-8"))
         except OSError as exc:
-            raise ProviderConfigError(
-                self.path, "file", f"cannot be read ({exc.strerror or type(exc).__name__})"
-            ) from None
+            self.fail("file", f"cannot be read ({exc.strerror or type(exc).__name__})")
         except UnicodeDecodeError:
             self.fail("file", "is not UTF-8 text")
         except tomllib.TOMLDecodeError as exc:

@@ -235,3 +235,176 @@ def api_key_for() -> Any:
         return await gateway.create_key(**settings)
 
     return make
+
+
+# ---------------------------------------------------------------------------------------------
+# Gateway processes with their JSON logs in files (replica, fault and fuzz tests), and the
+# suite-wide scan for secrets in logs, spans, metrics and responses (tests/secrets_scan.py).
+
+import logging  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import orjson  # noqa: E402
+
+from tests.processes import clean_env, free_port  # noqa: E402
+from tests.secrets_scan import SecretScanner  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def secret_scanner() -> Iterator[SecretScanner]:
+    """Registers every key minted in this process and the fake Venice key; scans as the suite runs."""
+    scanner = SecretScanner()
+    scanner.register(FAKE_VENICE_KEY, "the fake Venice key")
+    root = logging.getLogger()
+    level = root.level
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)  # so billing records and warnings exist to be scanned
+    root.addHandler(scanner.handler)
+    with scanner.installed():
+        yield scanner
+    root.removeHandler(scanner.handler)
+    root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def no_secret_leaks(secret_scanner: SecretScanner) -> Iterator[None]:
+    """Fails the test during which a secret showed up anywhere the scanner looks."""
+    root = logging.getLogger()
+    if secret_scanner.handler not in root.handlers:
+        root.addHandler(secret_scanner.handler)
+    secret_scanner.take_leaks()
+    yield
+    leaks = secret_scanner.take_leaks()
+    if leaks:
+        pytest.fail("secrets leaked:\n" + "\n".join(sorted(set(leaks))), pytrace=False)
+
+
+@attrs.define
+class GatewayProcess:
+    """A ``python -m llmgw serve`` process on a loopback port; its JSON log lines go to a file."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every log line, parsed; a line that is not JSON comes back as ``{"raw": line}``."""
+        records: list[dict[str, Any]] = []
+        for line in self.log_text().splitlines():
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                record = None
+            records.append(record if isinstance(record, dict) else {"raw": line})
+        return records
+
+    def billing_records(self) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("event") == "venice.billing"]
+
+    def problems(self, *allowed: str) -> list[str]:
+        """Lines that are not JSON, carry a traceback, or are errors (minus ``allowed`` texts)."""
+        found = []
+        for record in self.records():
+            line = record.get("raw") or orjson.dumps(record).decode()
+            bad = (
+                "raw" in record
+                or "Traceback" in line
+                or record.get("level") in ("error", "critical")
+            )
+            if bad and not any(text in line for text in allowed):
+                found.append(line)
+        return found
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"gateway exited with {self.process.returncode}: {self.log_text()[-2000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:  # noqa: S310
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"gateway on port {self.port} did not answer within {timeout}s")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def gateway_env(database_url: str, venice_base_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a gateway process for tests (external database, fake Venice)."""
+    return clean_env(
+        DATABASE_URL=database_url,
+        VENICE_API_KEY=FAKE_VENICE_KEY,
+        VENICE_BASE_URL=venice_base_url,
+        REQUEST_TIMEOUT_SECONDS="5",
+        SHUTDOWN_GRACE_SECONDS="10",
+        **extra,
+    )
+
+
+def spawn_gateway(env: dict[str, str], log_path: Path, port: int) -> GatewayProcess:
+    """Start a gateway process without waiting for it (see ``GatewayProcess.wait_ready``)."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "serve"],
+            env={**env, "BIND_ADDR": f"127.0.0.1:{port}"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    return GatewayProcess(process, port, log_path)
+
+
+StartGateways = Callable[..., list[GatewayProcess]]
+
+
+@pytest.fixture
+def gateway_processes(tmp_path: Path, secret_scanner: SecretScanner) -> Iterator[StartGateways]:
+    """``start(env, count=1)`` starts gateway processes in parallel and waits until they answer.
+
+    At teardown each is stopped with SIGTERM and its log is scanned for secrets.
+    """
+    started: list[GatewayProcess] = []
+
+    def start(env: dict[str, str], count: int = 1) -> list[GatewayProcess]:
+        new = [
+            spawn_gateway(env, tmp_path / f"gateway-{len(started) + index}.log", free_port())
+            for index in range(count)
+        ]
+        started.extend(new)
+        for gateway in new:
+            gateway.wait_ready()
+        return new
+
+    yield start
+    for gateway in started:
+        gateway.stop()
+    for gateway in started:
+        secret_scanner.scan_text(
+            gateway.log_text(), f"the log of the gateway on port {gateway.port}"
+        )

@@ -35,7 +35,7 @@ INSTALL_HINT = "apt-get install nginx-light (or nginx); .ci/run installs it when
 
 # One access-log line per proxied request: which replica(s) served it, for the tests to read.
 _ACCESS_FORMAT = (
-    "log_format replicas '$msec $request_id \"$request\" $status "
+    'log_format replicas \'$msec $request_id "$request" $status '
     "upstream=$upstream_addr upstream_status=$upstream_status rid=$http_x_request_id';"
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,28 @@ async def test_alias_falls_back_when_the_first_provider_cannot_be_reached(
     assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == ("venice:qwen3-5-9b", 2)
     assert span[sc.GEN_AI_PROVIDER_NAME] == "venice"
     assert span[sc.VENICE_COST_USD] > 0, "Venice answered, and Venice reports its cost"
+
+
+async def test_a_provider_past_its_own_timeout_falls_back_within_the_request_timeout(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = provider(
+        "venice",
+        "venice",
+        fake_venice.base_url,
+        "VENICE_API_KEY",
+        timeout_seconds=0.5,
+        max_retries=0,
+    )
+    toml += provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    fake_venice.enqueue(Behaviour(delay_before_headers=3.0))
+
+    started = time.perf_counter()
+    assert await answer(client, "fast", stream=False) == OPENAI_TEXT
+    assert time.perf_counter() - started < 2.0
+    assert chat_span(gateway, "fast")[sc.LLMGW_DEPLOYMENTS_TRIED] == 2
 
 
 async def test_no_fallback_after_the_first_byte_of_a_stream(

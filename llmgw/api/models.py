@@ -98,4 +98,17 @@ async def list_models(request: web.Request, key: AuthenticatedKey) -> web.Stream
         )
     except UpstreamHTTPError as exc:
         return forward_upstream_error(exc.response)
+    if key.allowed_models:
+        body = _only_allowed(body, key)
     return web.Response(body=body, headers={"Content-Type": _JSON})
+
+
+def _only_allowed(listing: bytes, key: AuthenticatedKey) -> bytes:
+    """The listing narrowed to the models the key's allowlist names."""
+    document = orjson.loads(listing)
+    document["data"] = [
+        item
+        for item in document["data"]
+        if isinstance(item, dict) and key.allows_model(item.get("id", ""))
+    ]
+    return orjson.dumps(document)

@@ -55,6 +55,7 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
+    await request.app[app_keys.POLICY].admit(key, model)
     route = request.app[app_keys.PROVIDERS].resolve(model)
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
@@ -79,8 +80,9 @@ async def proxy(
         stream=stream,
         capture_content=telemetry.capture_content,
         request_id=request[app_keys.REQUEST_ID],
-        key_id=str(key.id),
-        subject_id=None if key.subject_id is None else str(key.subject_id),
+        key_id=key.id,
+        subject_id=key.subject_id,
+        record_sink=request.app[app_keys.USAGE],
     )
     call = _upstream_call(
         request, orjson.dumps(body) if hide_usage_chunk else raw, model, observation

@@ -120,7 +120,7 @@ class OpenAICompatibleProvider:
             remaining = deadline - loop.time()
             timeout = (
                 aiohttp.ClientTimeout(
-                    total=None, sock_connect=remaining, sock_read=self._idle_timeout
+                    total=None, sock_connect=max(remaining, 0.001), sock_read=self._idle_timeout
                 )
                 if streaming
                 else aiohttp.ClientTimeout(total=max(remaining, 0.001))

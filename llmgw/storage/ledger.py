@@ -43,6 +43,7 @@ class UsageLedger:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._closing = False
 
     @property
     def pending(self) -> int:
@@ -61,10 +62,11 @@ class UsageLedger:
         self._writer = asyncio.create_task(self._write_forever(), name="llmgw-usage-ledger")
 
     async def close(self) -> None:
+        # Let the writer finish its current batch rather than cancel it mid-write.
+        self._closing = True
+        self._wake.set()
         if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
+            await self._writer
         while self._queue:
             if not await self.flush():
                 log.error(
@@ -86,10 +88,13 @@ class UsageLedger:
                     self._queue.extendleft(reversed(batch))
                     log.warning("usage ledger write failed (%s); will retry", type(exc).__name__)
                     return False
+                except BaseException:
+                    self._queue.extendleft(reversed(batch))  # cancelled: the rows stay queued
+                    raise
         return True
 
     async def _write_forever(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval)
             self._wake.clear()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -18,7 +20,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.usage import Usage
+from llmgw.telemetry.usage import Usage, UsageRecord
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment
@@ -125,8 +127,9 @@ class ChatObservation:
     capture_content: bool
     stream: bool
     request_id: str
-    key_id: str
-    subject_id: str | None
+    key_id: uuid.UUID
+    subject_id: uuid.UUID | None
+    record_sink: Callable[[UsageRecord], None]
     started: float = attrs.field(factory=time.perf_counter)
     first_chunk_at: float | None = None
     last_chunk_at: float | None = None
@@ -156,8 +159,9 @@ class ChatObservation:
         stream: bool,
         capture_content: bool,
         request_id: str,
-        key_id: str,
-        subject_id: str | None,
+        key_id: uuid.UUID,
+        subject_id: uuid.UUID | None,
+        record_sink: Callable[[UsageRecord], None],
     ) -> ChatObservation:
         attributes: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: operation,
@@ -196,6 +200,7 @@ class ChatObservation:
             request_id=request_id,
             key_id=key_id,
             subject_id=subject_id,
+            record_sink=record_sink,
         )
 
     def deployment_tried(self, deployment: Deployment, tried: int) -> None:
@@ -343,31 +348,31 @@ class ChatObservation:
         ttfc: float | None,
         span: trace.Span,
     ) -> None:
+        """The billing record: one JSON log line, and the same record to the usage ledger."""
         usage = self.usage or Usage()
         context = span.get_span_context()
-        billing_log.info(
-            "billing record",
-            extra={
-                "event": "venice.billing",
-                "api_key_id": self.key_id,
-                "subject_id": self.subject_id,
-                "request_id": self.request_id,
-                "response_id": self.response_id,
-                "operation": self.metric_attributes[sc.GEN_AI_OPERATION_NAME],
-                "provider": self.metric_attributes[sc.GEN_AI_PROVIDER_NAME],
-                "deployment": self.deployment,
-                "model": self.metric_attributes[sc.GEN_AI_REQUEST_MODEL],
-                "response_model": self.response_model,
-                "stream": self.stream,
-                "status": status,
-                "outcome": outcome,
-                "error_type": error_type,
-                "input_tokens": usage.input_tokens,
-                "output_tokens": usage.output_tokens,
-                "cost_usd": usage.cost_usd,
-                "cost_diem": usage.cost_diem,
-                "duration_ms": round(duration * 1000, 3),
-                "time_to_first_chunk_ms": None if ttfc is None else round(ttfc * 1000, 3),
-                "trace_id": format(context.trace_id, "032x") if context.is_valid else None,
-            },
+        record = UsageRecord(
+            occurred_at=datetime.now(UTC),
+            api_key_id=self.key_id,
+            subject_id=self.subject_id,
+            request_id=self.request_id,
+            response_id=self.response_id,
+            operation=self.metric_attributes[sc.GEN_AI_OPERATION_NAME],
+            provider=self.metric_attributes[sc.GEN_AI_PROVIDER_NAME],
+            deployment=self.deployment,
+            model=self.metric_attributes[sc.GEN_AI_REQUEST_MODEL],
+            response_model=self.response_model,
+            stream=self.stream,
+            status=status,
+            outcome=outcome,
+            error_type=error_type,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=usage.cost_usd,
+            cost_diem=usage.cost_diem,
+            duration_ms=round(duration * 1000, 3),
+            time_to_first_chunk_ms=None if ttfc is None else round(ttfc * 1000, 3),
+            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
         )
+        billing_log.info("billing record", extra={"event": "venice.billing", **record.log_fields()})
+        self.record_sink(record)

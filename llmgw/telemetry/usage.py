@@ -69,7 +69,9 @@ class UsageRecord:
     response_id: str | None
     operation: str
     provider: str
+    deployment: str | None
     model: str
+    response_model: str | None
     stream: bool
     status: int
     outcome: str
@@ -81,3 +83,11 @@ class UsageRecord:
     duration_ms: float
     time_to_first_chunk_ms: float | None
     trace_id: str | None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The record as JSON-ready fields (ids and times as strings)."""
+        fields = attrs.asdict(self, recurse=False)
+        fields["occurred_at"] = self.occurred_at.isoformat()
+        fields["api_key_id"] = str(self.api_key_id)
+        fields["subject_id"] = None if self.subject_id is None else str(self.subject_id)
+        return fields
