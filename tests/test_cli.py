@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -98,3 +99,30 @@ def test_embedded_database_serves_with_no_setup_and_keeps_keys(tmp_path: Path) -
         assert [k["name"] for k in json.loads(listed.stdout)] == ["while-serving"]
     finally:
         stop(gateway)
+
+
+async def test_smoke_reports_a_plain_and_a_streamed_completion(gateway, api_key: str) -> None:
+    result = await asyncio.to_thread(
+        llmgw, "smoke", "--base-url", gateway.base_url, "--key", api_key, env=clean_env()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    plain, streamed = result.stdout.strip().splitlines()
+    assert plain.startswith("plain") and "status=200" in plain and "tokens=5/5" in plain
+    assert (
+        streamed.startswith("streamed") and "first_chunk=" in streamed and "tokens=5/5" in streamed
+    )
+    assert api_key not in result.stdout
+
+
+async def test_smoke_fails_with_a_bad_key(gateway) -> None:
+    result = await asyncio.to_thread(
+        llmgw,
+        "smoke",
+        "--base-url",
+        gateway.base_url,
+        "--key",
+        "llmg_wrong_key_0123456789",
+        env=clean_env(),
+    )
+    assert result.returncode == 1
+    assert "status=401" in result.stdout

@@ -50,11 +50,14 @@ def _serve(_args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     database_url = prepare_database(settings, migrate=False)
     app = create_app(settings, database_url=database_url)
+    upstreams = [f"{spec.name} at {spec.base_url}" for spec in settings.providers] or [
+        f"venice at {settings.venice_base_url}"
+    ]
     log.info(
-        "llmgw listening on http://%s:%d (provider venice at %s)",
+        "llmgw listening on http://%s:%d (providers: %s)",
         settings.bind_host,
         settings.bind_port,
-        settings.venice_base_url,
+        ", ".join(upstreams),
     )
     web.run_app(
         app,

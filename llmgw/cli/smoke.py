@@ -82,7 +82,8 @@ async def _streamed(session: aiohttp.ClientSession, url: str, body: dict[str, An
     first: float | None = None
     tokens: tuple[int | None, int | None] = (None, None)
     error: str | None = None
-    async with session.post(url, json={**body, "stream": True}) as response:
+    streamed_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with session.post(url, json=streamed_body) as response:
         if response.status != 200:
             error = (await response.text())[:200]
         else:
