@@ -99,6 +99,7 @@ class _Bench:
     lab: Lab
     plan: Plan
     started: float
+    gateways_after_long_run: int = 0
 
     def progress(self, message: str) -> None:
         _progress(self.started, message)
@@ -216,9 +217,9 @@ class _Bench:
         json64 = next((r for r in results if r.scenario == "json-c64"), None)
         if json64 is None or json64.requests_per_second <= 0:
             return planned, ""
-        scenario_time = sum(r.wall_seconds for r in results)
-        # What is still to come: possibly a second gateway (its scenarios, warm-ups, startup).
-        reserve = 2.0 * scenario_time + 15.0
+        # Each gateway still to come needs about what this one took: scenarios, warm-ups, startup.
+        per_gateway = 1.2 * sum(r.wall_seconds for r in results) + 10.0
+        reserve = self.gateways_after_long_run * per_gateway + 5.0
         left = self.plan.budget_seconds - (time.monotonic() - self.started) - reserve
         fits = int(max(0.0, left) * json64.requests_per_second * 0.9)
         if fits >= planned:
@@ -296,6 +297,8 @@ def _measure_all(
 ) -> tuple[list[TargetResult], MemoryRun | None]:
     targets = [bench.baseline(), bench.floor()]
     memory_run: MemoryRun | None = None
+    if "postgres" in backends:
+        bench.gateways_after_long_run = len(backends) - 1 - list(backends).index("postgres")
     for backend in backends:
         target, run = bench.gateway(backend, long_run=backend == "postgres")
         if target.skipped is not None:

@@ -6,6 +6,7 @@
     ├── ModelNotAllowed               403 permission_error / model_not_allowed
     ├── NotFound                      404 invalid_request_error / not_found
     ├── MethodNotAllowed              405 invalid_request_error / method_not_allowed
+    ├── RequestTimeout                408 invalid_request_error / request_timeout
     ├── PayloadTooLarge               413 invalid_request_error / request_too_large
     ├── UnsupportedMediaType          415 invalid_request_error / unsupported_media_type
     ├── RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
@@ -34,6 +35,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "RequestTimeout",
     "ServiceUnavailable",
     "UnsupportedMediaType",
     "UpstreamTimeout",
@@ -115,6 +117,12 @@ class MethodNotAllowed(GatewayError):
     status = 405
     error_type = "invalid_request_error"
     code = "method_not_allowed"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class PayloadTooLarge(GatewayError):

@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.api import chat, embeddings, health, models
+from llmgw.api import chat, embeddings, health, models, openapi
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import AuthenticationFailed
 
 __all__ = ["PUBLIC_PATHS", "add_routes", "protected"]
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 ProtectedHandler = Callable[[web.Request, AuthenticatedKey], Awaitable[web.StreamResponse]]
 
@@ -34,6 +34,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
+    app.router.add_get("/openapi.json", openapi.openapi_handler(public_paths=PUBLIC_PATHS))
     app.router.add_post("/v1/chat/completions", protected(chat.chat_completions))
     app.router.add_post("/v1/embeddings", protected(embeddings.create_embeddings))
     app.router.add_get("/v1/models", protected(models.list_models))

@@ -357,13 +357,12 @@ class GatewayProcess:
 
 def gateway_env(database_url: str, venice_base_url: str, **extra: str) -> dict[str, str]:
     """The environment of a gateway process for tests (external database, fake Venice)."""
+    defaults = {"REQUEST_TIMEOUT_SECONDS": "5", "SHUTDOWN_GRACE_SECONDS": "10"}
     return clean_env(
         DATABASE_URL=database_url,
         VENICE_API_KEY=FAKE_VENICE_KEY,
         VENICE_BASE_URL=venice_base_url,
-        REQUEST_TIMEOUT_SECONDS="5",
-        SHUTDOWN_GRACE_SECONDS="10",
-        **extra,
+        **{**defaults, **extra},
     )
 
 

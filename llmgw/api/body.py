@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from llmgw.errors import InvalidRequest, UnsupportedMediaType
+from llmgw import app_keys
+from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = ["read_json_object", "validate_chat_request", "validate_embeddings_request"]
 
@@ -18,7 +20,16 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, not {request.content_type or 'missing'!r}."
         )
-    raw = await request.read()  # the app's client_max_size bounds this, chunked bodies included
+    # The app's client_max_size bounds the size (chunked bodies included); this bounds the time a
+    # client may take to send it, so a slow-loris body cannot hold a handler open forever.
+    timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
+        ) from None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

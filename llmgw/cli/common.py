@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -18,6 +19,7 @@ __all__ = [
     "EXIT_FAILURE",
     "CommandError",
     "environment_help",
+    "positive_int",
     "prepare_database",
     "run_with_connection",
 ]
@@ -34,6 +36,17 @@ class CommandError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above zero, not {text}")
+    return value
 
 
 def environment_help(names: tuple[str, ...] | None = None) -> str:

@@ -11,7 +11,13 @@ from typing import Any
 import attrs
 import orjson
 
-from llmgw.cli.common import CommandError, environment_help, prepare_database, run_with_connection
+from llmgw.cli.common import (
+    CommandError,
+    environment_help,
+    positive_int,
+    prepare_database,
+    run_with_connection,
+)
 from llmgw.config import load_settings
 from llmgw.storage import api_keys
 from llmgw.storage.api_keys import ApiKeyRecord, DuplicateKeyPrefix, IssuedKey, KeyNotFound
@@ -19,13 +25,6 @@ from llmgw.storage.api_keys import ApiKeyRecord, DuplicateKeyPrefix, IssuedKey, 
 __all__ = ["register"]
 
 _DB_ENV = ("DATABASE_URL", "LLMGW_DATA_DIR")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,13 +55,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     create.add_argument(
         "--rate-limit-requests",
-        type=_positive_int,
+        type=positive_int,
         default=60,
         help="requests per window (default 60)",
     )
     create.add_argument(
         "--rate-limit-window-seconds",
-        type=_positive_int,
+        type=positive_int,
         default=60,
         help="window length in seconds (default 60)",
     )
@@ -80,7 +79,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="when the key stops working, e.g. 2027-01-31T00:00:00Z",
     )
     create.add_argument(
-        "--tokens-per-minute", type=_positive_int, help="tokens the key may use per minute"
+        "--tokens-per-minute", type=positive_int, help="tokens the key may use per minute"
     )
     create.add_argument(
         "--key",

@@ -64,6 +64,8 @@ def _serve(_args: argparse.Namespace) -> int:
         host=settings.bind_host,
         port=settings.bind_port,
         shutdown_timeout=settings.shutdown_grace_seconds,
+        # Also bounds a client that sends its request line and headers too slowly (slow loris).
+        keepalive_timeout=min(75.0, settings.request_timeout_seconds),
         handler_cancellation=True,
         access_log=None,
         print=None,

@@ -5,18 +5,16 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
-from llmgw.cli.common import environment_help, prepare_database, run_with_connection
+from llmgw.cli.common import (
+    environment_help,
+    positive_int,
+    prepare_database,
+    run_with_connection,
+)
 from llmgw.config import load_settings
 from llmgw.storage.usage import prune_usage
 
 __all__ = ["register"]
-
-
-def _positive_days(text: str) -> int:
-    days = int(text)
-    if days <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of days, not {text}")
-    return days
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,7 +34,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     prune = actions.add_parser("prune", help="delete usage rows older than a number of days")
     prune.add_argument(
         "--older-than-days",
-        type=_positive_days,
+        type=positive_int,
         required=True,
         help="delete rows recorded more than this many days ago",
     )

@@ -37,7 +37,7 @@ def sse_error_event(error: GatewayError) -> bytes:
 
 
 class _EventObserver:
-    __slots__ = ("done", "failed", "hide_usage_chunk", "observation", "seen_first")
+    __slots__ = ("done", "failed", "garbled", "hide_usage_chunk", "observation", "seen_first")
 
     def __init__(self, observation: ChatObservation, *, hide_usage_chunk: bool) -> None:
         self.observation = observation
@@ -45,9 +45,12 @@ class _EventObserver:
         self.seen_first = False
         self.done = False
         self.failed = False
+        self.garbled = False  # an event we decoded carried data that is not a JSON object
 
     def forward(self, event: bytes) -> bool:
         """Observe one event; False when the caller must not see it."""
+        if self.garbled:
+            return False
         observation = self.observation
         observation.chunk_arrived()
         if event == DONE_EVENT:
@@ -65,7 +68,9 @@ class _EventObserver:
         self.seen_first = True
         document = self._decode(event)
         if document is None:
-            return True
+            # A comment or an empty event is fine; a data payload that is not JSON is garbage.
+            self.garbled = bool(event_data(event).strip())
+            return not self.garbled
         if "error" in document and "choices" not in document:
             self.failed = True
             return True
@@ -108,6 +113,11 @@ async def relay_stream(
             forwarded = [event for event in events if observer.forward(event)]
             if forwarded:
                 await response.write(b"".join(forwarded))
+            if observer.garbled:
+                raise UpstreamUnavailable(
+                    "The provider sent stream data that is not JSON; the stream was ended.",
+                    code="upstream_invalid_response",
+                )
         if not observer.done:
             raise UpstreamUnavailable(
                 "The provider ended the stream before it was complete.",

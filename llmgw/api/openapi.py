@@ -1,0 +1,317 @@
+"""GET /openapi.json: an OpenAPI 3.1 document of every route the application serves.
+
+Routes the gateway knows are described in full: what the gateway itself checks in a request body,
+what it answers, and the error shape of everything it answers itself. Fields the gateway does not
+read are listed without constraints because they reach the provider unchanged. Any other route in
+the router (a sub-application's, say) gets a generic entry, so the document never leaves one out.
+The document is built from the router on the first request and then served from memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = ["build_document", "openapi_handler"]
+
+_JSON = "application/json"
+_SCHEMAS = "#/components/schemas/"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _SCHEMAS + name}
+
+
+_PASSED_THROUGH = "Not read by the gateway: sent to the provider unchanged."
+
+_SCHEMA_COMPONENTS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "description": "Every error the gateway answers itself (OpenAI's error shape).",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "code": {"type": ["string", "null"]},
+                    "param": {"type": ["string", "null"]},
+                },
+            }
+        },
+    },
+    "ProviderError": {
+        "type": "object",
+        "description": "An error the provider answered with, passed through with its own status.",
+    },
+    "NonBlankString": {"type": "string", "pattern": "\\S"},
+    "ChatMessage": {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "examples": ["system", "user", "assistant", "tool"]},
+            "content": {"description": "A string or a list of content parts."},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {
+                **_ref("NonBlankString"),
+                "description": "A model id, or 'provider/model' to pick a provider.",
+            },
+            "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+            "stream": {
+                "type": ["boolean", "null"],
+                "description": "true = answer with server-sent events.",
+            },
+            "stream_options": {"description": _PASSED_THROUGH},
+            "max_tokens": {"description": _PASSED_THROUGH},
+            "max_completion_tokens": {"description": _PASSED_THROUGH},
+            "temperature": {"description": _PASSED_THROUGH},
+            "top_p": {"description": _PASSED_THROUGH},
+            "stop": {"description": _PASSED_THROUGH},
+            "tools": {"description": _PASSED_THROUGH},
+            "tool_choice": {"description": _PASSED_THROUGH},
+            "response_format": {"description": _PASSED_THROUGH},
+            "venice_parameters": {"description": _PASSED_THROUGH},
+        },
+    },
+    "ChatCompletion": {
+        "type": "object",
+        "description": "The provider's answer, forwarded byte for byte.",
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array"},
+            "usage": {"type": ["object", "null"]},
+        },
+    },
+    "EmbeddingsRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": _ref("NonBlankString"),
+            "input": {"description": "A string or a list of strings. " + _PASSED_THROUGH},
+            "dimensions": {"description": _PASSED_THROUGH},
+            "encoding_format": {"description": _PASSED_THROUGH},
+        },
+    },
+    "EmbeddingList": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string"},
+            "data": {"type": "array"},
+            "model": {"type": "string"},
+            "usage": {"type": "object"},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "properties": {"object": {"type": "string"}, "data": {"type": "array"}},
+    },
+    "Status": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string"}},
+    },
+}
+
+_ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "The body is not valid JSON or a field the gateway reads is wrong (param names it).",
+    401: "Missing, malformed, unknown or revoked key.",
+    403: "The key may not use this model.",
+    404: "Not found.",
+    408: "The request body did not arrive within REQUEST_TIMEOUT_SECONDS.",
+    413: "The body is larger than REQUEST_BODY_LIMIT_BYTES.",
+    415: "The body is not JSON (Content-Type).",
+    429: "The key's rate limit is reached; Retry-After says when to retry.",
+    502: "The provider could not be reached or answered with something unusable.",
+    503: "The gateway's database is unreachable; retry shortly.",
+    504: "The provider did not answer within REQUEST_TIMEOUT_SECONDS.",
+}
+
+
+def _error(status: int, *, provider_may_answer: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = (
+        {"anyOf": [_ref("Error"), _ref("ProviderError")]} if provider_may_answer else _ref("Error")
+    )
+    return {"description": _ERROR_DESCRIPTIONS[status], "content": {_JSON: {"schema": schema}}}
+
+
+def _json_answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": schema}}}
+
+
+def _proxied_errors() -> dict[str, Any]:
+    errors = {
+        str(status): _error(status, provider_may_answer=True) for status in _ERROR_DESCRIPTIONS
+    }
+    errors["default"] = _json_answer(
+        "Any other error the provider answered with, passed through as it is.",
+        _ref("ProviderError"),
+    )
+    return errors
+
+
+def _body(schema_name: str) -> dict[str, Any]:
+    return {"required": True, "content": {_JSON: {"schema": _ref(schema_name)}}}
+
+
+_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/v1/chat/completions"): {
+        "operationId": "createChatCompletion",
+        "summary": "OpenAI chat completions, as JSON or as server-sent events.",
+        "requestBody": _body("ChatCompletionRequest"),
+        "responses": {
+            "200": {
+                "description": "The completion; with stream=true, server-sent events.",
+                "content": {
+                    _JSON: {"schema": _ref("ChatCompletion")},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **_proxied_errors(),
+        },
+    },
+    ("post", "/v1/embeddings"): {
+        "operationId": "createEmbeddings",
+        "summary": "OpenAI embeddings.",
+        "requestBody": _body("EmbeddingsRequest"),
+        "responses": {
+            "200": _json_answer("The embeddings.", _ref("EmbeddingList")),
+            **_proxied_errors(),
+        },
+    },
+    ("get", "/v1/models"): {
+        "operationId": "listModels",
+        "summary": "The provider's model list (cached briefly).",
+        "responses": {
+            "200": _json_answer("The models.", _ref("ModelList")),
+            **_proxied_errors(),
+        },
+    },
+    ("get", "/healthz"): {
+        "operationId": "healthz",
+        "summary": "Liveness; involves no database.",
+        "responses": {"200": _json_answer("Alive.", _ref("Status"))},
+    },
+    ("get", "/readyz"): {
+        "operationId": "readyz",
+        "summary": "Readiness: the database answers and its schema is at head.",
+        "responses": {
+            "200": _json_answer("Ready.", _ref("Status")),
+            "503": _error(503),
+        },
+    },
+    ("get", "/metrics"): {
+        "operationId": "metrics",
+        "summary": "Prometheus text format, when LLMGW_PROMETHEUS=true.",
+        "responses": {
+            "200": {
+                "description": "The metrics.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            "404": _error(404),
+        },
+    },
+    ("get", "/openapi.json"): {
+        "operationId": "openapi",
+        "summary": "This document.",
+        "responses": {"200": _json_answer("OpenAPI 3.1.", {"type": "object"})},
+    },
+}
+
+_REQUEST_ID = {
+    "name": "X-Request-Id",
+    "in": "header",
+    "required": False,
+    "description": "Echoed in the response when it matches [A-Za-z0-9._:-]{1,128}; made otherwise.",
+    "schema": {"type": "string"},
+}
+
+
+def _generic(method: str, path: str) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": f"{method.upper()} {path}",
+        "responses": {
+            "2XX": {"description": "Success.", "content": {_JSON: {"schema": {}}}},
+            "default": _json_answer("An error.", _ref("Error")),
+        },
+    }
+    if method in ("post", "put", "patch"):
+        operation["requestBody"] = {"content": {_JSON: {"schema": {"type": "object"}}}}
+    return operation
+
+
+def _path_parameters(path: str) -> list[dict[str, Any]]:
+    names = [part[1:-1].split(":")[0] for part in path.split("/") if part.startswith("{")]
+    return [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in names
+    ]
+
+
+def _routes(app: web.Application, prefix: str = "") -> Iterator[tuple[str, str]]:
+    for resource in app.router.resources():
+        info = resource.get_info()
+        sub_app = info.get("app")
+        if isinstance(sub_app, web.Application):
+            yield from _routes(sub_app, prefix + str(info.get("prefix", "")))
+            continue
+        for route in resource:
+            if route.method not in ("HEAD", "*"):
+                yield route.method.lower(), prefix + resource.canonical
+
+
+def build_document(app: web.Application, *, public_paths: Collection[str]) -> dict[str, Any]:
+    """Every route of ``app`` (sub-applications included); all but ``public_paths`` need a key."""
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path in sorted(set(_routes(app))):
+        operation = dict(_OPERATIONS.get((method, path)) or _generic(method, path))
+        operation["parameters"] = [_REQUEST_ID, *_path_parameters(path)]
+        if path in public_paths:
+            operation["security"] = []
+        else:
+            operation["security"] = [{"bearer": []}]
+            operation["responses"] = {"401": _error(401), **operation["responses"]}
+        paths.setdefault(path, {})[method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "llmgw",
+            "version": "1",
+            "description": (
+                "An OpenAI-compatible LLM gateway. Send 'Authorization: Bearer <llmgw key>'. "
+                "Every error the gateway answers itself is {'error': {message, type, code}}; "
+                "errors the provider answers with keep the provider's status and body."
+            ),
+        },
+        "paths": paths,
+        "components": {
+            "schemas": _SCHEMA_COMPONENTS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def openapi_handler(
+    *, public_paths: Collection[str]
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of GET /openapi.json; the router is frozen by the first request, so cache."""
+    rendered: list[bytes] = []
+
+    async def openapi_json(request: web.Request) -> web.Response:
+        if not rendered:
+            rendered.append(orjson.dumps(build_document(request.app, public_paths=public_paths)))
+        return web.Response(body=rendered[0], content_type=_JSON)
+
+    return openapi_json

