@@ -20,7 +20,7 @@ import attrs
 
 from bench.procstat import descendants, parent_pid
 
-__all__ = ["Database", "round_trips", "statement_deltas"]
+__all__ = ["Database", "statement_deltas", "statements_counted"]
 
 # asyncpg's pool sends these as ONE simple query when a connection goes back to the pool;
 # pg_stat_statements counts them one by one.
@@ -45,8 +45,11 @@ def statement_deltas(before: dict[str, int], after: dict[str, int]) -> dict[str,
     return {query: calls for query, calls in deltas.items() if calls > 0}
 
 
-def round_trips(deltas: dict[str, int]) -> int:
-    """Client-server round trips: each statement call is one, except the pool's reset batch."""
+def statements_counted(deltas: dict[str, int]) -> int:
+    """Statement executions, the pool's reset batch (one round trip) counted once.
+
+    This bounds round trips from above: rows of a pipelined executemany count one each.
+    """
     batch = [calls for query, calls in deltas.items() if query in _POOL_RESET_BATCH]
     others = sum(calls for query, calls in deltas.items() if query not in _POOL_RESET_BATCH)
     return others + (max(batch) if batch else 0)

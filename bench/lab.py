@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 import orjson
 
-from bench.database import Database, round_trips, statement_deltas
+from bench.database import Database, statement_deltas, statements_counted
 from bench.load import LoadResult, LoadSpec, run_load
 from bench.procstat import CpuSnapshot, SystemCpu, memory
 from bench.results import Scenario, ScenarioResult
@@ -301,8 +301,8 @@ class Lab:
             other_cpu_share=other / (wall_us * cores) if wall_us >= _MIN_BUSY_WINDOW_US else None,
             proxy_rss_mib=None if mem is None else mem.rss_mib,
             proxy_peak_rss_mib=None if mem is None else mem.peak_rss_mib,
-            db_round_trips_per_request=statements[0],
-            db_statements_per_request=statements[1],
+            db_statements_per_request=statements[0],
+            db_statement_breakdown=statements[1],
             redis_commands_per_request=_redis_per_request(before, after, n),
         )
 
@@ -322,7 +322,7 @@ def _statement_figures(
     deltas = statement_deltas(before, after)
     top = sorted(deltas.items(), key=lambda item: -item[1])[:_STATEMENTS_SHOWN]
     shown = {query[:160]: round(calls / requests, 3) for query, calls in top}
-    return round_trips(deltas) / requests, shown
+    return statements_counted(deltas) / requests, shown
 
 
 def _redis_per_request(before: _Reading, after: _Reading, requests: int) -> float | None:

@@ -53,8 +53,10 @@ class ScenarioResult:
     other_cpu_share: float | None
     proxy_rss_mib: float | None
     proxy_peak_rss_mib: float | None
-    db_round_trips_per_request: float | None
-    db_statements_per_request: dict[str, float] | None
+    # Statement executions seen by pg_stat_statements per request, hot path and background alike,
+    # with asyncpg's reset batch counted once: an upper bound on round trips per request.
+    db_statements_per_request: float | None
+    db_statement_breakdown: dict[str, float] | None
     redis_commands_per_request: float | None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
+import secrets
 from collections.abc import Collection
 
 from aiohttp import web
@@ -57,7 +57,7 @@ def request_context_middleware(
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
         offered = request.headers.get("X-Request-Id", "")
-        request_id = offered if _SANE_REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
+        request_id = offered if _SANE_REQUEST_ID.fullmatch(offered) else secrets.token_hex(16)
         request[app_keys.REQUEST_ID] = request_id
         token = REQUEST_ID.set(request_id)
         route = _route_template(request)

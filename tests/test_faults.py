@@ -31,7 +31,7 @@ from tests.fake_venice import Behaviour, FakeVenice
 from tests.processes import free_port
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-REQUEST_TIMEOUT = 2.0
+REQUEST_TIMEOUT = 1.5
 BODY_LIMIT = 4096
 
 
@@ -349,8 +349,22 @@ async def test_client_leaving_mid_stream_cancels_the_upstream_stream(
     assert record["outcome"] == "cancelled"
 
 
-async def _read_until_closed(reader: asyncio.StreamReader, limit: float) -> bytes:
-    return await asyncio.wait_for(reader.read(), limit)
+async def read_response(reader: asyncio.StreamReader, limit: float) -> bytes:
+    """One HTTP/1.1 response (Content-Length framed), or b"" when the server closes first."""
+
+    async def read() -> bytes:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            return exc.partial
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return head + await reader.readexactly(length)
+
+    return await asyncio.wait_for(read(), limit)
 
 
 async def test_slow_loris_clients_are_cut_off_by_the_timeout(
@@ -373,9 +387,9 @@ async def test_slow_loris_clients_are_cut_off_by_the_timeout(
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
     sender = asyncio.create_task(dribble(writer, head))
     started = time.monotonic()
-    answer = await _read_until_closed(reader, REQUEST_TIMEOUT + 3)
-    assert answer == b""
-    assert time.monotonic() - started < REQUEST_TIMEOUT + 1.5
+    answer = await read_response(reader, REQUEST_TIMEOUT + 3)
+    assert answer == b"", "the gateway closes the connection without an answer"
+    assert time.monotonic() - started < REQUEST_TIMEOUT + 1
     sender.cancel()
     writer.close()
 
@@ -384,10 +398,10 @@ async def test_slow_loris_clients_are_cut_off_by_the_timeout(
     writer.write(head)
     sender = asyncio.create_task(dribble(writer, body))
     started = time.monotonic()
-    answer = await _read_until_closed(reader, REQUEST_TIMEOUT + 15)
+    answer = await read_response(reader, REQUEST_TIMEOUT + 3)
     sender.cancel()
     writer.close()
-    assert time.monotonic() - started < REQUEST_TIMEOUT + 12  # the answer, then lingering close
+    assert time.monotonic() - started < REQUEST_TIMEOUT + 1
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 408 Request Timeout"
     assert_openai_error(408, rest.partition(b"\r\n\r\n")[2], 408, "request_timeout")
@@ -415,7 +429,7 @@ async def test_chunked_body_over_the_limit_is_413_and_never_forwarded(
         await writer.drain()
     except ConnectionResetError:
         pass  # the gateway may answer and close before the client has sent everything
-    answer = await asyncio.wait_for(reader.read(), 10)
+    answer = await read_response(reader, 10)
     writer.close()
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 413 Request Entity Too Large"
@@ -483,18 +497,18 @@ async def test_postgres_stopped_and_restarted_under_load(
             outcomes.append((seen_in, time.monotonic(), status, body, request_id))
 
     workers = [asyncio.create_task(worker()) for _ in range(6)]
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(0.5)
     await asyncio.to_thread(_stop_postgres, server)
     phase = "down"
     down_at = time.monotonic()
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(1.5)
     async with session.get(f"{gateway.url}/readyz") as response:
         assert response.status == 503
     phase = "restarting"
     await asyncio.to_thread(_start_postgres, server)
     up_at = time.monotonic()
     phase = "back"
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(2.5)
     stop_load.set()
     await asyncio.gather(*workers)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 
@@ -13,7 +15,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from llmgw.auth.keys import hash_key
-from llmgw.storage import migrations
+from llmgw.storage import migrations, revisions
 from llmgw.storage.schema import metadata
 
 NOW = datetime.now(UTC)
@@ -130,6 +132,19 @@ async def test_downgrade_to_base_then_upgrade_to_head_round_trips(empty_database
     try:
         assert await connection.fetchval("SELECT to_regclass('api_keys')") is None
         await asyncio.to_thread(migrations.upgrade, empty_database)
-        assert await migrations.current_revision(connection) == migrations.head_revision()
+        assert await revisions.current_revision(connection) == migrations.head_revision()
     finally:
         await connection.close()
+
+
+def test_the_light_head_revision_agrees_with_alembic() -> None:
+    assert revisions.head_revision() == migrations.head_revision()
+
+
+def test_serving_does_not_load_alembic_or_sqlalchemy() -> None:
+    # They cost ~44 MiB per replica; migrations run in `llmgw db upgrade`, another process.
+    code = "import sys, llmgw.cli, llmgw.app; print(sorted(m for m in ('alembic', 'sqlalchemy') if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw import app_keys
 from llmgw.errors import NotFound, ServiceUnavailable
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
-from llmgw.storage.migrations import current_revision, head_revision
+from llmgw.storage.revisions import current_revision, head_revision
 
 __all__ = ["healthz", "metrics", "readyz"]
 
@@ -41,6 +40,9 @@ async def metrics(request: web.Request) -> web.Response:
     registry = request.app[app_keys.TELEMETRY].providers.prometheus_registry
     if registry is None:
         raise NotFound("Metrics are not served here; set LLMGW_PROMETHEUS=true to enable /metrics.")
+    # Imported here: prometheus_client costs memory that only LLMGW_PROMETHEUS=true needs.
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
     return web.Response(
         body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

@@ -20,8 +20,7 @@ import attrs
 
 from llmgw.auth.keys import hash_key, is_plausible_key, key_prefix
 from llmgw.errors import AuthenticationFailed
-from llmgw.storage.database import DATABASE_DOWN_ERRORS, database_errors
-from llmgw.storage.schema import API_KEY_CHANGES_CHANNEL
+from llmgw.storage.database import API_KEY_CHANGES_CHANNEL, DATABASE_DOWN_ERRORS, database_errors
 
 __all__ = ["AuthenticatedKey", "Authenticator"]
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import asyncpg
 
 from llmgw.config import ENVIRONMENT_VARIABLES, Settings
-from llmgw.storage import migrations
+from llmgw.storage import revisions
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.storage.embedded import EmbeddedDatabaseError, resolve_database_url
 
@@ -59,27 +62,38 @@ def environment_help(names: tuple[str, ...] | None = None) -> str:
     return "\n".join(lines)
 
 
-def prepare_database(settings: Settings, *, migrate: bool) -> str:
+def prepare_database(settings: Settings) -> str:
     """The database URL to use, with the schema at head (migrating when allowed)."""
     try:
         url = resolve_database_url(settings)
     except EmbeddedDatabaseError as exc:
         raise CommandError(str(exc)) from None
-    if migrate or settings.uses_embedded_database or settings.auto_migrate:
-        try:
-            migrations.upgrade(url)
-        except DATABASE_DOWN_ERRORS as exc:
-            raise CommandError(_unreachable(exc)) from None
-        return url
+    head = revisions.head_revision()
     revision = asyncio.run(_current_revision(url))
-    head = migrations.head_revision()
-    if revision != head:
-        raise CommandError(
-            f"the database schema is at {revision or 'nothing (empty database)'}, not {head}: "
-            "run 'alembic upgrade head' (or 'llmgw db upgrade') as a release step, "
-            "or set LLMGW_AUTO_MIGRATE=true"
-        )
-    return url
+    if revision == head:
+        return url
+    if settings.uses_embedded_database or settings.auto_migrate:
+        _migrate(url)
+        return url
+    raise CommandError(
+        f"the database schema is at {revision or 'nothing (empty database)'}, not {head}: "
+        "run 'alembic upgrade head' (or 'llmgw db upgrade') as a release step, "
+        "or set LLMGW_AUTO_MIGRATE=true"
+    )
+
+
+def _migrate(url: str) -> None:
+    # In a child process, so the serving process never loads Alembic and SQLAlchemy (~44 MiB).
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "db", "upgrade"],
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise CommandError(f"migrating the database failed: {lines[-1] if lines else 'no output'}")
 
 
 def _unreachable(exc: BaseException) -> str:
@@ -95,7 +109,7 @@ async def _current_revision(url: str) -> str | None:
     except DATABASE_DOWN_ERRORS as exc:
         raise CommandError(_unreachable(exc)) from None
     try:
-        return await migrations.current_revision(connection)
+        return await revisions.current_revision(connection)
     finally:
         await connection.close()
 

@@ -6,7 +6,7 @@ import argparse
 
 from llmgw.cli.common import CommandError, environment_help, run_with_connection
 from llmgw.config import load_settings
-from llmgw.storage import migrations
+from llmgw.storage import revisions
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.storage.embedded import EmbeddedDatabaseError, resolve_database_url
 
@@ -45,6 +45,9 @@ def _url() -> str:
 
 
 def _migrate(action: str, revision: str) -> int:
+    # Imported here: Alembic and SQLAlchemy are for this command, not for every llmgw process.
+    from llmgw.storage import migrations
+
     url = _url()
     try:
         if action == "upgrade":
@@ -66,7 +69,7 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _current(_args: argparse.Namespace) -> int:
-    revision = run_with_connection(_url(), migrations.current_revision)
-    head = migrations.head_revision()
+    revision = run_with_connection(_url(), revisions.current_revision)
+    head = revisions.head_revision()
     print(f"{revision or 'none'} (head is {head})")
     return 0

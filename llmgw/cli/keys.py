@@ -123,7 +123,7 @@ def _timestamp(text: str) -> datetime:
 
 
 def _database_url() -> str:
-    return prepare_database(load_settings(), migrate=False)
+    return prepare_database(load_settings())
 
 
 def _record_json(record: ApiKeyRecord) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _prune(args: argparse.Namespace) -> int:
-    url = prepare_database(load_settings(), migrate=False)
+    url = prepare_database(load_settings())
     deleted = run_with_connection(
         url, lambda conn: prune_usage(conn, timedelta(days=args.older_than_days))
     )

@@ -9,7 +9,11 @@ import asyncpg
 
 from llmgw.errors import ServiceUnavailable
 
-__all__ = ["DATABASE_DOWN_ERRORS", "create_pool", "database_errors"]
+__all__ = ["API_KEY_CHANGES_CHANNEL", "DATABASE_DOWN_ERRORS", "create_pool", "database_errors"]
+
+# The NOTIFY channel on which a trigger announces every change to api_keys (migration 0002), so
+# each replica drops its cached copy of that key at once.
+API_KEY_CHANGES_CHANNEL = "llmgw_api_key_changes"
 
 # What asyncpg and the OS raise while the server is down, restarting or unreachable.
 DATABASE_DOWN_ERRORS: tuple[type[BaseException], ...] = (
@@ -34,6 +38,15 @@ def database_errors() -> Iterator[None]:
         ) from exc
 
 
+async def _keep_session_state(_connection: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset query on release: it is a second round trip for every query.
+
+    llmgw never changes session state on pooled connections (no SET, LISTEN or advisory locks;
+    the auth listener has a connection of its own), and asyncpg still rolls back any transaction
+    left open before this hook runs.
+    """
+
+
 async def create_pool(database_url: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
     """A pool whose connections cache prepared statements, so each hot-path query is parsed once."""
     pool = await asyncpg.create_pool(
@@ -44,6 +57,7 @@ async def create_pool(database_url: str, *, min_size: int = 2, max_size: int = 1
         command_timeout=10.0,
         max_inactive_connection_lifetime=300.0,
         statement_cache_size=256,
+        reset=_keep_session_state,
     )
     assert pool is not None
     return pool

@@ -1,33 +1,14 @@
-"""Run and inspect Alembic migrations programmatically, from a checkout or an installed wheel."""
+"""Run Alembic migrations programmatically, from a checkout or an installed wheel (CLI only)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import asyncpg
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from alembic import command
+from llmgw.storage.revisions import script_location
 
-__all__ = [
-    "alembic_config",
-    "current_revision",
-    "downgrade",
-    "head_revision",
-    "sqlalchemy_url",
-    "upgrade",
-]
-
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
-
-
-def _script_location() -> Path:
-    # An installed wheel carries the migrations as llmgw/_migrations; a checkout keeps them in alembic/.
-    installed = _PACKAGE_DIR / "_migrations"
-    if (installed / "env.py").is_file():
-        return installed
-    return _PACKAGE_DIR.parent / "alembic"
+__all__ = ["alembic_config", "downgrade", "head_revision", "sqlalchemy_url", "upgrade"]
 
 
 def sqlalchemy_url(database_url: str) -> str:
@@ -40,13 +21,14 @@ def sqlalchemy_url(database_url: str) -> str:
 
 def alembic_config(database_url: str) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(_script_location()))
+    config.set_main_option("script_location", str(script_location()))
     config.attributes["database_url"] = database_url
     config.attributes["configure_logging"] = False
     return config
 
 
 def head_revision() -> str:
+    """Alembic's own answer (revisions.head_revision reads the files without Alembic)."""
     head = ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
     if head is None:
         raise RuntimeError("no migrations found")
@@ -59,12 +41,3 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
-
-
-async def current_revision(connection: asyncpg.Connection) -> str | None:
-    """The revision the database is at, or None when it was never migrated."""
-    exists = await connection.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
-    if not exists:
-        return None
-    revision: str | None = await connection.fetchval("SELECT version_num FROM alembic_version")
-    return revision

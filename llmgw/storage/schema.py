@@ -6,7 +6,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, UUID
 
 __all__ = [
-    "API_KEY_CHANGES_CHANNEL",
     "admin_audit",
     "api_key_rate_limit_windows",
     "api_key_token_windows",
@@ -16,9 +15,6 @@ __all__ = [
     "subjects",
     "usage_events",
 ]
-
-# Postgres NOTIFY channel on which every change to api_keys is announced (auth cache invalidation).
-API_KEY_CHANGES_CHANNEL = "llmgw_api_key_changes"
 
 metadata = sa.MetaData(
     naming_convention={

@@ -10,10 +10,10 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 from opentelemetry import metrics, trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -25,7 +25,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import NoOpTracerProvider
-from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
 from llmgw.config import Settings
@@ -38,7 +37,7 @@ class TelemetryProviders:
     tracer_provider: trace.TracerProvider
     meter_provider: metrics.MeterProvider
     # Set when LLMGW_PROMETHEUS=true: the registry GET /metrics renders.
-    prometheus_registry: CollectorRegistry | None = None
+    prometheus_registry: Any = None  # a prometheus_client.CollectorRegistry
 
     def shutdown(self) -> None:
         for provider in (self.tracer_provider, self.meter_provider):
@@ -68,6 +67,10 @@ def build_providers(
     readers = list(metric_readers)
     prometheus_registry = None
     if settings.prometheus:
+        # Imported only when asked for: prometheus_client costs ~16 MiB of memory.
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry
+
         prometheus_registry = CollectorRegistry(auto_describe=True)
         readers.append(PrometheusMetricReader(registry=prometheus_registry))
     if settings.otel_exporter_otlp_endpoint is not None:
