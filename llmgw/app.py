@@ -35,13 +35,13 @@ __all__ = ["create_app"]
 ProvidersFactory = Callable[[Settings], ProviderRegistry]
 
 
-def _rate_limiter(settings: Settings, pool: asyncpg.Pool) -> RateLimiter:
+def _rate_limiter(settings: Settings, pool: asyncpg.Pool, database_url: str) -> RateLimiter:
     if settings.rate_limit_backend == "redis":
         from llmgw.ratelimit.redis import RedisRateLimiter
 
         assert settings.redis_url is not None  # load_settings requires it for this backend
         return RedisRateLimiter(settings.redis_url)
-    return PostgresRateLimiter(pool)
+    return PostgresRateLimiter(pool, database_url)
 
 
 def create_app(
@@ -67,7 +67,7 @@ def create_app(
         authenticator = Authenticator(pool, database_url)
         await authenticator.start()
         app[app_keys.AUTHENTICATOR] = authenticator
-        limiter = _rate_limiter(settings, pool)
+        limiter = _rate_limiter(settings, pool, database_url)
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
         policy = app[app_keys.POLICY] = PolicyGuard(pool)
