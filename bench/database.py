@@ -20,13 +20,22 @@ import attrs
 
 from bench.procstat import descendants, parent_pid
 
-__all__ = ["Database", "statement_deltas", "statements_counted"]
+__all__ = ["Database", "hot_path_round_trips", "statement_deltas", "statements_counted"]
 
 # asyncpg's pool sends these as ONE simple query when a connection goes back to the pool;
 # pg_stat_statements counts them one by one.
 _POOL_RESET_BATCH = frozenset(
     {"SELECT pg_advisory_unlock_all()", "CLOSE ALL", "UNLISTEN *", "RESET ALL"}
 )
+# llmgw's usage ledger (llmgw/storage/usage.py) writes these off the request path: every 0.5 s,
+# one transaction of pipelined executemany calls. pg_stat_statements counts each row, but they
+# cost the requests no round trip. Matched as prefixes of the normalised statement text.
+_LEDGER_BATCH = (
+    "INSERT INTO usage_events",
+    "INSERT INTO subject_monthly_spend",
+    "INSERT INTO api_key_token_windows",
+)
+_TRANSACTION_CONTROL = frozenset({"BEGIN", "COMMIT"})
 _STATEMENTS = """
 SELECT query, calls FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -43,6 +52,18 @@ def statement_deltas(before: dict[str, int], after: dict[str, int]) -> dict[str,
     """Calls per statement text between two readings, without statements that were not run."""
     deltas = {query: calls - before.get(query, 0) for query, calls in after.items()}
     return {query: calls for query, calls in deltas.items() if calls > 0}
+
+
+def hot_path_round_trips(deltas: dict[str, int]) -> int:
+    """Round trips of the requests themselves: statements without the usage ledger's batches.
+
+    The ledger's transaction control goes too when ledger statements ran; anything new the
+    gateway does per request still shows up here (and in the breakdown).
+    """
+    ledger = {query for query in deltas if query.startswith(_LEDGER_BATCH)}
+    if ledger:
+        ledger |= _TRANSACTION_CONTROL & deltas.keys()
+    return statements_counted({q: calls for q, calls in deltas.items() if q not in ledger})
 
 
 def statements_counted(deltas: dict[str, int]) -> int:

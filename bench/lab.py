@@ -19,7 +19,12 @@ from pathlib import Path
 import attrs
 import orjson
 
-from bench.database import Database, statement_deltas, statements_counted
+from bench.database import (
+    Database,
+    hot_path_round_trips,
+    statement_deltas,
+    statements_counted,
+)
 from bench.load import LoadResult, LoadSpec, run_load
 from bench.procstat import CpuSnapshot, SystemCpu, memory
 from bench.results import Scenario, ScenarioResult
@@ -27,8 +32,8 @@ from bench.services import (
     Child,
     ChildFailed,
     Pinning,
+    adopt_for_the_run,
     free_port,
-    pin_for_the_run,
     redis_commands_processed,
     redis_pid,
     spawn,
@@ -129,7 +134,7 @@ class Lab:
         lab.token = lab.create_key()
         lab.redis_pid = redis_pid()
         # A system Redis is not ours, but it must share the load core like Postgres does.
-        pin_for_the_run(stack, [] if lab.redis_pid is None else [lab.redis_pid], pinning.rest_core)
+        adopt_for_the_run(stack, [] if lab.redis_pid is None else [lab.redis_pid], pinning)
         return lab
 
     def database_env(self, *, migrate: bool) -> dict[str, str]:
@@ -302,7 +307,8 @@ class Lab:
             proxy_rss_mib=None if mem is None else mem.rss_mib,
             proxy_peak_rss_mib=None if mem is None else mem.peak_rss_mib,
             db_statements_per_request=statements[0],
-            db_statement_breakdown=statements[1],
+            db_hot_path_round_trips_per_request=statements[1],
+            db_statement_breakdown=statements[2],
             redis_commands_per_request=_redis_per_request(before, after, n),
         )
 
@@ -316,13 +322,18 @@ class Lab:
 
 def _statement_figures(
     before: dict[str, int] | None, after: dict[str, int] | None, requests: int
-) -> tuple[float | None, dict[str, float] | None]:
+) -> tuple[float | None, float | None, dict[str, float] | None]:
+    """All statements, hot-path round trips (both per request) and the top statements."""
     if before is None or after is None:
-        return None, None
+        return None, None, None
     deltas = statement_deltas(before, after)
     top = sorted(deltas.items(), key=lambda item: -item[1])[:_STATEMENTS_SHOWN]
     shown = {query[:160]: round(calls / requests, 3) for query, calls in top}
-    return statements_counted(deltas) / requests, shown
+    return (
+        statements_counted(deltas) / requests,
+        hot_path_round_trips(deltas) / requests,
+        shown,
+    )
 
 
 def _redis_per_request(before: _Reading, after: _Reading, requests: int) -> float | None:
@@ -376,5 +387,5 @@ def _open_database(
     stack.callback(lambda: runner.run(database.disconnect()))
     if not database.embedded:
         # The embedded cluster inherited the load core from us; a local external one is moved.
-        pin_for_the_run(stack, database.server_pids(), pinning.rest_core)
+        adopt_for_the_run(stack, database.server_pids(), pinning)
     return database

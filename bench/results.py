@@ -56,6 +56,8 @@ class ScenarioResult:
     # Statement executions seen by pg_stat_statements per request, hot path and background alike,
     # with asyncpg's reset batch counted once: an upper bound on round trips per request.
     db_statements_per_request: float | None
+    # The same without the usage ledger's background batches: the requests' own round trips.
+    db_hot_path_round_trips_per_request: float | None
     db_statement_breakdown: dict[str, float] | None
     redis_commands_per_request: float | None
 

@@ -29,8 +29,8 @@ __all__ = [
     "Child",
     "ChildFailed",
     "Pinning",
+    "adopt_for_the_run",
     "free_port",
-    "pin_for_the_run",
     "redis_answers",
     "redis_commands_processed",
     "redis_info",
@@ -56,28 +56,38 @@ class Pinning:
     rest_core: int | None
     taskset: str | None
     note: str
+    nice: int = 0  # applied to the benchmark and every process it measures; 0 leaves it
 
     @classmethod
-    def detect(cls) -> Pinning:
+    def detect(cls, nice: int = 0) -> Pinning:
         taskset = shutil.which("taskset")
         cores = sorted(os.sched_getaffinity(0))
         if taskset is None:
-            return cls(None, None, None, "taskset not found: processes run unpinned")
+            return cls(None, None, None, "taskset not found: processes run unpinned", nice)
         if len(cores) < 2:
-            return cls(None, None, None, "fewer than 2 usable cores: processes run unpinned")
-        return cls(
-            cores[0], cores[1], taskset, f"proxy on core {cores[0]}, everything else on {cores[1]}"
-        )
+            return cls(None, None, None, "fewer than 2 usable cores: processes run unpinned", nice)
+        note = f"proxy on core {cores[0]}, everything else on {cores[1]}"
+        return cls(cores[0], cores[1], taskset, note, nice)
 
     def prefix(self, core: int | None) -> list[str]:
         if self.taskset is None or core is None:
             return []
         return [self.taskset, "-c", str(core)]
 
-    def pin_self(self) -> None:
-        # The load generator runs in this process; children of it (embedded Postgres) inherit this.
+    def pin_self(self) -> str:
+        """Pin (and renice) this process; children, embedded Postgres too, inherit both.
+
+        Returns a note on the priority for the report.
+        """
         if self.rest_core is not None:
             os.sched_setaffinity(0, {self.rest_core})
+        if not self.nice:
+            return "default priority"
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+        except PermissionError:
+            return f"nice {self.nice} refused (needs root): default priority"
+        return f"all measured processes at nice {self.nice}"
 
 
 @attrs.define
@@ -215,27 +225,30 @@ def redis_pid() -> int | None:
     return None if value is None else int(value)
 
 
-def pin_for_the_run(stack: contextlib.ExitStack, pids: Iterable[int], core: int | None) -> None:
-    """Move processes we did not start (a system Postgres or Redis) to ``core`` until the end.
+def adopt_for_the_run(stack: contextlib.ExitStack, pids: Iterable[int], pinning: Pinning) -> None:
+    """Give processes we did not start (a system Postgres or Redis) our core and priority.
 
-    Their old affinity is restored when the stack closes; every thread is moved, since
-    ``sched_setaffinity`` on a pid only moves its main thread.
+    Both are restored when the stack closes. Every thread is moved: ``sched_setaffinity`` and
+    ``setpriority`` on a pid only reach its main thread.
     """
-    if core is None:
-        return
     for pid in pids:
         for tid in threads(pid):
             try:
-                old = os.sched_getaffinity(tid)
-                os.sched_setaffinity(tid, {core})
+                old_cores = os.sched_getaffinity(tid)
+                old_nice = os.getpriority(os.PRIO_PROCESS, tid)
+                if pinning.rest_core is not None:
+                    os.sched_setaffinity(tid, {pinning.rest_core})
+                if pinning.nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, pinning.nice)
             except (ProcessLookupError, PermissionError):
                 continue
-            stack.callback(_restore_affinity, tid, old)
+            stack.callback(_restore, tid, old_cores, old_nice)
 
 
-def _restore_affinity(tid: int, cores: set[int]) -> None:
+def _restore(tid: int, cores: set[int], nice: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.sched_setaffinity(tid, cores)
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def _read_bulk_reply(sock: socket.socket) -> bytes:
