@@ -270,6 +270,8 @@ def secret_scanner() -> Iterator[SecretScanner]:
         yield scanner
     root.removeHandler(scanner.handler)
     root.setLevel(level)
+    leaks = scanner.take_leaks()
+    assert not leaks, "secrets leaked at the end of the run:\n" + "\n".join(sorted(set(leaks)))
 
 
 @pytest.fixture(autouse=True)
@@ -278,9 +280,10 @@ def no_secret_leaks(secret_scanner: SecretScanner) -> Iterator[None]:
     root = logging.getLogger()
     if secret_scanner.handler not in root.handlers:
         root.addHandler(secret_scanner.handler)
-    secret_scanner.take_leaks()
+    # Leaks seen after the previous test ended (its module's fixtures torn down) count here.
+    earlier = secret_scanner.take_leaks()
     yield
-    leaks = secret_scanner.take_leaks()
+    leaks = earlier + secret_scanner.take_leaks()
     if leaks:
         pytest.fail("secrets leaked:\n" + "\n".join(sorted(set(leaks))), pytrace=False)
 
@@ -303,7 +306,10 @@ class GatewayProcess:
     def records(self) -> list[dict[str, Any]]:
         """Every log line, parsed; a line that is not JSON comes back as ``{"raw": line}``."""
         records: list[dict[str, Any]] = []
-        for line in self.log_text().splitlines():
+        # Split on "\n" only: JSON strings may hold U+2028, U+0085 and the like unescaped.
+        for line in self.log_text().split("\n"):
+            if not line:
+                continue
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError:

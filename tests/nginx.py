@@ -7,11 +7,17 @@ The configuration is the one the README recommends for replicas:
 
 - ``proxy_buffering off`` so server-sent events reach the client as each one is written;
 - ``proxy_http_version 1.1`` with ``Connection ""`` (no hop-by-hop ``close`` towards the replicas);
-- ``proxy_next_upstream error timeout http_502 http_503``: a request nginx could not deliver (the
-  replica's port is closed, e.g. after SIGTERM) goes to the next replica. nginx never re-sends a
-  POST a replica has already received, so a chat completion is never sent upstream twice;
+- a request a replica never answered goes to the next replica. For ``GET`` routes that is
+  ``proxy_next_upstream error timeout http_502 http_503``. For the ``POST`` routes that call the
+  provider it is ``error non_idempotent`` only: the connection was refused, or reset or closed
+  before any response header. A replica stopping on SIGTERM finishes every request it has started,
+  so what it resets or closes at that moment (a connection still in its accept queue, or accepted
+  but not yet read) was never processed, and re-sending it is safe. Without ``non_idempotent``
+  nginx answers those few requests 502 during every rolling restart under load (the tests saw about
+  one in 15,000). The price: a replica that crashes (SIGKILL, OOM) after calling the provider but
+  before answering has that request re-sent, as a client retrying the 502 would do anyway;
 - no upstream ``keepalive`` pool: every proxied request opens its own connection, so a replica
-  that stops listening can never receive a request on a connection it is already closing.
+  that stops listening never gets a request on a connection it is already closing.
 """
 
 from __future__ import annotations
@@ -133,16 +139,24 @@ http {{
         listen 127.0.0.1:{port};
         client_max_body_size 2m;
 
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_buffering off;
+        proxy_read_timeout 300s;
+        proxy_next_upstream_tries {len(upstream_ports)};
+
+        # Completions and embeddings: retried on another replica only when the one tried never
+        # answered (refused, or reset/closed before the response header); see the module docstring.
+        location ~ ^/v1/(chat/completions|embeddings)$ {{
+            proxy_pass http://llmgw;
+            proxy_next_upstream error non_idempotent;
+        }}
+
         location / {{
             proxy_pass http://llmgw;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $host;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_buffering off;
-            proxy_read_timeout 300s;
             proxy_next_upstream error timeout http_502 http_503;
-            proxy_next_upstream_tries 3;
         }}
     }}
 }}

@@ -95,15 +95,29 @@ _SCHEMA_COMPONENTS: dict[str, Any] = {
             "usage": {"type": ["object", "null"]},
         },
     },
+    "StreamEvent": {
+        "type": "object",
+        "description": (
+            "One server-sent event (before OpenAPI 3.2, an event stream's schema describes each "
+            "event): data is a chat.completion.chunk, an error object, or [DONE] at the end."
+        ),
+        "required": ["data"],
+        "properties": {"data": {"type": "string"}},
+    },
     "EmbeddingsRequest": {
         "type": "object",
         "required": ["model", "input"],
         "properties": {
             "model": _ref("NonBlankString"),
-            "input": {"description": "A string or a list of strings. " + _PASSED_THROUGH},
-            "dimensions": {"description": _PASSED_THROUGH},
-            "encoding_format": {"description": _PASSED_THROUGH},
+            "input": {
+                "description": "Checked by the provider, not the gateway.",
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                ],
+            },
         },
+        "description": "Other fields (dimensions, encoding_format, user) reach the provider as sent.",
     },
     "EmbeddingList": {
         "type": "object",
@@ -176,7 +190,7 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 "description": "The completion; with stream=true, server-sent events.",
                 "content": {
                     _JSON: {"schema": _ref("ChatCompletion")},
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    "text/event-stream": {"schema": _ref("StreamEvent")},
                 },
             },
             **_proxied_errors(),
@@ -260,16 +274,16 @@ def _path_parameters(path: str) -> list[dict[str, Any]]:
     ]
 
 
-def _routes(app: web.Application, prefix: str = "") -> Iterator[tuple[str, str]]:
+def _routes(app: web.Application) -> Iterator[tuple[str, str]]:
     for resource in app.router.resources():
-        info = resource.get_info()
-        sub_app = info.get("app")
+        sub_app = resource.get_info().get("app")
         if isinstance(sub_app, web.Application):
-            yield from _routes(sub_app, prefix + str(info.get("prefix", "")))
+            # add_subapp() has already prefixed the sub-application's own resources.
+            yield from _routes(sub_app)
             continue
         for route in resource:
             if route.method not in ("HEAD", "*"):
-                yield route.method.lower(), prefix + resource.canonical
+                yield route.method.lower(), resource.canonical
 
 
 def build_document(app: web.Application, *, public_paths: Collection[str]) -> dict[str, Any]:

@@ -24,6 +24,10 @@ DATABASE_DOWN_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,
+    # A server that shuts down mid-statement can leave a pooled connection in a half-finished
+    # protocol state for the moment before asyncpg notices it closed; the next statement on it
+    # then fails with "cannot switch to state ...; another operation is in progress".
+    asyncpg.InternalClientError,
 )
 
 

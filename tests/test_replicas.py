@@ -1,0 +1,272 @@
+"""Three real gateway processes behind nginx (Debian's package), one shared Postgres.
+
+Everything goes through nginx as production traffic would: the rate limit holds exactly across
+replicas, a key revoked through one replica is refused by all within a second, streams are not
+buffered, SIGTERM to a replica under load loses nothing, and a migration run while they serve
+interrupts nothing. Without nginx these tests skip, or fail under CI=true (.ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+import attrs
+import orjson
+import pytest
+
+from llmgw.storage import api_keys
+from tests.conftest import GatewayProcess, StartGateways, gateway_env
+from tests.fake_venice import Behaviour, FakeVenice
+from tests.nginx import Nginx, require_nginx, start_nginx
+from tests.processes import REPO_ROOT, clean_env, free_port
+
+pytestmark = pytest.mark.replicas
+
+REPLICAS = 3
+ADMIN_TOKEN = "replica-test-admin-token-6d1f0c"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@attrs.define
+class Cluster:
+    nginx: Nginx
+    replicas: list[GatewayProcess]
+    fake: FakeVenice
+
+    @property
+    def url(self) -> str:
+        return self.nginx.url
+
+
+@pytest.fixture
+def cluster(
+    gateway_processes: StartGateways,
+    database_url: str,
+    fake_venice: FakeVenice,
+    tmp_path: Any,
+    secret_scanner: Any,
+) -> Iterator[Cluster]:
+    require_nginx()
+    secret_scanner.register(ADMIN_TOKEN, "the admin token")
+    env = gateway_env(database_url, fake_venice.base_url, LLMGW_ADMIN_TOKEN=ADMIN_TOKEN)
+    replicas = gateway_processes(env, count=REPLICAS)
+    nginx = start_nginx(tmp_path / "nginx", free_port(), [r.port for r in replicas])
+    yield Cluster(nginx, replicas, fake_venice)
+    nginx.stop()
+    for replica in replicas:
+        assert replica.problems() == [], replica.port
+
+
+async def new_key(db: asyncpg.Connection, limit: int = 100_000) -> api_keys.IssuedKey:
+    return await api_keys.create_key(
+        db, api_keys.KeySettings(name="replicas", rate_limit_requests=limit)
+    )
+
+
+@attrs.frozen
+class Answer:
+    status: int
+    body: bytes
+    request_id: str
+    started: float
+    ended: float
+
+    @property
+    def complete(self) -> bool:
+        """A 200 whose stream (if it is one) ran to [DONE] without an error event."""
+        if self.status != 200:
+            return False
+        if self.body.startswith(b"data: "):
+            return self.body.rstrip().endswith(b"data: [DONE]") and b'{"error"' not in self.body
+        return b'"choices"' in self.body
+
+
+async def chat(
+    session: aiohttp.ClientSession, base: str, key: str, *, stream: bool = False
+) -> Answer:
+    request_id = uuid.uuid4().hex
+    started = time.time()
+    async with session.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": stream},
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": request_id},
+        timeout=aiohttp.ClientTimeout(total=30),
+    ) as response:
+        body = await response.read()
+        return Answer(response.status, body, request_id, started, time.time())
+
+
+def served_by(cluster: Cluster) -> dict[str, str]:
+    """Request id -> the replica port nginx got the answer from (the last one it tried)."""
+    return {
+        entry["rid"]: entry["upstream"].split(",")[-1].strip().rsplit(":", 1)[-1]
+        for entry in cluster.nginx.access_entries()
+    }
+
+
+async def test_one_keys_limit_is_exact_across_replicas(
+    cluster: Cluster, db: asyncpg.Connection
+) -> None:
+    limit, extra = 12, 18
+    issued = await new_key(db, limit)
+    async with aiohttp.ClientSession() as session:
+        answers = await asyncio.gather(
+            *(chat(session, cluster.url, issued.plaintext) for _ in range(limit + extra))
+        )
+    assert sorted(a.status for a in answers) == [200] * limit + [429] * extra
+    for answer in answers:
+        if answer.status == 429:
+            assert orjson.loads(answer.body)["error"]["code"] == "rate_limit_exceeded"
+    ports = set(served_by(cluster).values())
+    assert ports == {str(r.port) for r in cluster.replicas}, "nginx spread the load"
+
+
+async def test_key_revoked_through_one_replica_is_refused_by_all_within_a_second(
+    cluster: Cluster, db: asyncpg.Connection
+) -> None:
+    issued = await new_key(db)
+    key = issued.plaintext
+    async with aiohttp.ClientSession() as session:
+        # Every replica has authenticated (and cached) the key.
+        for replica in cluster.replicas:
+            assert (await chat(session, replica.url, key)).status == 200
+        async with session.post(
+            f"{cluster.replicas[0].url}/admin/v1/keys/{issued.record.id}/revoke",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response:
+            assert response.status == 200, await response.read()
+        revoked_at = time.monotonic()
+        refused_after: dict[str, float] = {}
+        bases = [r.url for r in cluster.replicas] + [cluster.url]
+        while len(refused_after) < len(bases):
+            for base in bases:
+                if base not in refused_after and (await chat(session, base, key)).status == 401:
+                    refused_after[base] = time.monotonic() - revoked_at
+            assert time.monotonic() - revoked_at < 1.0, refused_after
+            await asyncio.sleep(0.01)
+    print(f"revocation seen by every replica after {max(refused_after.values()) * 1000:.0f} ms")
+
+
+async def test_streams_pass_through_nginx_unbuffered(
+    cluster: Cluster, db: asyncpg.Connection
+) -> None:
+    issued = await new_key(db)
+    cluster.fake.enqueue(Behaviour(chunk_delay=0.3))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{cluster.url}/v1/chat/completions",
+            json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True},
+            headers={"Authorization": f"Bearer {issued.plaintext}"},
+        ) as response,
+    ):
+        assert response.status == 200
+        started = time.monotonic()
+        first = b""
+        while b'"content":"H' not in first:
+            first += await response.content.readline()
+        first_at = time.monotonic() - started
+        assert cluster.fake.active_streams == 1, "Venice is still generating"
+        rest = await response.read()
+        ended_at = time.monotonic() - started
+    assert rest.rstrip().endswith(b"data: [DONE]")
+    assert first_at < 0.5 < ended_at - 1.0, (first_at, ended_at)
+
+
+async def test_sigterm_to_a_replica_under_load_loses_no_request(
+    cluster: Cluster, db: asyncpg.Connection
+) -> None:
+    issued = await new_key(db)
+    key = issued.plaintext
+    victim = cluster.replicas[0]
+    answers: list[Answer] = []
+    # Three slow streams, then three slow plain requests: nginx's round robin gives every replica
+    # (the victim too) one of each, all still waiting on Venice at SIGTERM. The load is quick.
+    cluster.fake.enqueue(*[Behaviour(delay_before_headers=0.8, chunk_delay=0.1)] * 6)
+    cluster.fake.default_behaviour = Behaviour(chunk_delay=0.01)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
+        pinned = []
+        for stream in (True, True, True, False, False, False):
+            pinned.append(asyncio.create_task(chat(session, cluster.url, key, stream=stream)))
+            expected = len(pinned)
+            for _ in range(250):
+                if len(cluster.fake.received) >= expected:
+                    break
+                await asyncio.sleep(0.01)
+        assert len(cluster.fake.received) == 6
+
+        stop_load = asyncio.Event()
+
+        async def load(worker: int) -> None:
+            while not stop_load.is_set():
+                answers.append(await chat(session, cluster.url, key, stream=worker % 2 == 0))
+
+        workers = [asyncio.create_task(load(i)) for i in range(8)]
+        await asyncio.sleep(0.2)
+        sigterm_at = time.time()
+        victim.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(2.5)
+        stop_load.set()
+        answers.extend(await asyncio.gather(*pinned))
+        await asyncio.gather(*workers)
+
+    failed = [(a.status, a.body[-300:]) for a in answers if not a.complete]
+    assert failed == [], "a client saw an error"
+    assert await asyncio.to_thread(victim.process.wait, 15) == 0
+    # The victim finished what it had in flight (a stream and a plain request at least)...
+    finished_late = [r for r in victim.billing_records() if r["outcome"] == "completed"]
+    finished_late = [r for r in finished_late if _epoch(r["timestamp"]) > sigterm_at]
+    assert {r["stream"] for r in finished_late} == {True, False}, finished_late
+    # ...and nginx sent every request that came after it to the other replicas.
+    replica_of = served_by(cluster)
+    late = [a for a in answers if a.started > sigterm_at + 0.1]
+    assert len(late) > 50
+    assert all(replica_of[a.request_id] != str(victim.port) for a in late)
+    print(f"{len(answers)} requests, none failed; {len(late)} started after SIGTERM")
+
+
+def _epoch(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp).timestamp()
+
+
+async def test_migrating_while_replicas_serve_interrupts_nothing(
+    cluster: Cluster, db: asyncpg.Connection, database_url: str
+) -> None:
+    issued = await new_key(db)
+    env = clean_env(DATABASE_URL=database_url)
+    commands = [
+        [sys.executable, "-m", "alembic", "upgrade", "head"],  # from the checkout
+        [sys.executable, "-m", "llmgw", "db", "upgrade"],  # from the installed package
+    ]
+    answers: list[Answer] = []
+    async with aiohttp.ClientSession() as session:
+        stop_load = asyncio.Event()
+
+        async def load(worker: int) -> None:
+            while not stop_load.is_set():
+                answers.append(
+                    await chat(session, cluster.url, issued.plaintext, stream=worker % 2 == 0)
+                )
+
+        workers = [asyncio.create_task(load(i)) for i in range(6)]
+        for command in commands:
+            result = await asyncio.to_thread(
+                subprocess.run, command, cwd=REPO_ROOT, env=env, capture_output=True, text=True
+            )
+            assert result.returncode == 0, result.stderr
+        stop_load.set()
+        await asyncio.gather(*workers)
+    assert len(answers) > 10
+    assert [a.status for a in answers if not a.complete] == []
+    for replica in cluster.replicas:
+        assert replica.process.poll() is None
