@@ -176,3 +176,15 @@ async def test_unknown_route_and_wrong_method_are_openai_shaped(
         async with session.get(gateway.url("/v1/chat/completions"), headers=headers) as r:
             assert r.status == 405
             assert (await r.json())["error"]["code"] == "method_not_allowed"
+
+
+async def test_readyz_stays_ready_when_a_newer_release_migrated_the_schema(
+    gateway: Gateway,
+) -> None:
+    current = await gateway.db.fetchval("SELECT version_num FROM alembic_version")
+    await gateway.db.execute("UPDATE alembic_version SET version_num = 'f00dfeed9999'")
+    try:
+        async with aiohttp.ClientSession() as session, session.get(gateway.url("/readyz")) as r:
+            assert r.status == 200
+    finally:
+        await gateway.db.execute("UPDATE alembic_version SET version_num = $1", current)

@@ -76,9 +76,10 @@ async def test_retry_hint_longer_than_the_timeout_is_not_waited_for(
     key = await api_key_for(gateway)
     gateway.fake.fail_times(1, status=429, retry_after="30")
     started = time.perf_counter()
-    with pytest.raises(openai.RateLimitError):
+    with pytest.raises(openai.RateLimitError) as caught:
         await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
     assert time.perf_counter() - started < 1.5
+    assert caught.value.response.headers["Retry-After"] == "30"  # Venice's advice reaches the caller
 
 
 async def test_stream_is_retried_before_the_first_byte(gateway: Gateway, api_key: str) -> None:

@@ -7,7 +7,7 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.errors import NotFound, ServiceUnavailable
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
-from llmgw.storage.revisions import current_revision, head_revision
+from llmgw.storage.revisions import current_revision, head_revision, known_revisions
 
 __all__ = ["healthz", "metrics", "readyz"]
 
@@ -26,7 +26,10 @@ async def readyz(request: web.Request) -> web.Response:
     except DATABASE_DOWN_ERRORS:
         raise ServiceUnavailable("Not ready: the database does not answer.") from None
     head = head_revision()
-    if revision != head:
+    # A revision this code does not know is a newer release's: migrations only add, so a replica
+    # of the previous release keeps serving while a rolling upgrade replaces it.
+    newer = revision is not None and revision not in known_revisions()
+    if revision != head and not newer:
         raise ServiceUnavailable(
             f"Not ready: the database schema is at {revision or 'nothing'}, not {head}; "
             "run 'alembic upgrade head'.",

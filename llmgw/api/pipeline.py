@@ -45,9 +45,10 @@ class Operation:
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
     """The provider's own status and body, untouched, so clients see exactly what it said."""
-    return web.Response(
-        status=response.status, body=response.body, headers={"Content-Type": response.content_type}
-    )
+    headers = {"Content-Type": response.content_type}
+    if response.retry_after is not None:
+        headers["Retry-After"] = response.retry_after
+    return web.Response(status=response.status, body=response.body, headers=headers)
 
 
 async def proxy(

@@ -46,6 +46,7 @@ class UpstreamResponse:
     body: bytes
     content_type: str
     retries: int = 0
+    retry_after: str | None = None  # the provider's Retry-After, passed on with its error
 
 
 class UpstreamHTTPError(Exception):

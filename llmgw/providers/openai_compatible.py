@@ -34,6 +34,16 @@ def _transport_errors(provider: str) -> Iterator[None]:
         ) from exc
 
 
+def _answer(response: aiohttp.ClientResponse, body: bytes, retries: int) -> UpstreamResponse:
+    return UpstreamResponse(
+        status=response.status,
+        body=body,
+        content_type=response.headers.get("Content-Type", _JSON),
+        retries=retries,
+        retry_after=response.headers.get("Retry-After"),
+    )
+
+
 class _AiohttpChatStream:
     def __init__(self, response: aiohttp.ClientResponse, retries: int, provider: str) -> None:
         self._response = response
@@ -156,12 +166,7 @@ class OpenAICompatibleProvider:
                 body = await response.read()
         finally:
             response.release()
-        result = UpstreamResponse(
-            status=response.status,
-            body=body,
-            content_type=response.headers.get("Content-Type", _JSON),
-            retries=retries,
-        )
+        result = _answer(response, body, retries)
         if response.status >= 300:
             raise UpstreamHTTPError(result)
         return result
@@ -182,14 +187,7 @@ class OpenAICompatibleProvider:
                     body = await response.read()
             finally:
                 response.release()
-            raise UpstreamHTTPError(
-                UpstreamResponse(
-                    status=response.status,
-                    body=body,
-                    content_type=response.headers.get("Content-Type", _JSON),
-                    retries=retries,
-                )
-            )
+            raise UpstreamHTTPError(_answer(response, body, retries))
         return _AiohttpChatStream(response, retries, self.name)
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
@@ -200,11 +198,7 @@ class OpenAICompatibleProvider:
                 self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
             ) as response:
                 body = await response.read()
-        result = UpstreamResponse(
-            status=response.status,
-            body=body,
-            content_type=response.headers.get("Content-Type", _JSON),
-        )
+        result = _answer(response, body, retries=0)
         if response.status >= 300:
             raise UpstreamHTTPError(result)
         return result

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import asyncpg
 
-__all__ = ["current_revision", "head_revision", "script_location"]
+__all__ = ["current_revision", "head_revision", "known_revisions", "script_location"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _REVISION = re.compile(r'^revision\s*=\s*"(?P<id>[^"]+)"', re.MULTILINE)
@@ -29,7 +29,8 @@ def script_location() -> Path:
 
 
 @functools.cache
-def head_revision() -> str:
+def _revision_graph() -> tuple[frozenset[str], frozenset[str]]:
+    """Every revision this code ships, and every revision that has a child."""
     revisions: set[str] = set()
     parents: set[str] = set()
     for path in (script_location() / "versions").glob("*.py"):
@@ -40,10 +41,19 @@ def head_revision() -> str:
         revisions.add(revision["id"])
         if parent["id"] is not None:
             parents.add(parent["id"])
-    heads = revisions - parents
+    return frozenset(revisions), frozenset(parents)
+
+
+def known_revisions() -> frozenset[str]:
+    return _revision_graph()[0]
+
+
+def head_revision() -> str:
+    revisions, parents = _revision_graph()
+    heads = sorted(revisions - parents)
     if len(heads) != 1:
-        raise RuntimeError(f"expected one head revision, found {sorted(heads)}")
-    return heads.pop()
+        raise RuntimeError(f"expected one head revision, found {heads}")
+    return heads[0]
 
 
 async def current_revision(connection: asyncpg.Connection) -> str | None:
