@@ -79,7 +79,8 @@ async def test_retry_hint_longer_than_the_timeout_is_not_waited_for(
     with pytest.raises(openai.RateLimitError) as caught:
         await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
     assert time.perf_counter() - started < 1.5
-    assert caught.value.response.headers["Retry-After"] == "30"  # Venice's advice reaches the caller
+    # Venice's advice reaches the caller even when the gateway could not wait that long.
+    assert caught.value.response.headers["Retry-After"] == "30"
 
 
 async def test_stream_is_retried_before_the_first_byte(gateway: Gateway, api_key: str) -> None:
