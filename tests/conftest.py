@@ -7,17 +7,26 @@ database is created for the run, migrated to head, and emptied before each test 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import asyncpg
 import attrs
 import openai
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -32,7 +41,8 @@ from llmgw.storage.embedded import start_embedded
 from llmgw.storage.schema import metadata
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
-from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
+from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.processes import clean_env, free_port
 
 _TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
 
@@ -183,6 +193,31 @@ class Gateway:
     def client(self, key: str, **kwargs: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, **kwargs)
 
+    async def hang_up_mid_stream(self, key: str) -> None:
+        """Start a stream Venice stalls after one chunk, read that chunk, then close the socket."""
+        self.fake.enqueue(Behaviour(stall_after_chunks=1))
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(
+                self.url("/v1/chat/completions"),
+                json={
+                    "model": "qwen3-5-9b",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "stream": True,
+                },
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            await response.content.readline()
+            assert self.fake.active_streams == 1
+            response.close()
+
+
+async def eventually(condition: Callable[[], bool], *, within: float = 2.5) -> None:
+    """Wait until ``condition()`` holds; fail if it does not within ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
 
 @pytest.fixture
 async def start_gateway(
@@ -241,18 +276,6 @@ def api_key_for() -> Any:
 # Gateway processes with their JSON logs in files (replica, fault and fuzz tests), and the
 # suite-wide scan for secrets in logs, spans, metrics and responses (tests/secrets_scan.py).
 
-import logging  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import orjson  # noqa: E402
-
-from tests.processes import clean_env, free_port  # noqa: E402
 from tests.secrets_scan import SecretScanner  # noqa: E402
 
 

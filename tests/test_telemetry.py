@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -13,7 +12,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.logs import JsonFormatter
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_venice import Behaviour, expected_cost_usd
 
 MESSAGES = [{"role": "user", "content": "secret prompt words"}]
@@ -122,19 +121,10 @@ async def test_auth_and_rate_limit_refusals_are_on_the_server_span(gateway: Gate
 
 
 async def test_cancelled_stream_is_recorded_as_cancelled(gateway: Gateway, api_key: str) -> None:
-    gateway.fake.enqueue(Behaviour(stall_after_chunks=1))
-    async with aiohttp.ClientSession() as session:
-        response = await session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True},
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-        await response.content.readline()
-        response.close()
-    for _ in range(50):
-        if any(s.name == "chat qwen3-5-9b" for s in gateway.telemetry.finished_spans()):
-            break
-        await asyncio.sleep(0.05)
+    await gateway.hang_up_mid_stream(api_key)
+    await eventually(
+        lambda: any(s.name == "chat qwen3-5-9b" for s in gateway.telemetry.finished_spans())
+    )
     attributes = dict(gateway.telemetry.span("chat qwen3-5-9b").attributes)
     assert attributes[sc.LLMGW_STREAM_OUTCOME] == "cancelled"
     assert attributes[sc.ERROR_TYPE] == "cancelled"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
 import openai
 import pytest
 
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_venice import Behaviour
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -142,21 +141,8 @@ async def test_venice_error_event_mid_stream_reaches_the_client_as_is(
 async def test_client_disconnect_cancels_the_upstream_stream(
     gateway: Gateway, api_key: str
 ) -> None:
-    gateway.fake.enqueue(Behaviour(stall_after_chunks=1))
-    async with aiohttp.ClientSession() as session:
-        response = await session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True},
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-        await response.content.readline()
-        assert gateway.fake.active_streams == 1
-        response.close()
-    for _ in range(50):
-        if gateway.fake.cancelled_streams:
-            break
-        await asyncio.sleep(0.05)
-    assert gateway.fake.cancelled_streams == 1
+    await gateway.hang_up_mid_stream(api_key)
+    await eventually(lambda: gateway.fake.cancelled_streams == 1)
     assert gateway.fake.active_streams == 0
 
 
