@@ -137,12 +137,6 @@ class Authenticator:
         self._cache[prefix] = entry
         return entry
 
-    def invalidate(self, prefix: str | None = None) -> None:
-        if prefix is None:
-            self._cache.clear()
-        else:
-            self._cache.pop(prefix, None)
-
     def _note_use(self, key_id: uuid.UUID, now: float) -> None:
         last = self._last_touched.get(key_id)
         if last is None or now - last >= self._last_used_interval:

@@ -69,7 +69,7 @@ def prepare_database(settings: Settings) -> str:
     except EmbeddedDatabaseError as exc:
         raise CommandError(str(exc)) from None
     head = revisions.head_revision()
-    revision = asyncio.run(_current_revision(url))
+    revision = run_with_connection(url, revisions.current_revision)
     if revision == head:
         return url
     if settings.uses_embedded_database or settings.auto_migrate:
@@ -101,17 +101,6 @@ def _unreachable(exc: BaseException) -> str:
         f"cannot reach the database ({type(exc).__name__}); check DATABASE_URL and that "
         "PostgreSQL is running"
     )
-
-
-async def _current_revision(url: str) -> str | None:
-    try:
-        connection = await asyncpg.connect(url, timeout=10)
-    except DATABASE_DOWN_ERRORS as exc:
-        raise CommandError(_unreachable(exc)) from None
-    try:
-        return await revisions.current_revision(connection)
-    finally:
-        await connection.close()
 
 
 def run_with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:

@@ -30,10 +30,6 @@ class SSEScanner:
         self._buffer = buffer[end + 2 :]
         return [event + _SEPARATOR for event in buffer[:end].split(_SEPARATOR) if event]
 
-    @property
-    def pending(self) -> bytes:
-        return self._buffer
-
 
 def event_data(event: bytes) -> bytes:
     """The payload of an event's ``data:`` lines, joined as the SSE spec says; comments dropped."""
