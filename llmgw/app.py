@@ -8,6 +8,7 @@ import asyncpg
 from aiohttp import web
 
 from llmgw import app_keys
+from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
@@ -19,7 +20,6 @@ from llmgw.middleware import (
     rate_limit_middleware,
     request_context_middleware,
 )
-from llmgw.policy.accounting import UsageAccounting
 from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.ratelimit.base import RateLimiter

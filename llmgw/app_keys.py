@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncpg
 from aiohttp import web
 
+from llmgw.accounting.sink import UsageAccounting
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
-from llmgw.policy.accounting import UsageAccounting
 from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.ratelimit.base import RateLimitDecision, RateLimiter

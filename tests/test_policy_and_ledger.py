@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 
 from llmgw import app_keys
+from llmgw.accounting.usage import UsageRecord
 from llmgw.storage.ledger import UsageLedger
-from llmgw.telemetry.usage import UsageRecord
 from tests.conftest import Gateway
 from tests.fake_venice import expected_cost_usd
 from tests.processes import clean_env

@@ -19,6 +19,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
+from llmgw.accounting.usage import parse_usage
 from llmgw.api.body import read_json_object
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
@@ -26,7 +27,6 @@ from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, Upst
 from llmgw.streaming.relay import relay_stream
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
-from llmgw.telemetry.usage import parse_usage
 
 __all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
 

@@ -17,12 +17,12 @@ from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 
+from llmgw.accounting.usage import UsageRecord
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import ModelNotAllowed, RateLimited
 from llmgw.policy.allowance import AllowanceCache
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import minute_start, month_start
-from llmgw.telemetry.usage import UsageRecord
 
 __all__ = ["PolicyGuard"]
 

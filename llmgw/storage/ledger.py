@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import asyncpg
 
+from llmgw.accounting.usage import UsageRecord
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.storage.usage import write_batch
-from llmgw.telemetry.usage import UsageRecord
 
 __all__ = ["UsageLedger"]
 

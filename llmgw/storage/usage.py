@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import attrs
 
-from llmgw.telemetry.usage import UsageRecord
+from llmgw.accounting.usage import UsageRecord
 
 __all__ = [
     "GROUPINGS",

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from llmgw.accounting.usage import parse_usage
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import ChatStream
 from llmgw.streaming.sse import DONE_EVENT, SSEScanner, event_data
 from llmgw.telemetry.genai import ChatObservation, Outcome
-from llmgw.telemetry.usage import parse_usage
 
 __all__ = ["STREAM_HEADERS", "relay_stream", "sse_error_event"]
 

@@ -19,8 +19,8 @@ import orjson
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from llmgw.accounting.usage import Usage, UsageRecord
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.usage import Usage, UsageRecord
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import attrs
 
+from llmgw.accounting.usage import UsageRecord
 from llmgw.policy.guards import PolicyGuard
 from llmgw.storage.ledger import UsageLedger
-from llmgw.telemetry.usage import UsageRecord
 
 __all__ = ["UsageAccounting"]
 
