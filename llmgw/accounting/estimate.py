@@ -1,0 +1,36 @@
+"""Token estimates for when a provider's own count is not (yet) known.
+
+Used for reservations (a request's worst case before it is sent), for Anthropic's ``count_tokens``,
+for ``message_start`` of translated streams, and for the record of a stream whose usage never came.
+About four bytes of JSON per token is what BPE tokenizers give for English text and code; counting the
+serialized messages (keys and punctuation included) errs on the high side, which is the safe side for
+a reservation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+__all__ = ["BYTES_PER_TOKEN", "estimate_input_tokens", "estimate_output_tokens"]
+
+BYTES_PER_TOKEN = 4
+# Fields of a chat completions body that reach the model's context.
+_PROMPT_FIELDS = ("messages", "tools", "functions", "input", "prompt")
+
+
+def estimate_input_tokens(chat_body: dict[str, Any]) -> int:
+    """Input tokens of a chat completions (or embeddings) body; at least 1."""
+    size = 0
+    for field in _PROMPT_FIELDS:
+        value = chat_body.get(field)
+        if value is not None:
+            size += len(value.encode()) if isinstance(value, str) else len(orjson.dumps(value))
+    return max(1, math.ceil(size / BYTES_PER_TOKEN))
+
+
+def estimate_output_tokens(output_chars: int) -> int:
+    """Output tokens of ``output_chars`` characters the provider produced (content, tool arguments)."""
+    return math.ceil(max(0, output_chars) / BYTES_PER_TOKEN)
