@@ -9,10 +9,11 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.accounting.sink import UsageAccounting
-from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
+from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -42,6 +43,10 @@ def _rate_limiter(settings: Settings, pool: asyncpg.Pool, database_url: str) -> 
         assert settings.redis_url is not None  # load_settings requires it for this backend
         return RedisRateLimiter(settings.redis_url)
     return PostgresRateLimiter(pool, database_url)
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    return web.Response(status=308, headers={"Location": CONSOLE_PREFIX + "/"})
 
 
 def create_app(
@@ -94,7 +99,9 @@ def create_app(
     app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
     add_routes(app)
     if settings.admin_token is not None:
-        app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))
+        app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token)))
+        app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
+        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token))
 
     app.middlewares.extend(
         [
@@ -102,8 +109,9 @@ def create_app(
             error_middleware(),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
-                # The admin API checks its own token; with none set its routes do not exist (404).
-                public_prefixes=(ADMIN_PREFIX + "/",),
+                # The admin API and the console check their own token or session; with no admin
+                # token set their routes do not exist (404).
+                public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
                 instruments=telemetry.instruments,
             ),
             rate_limit_middleware(instruments=telemetry.instruments),

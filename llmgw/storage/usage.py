@@ -13,6 +13,7 @@ import asyncpg
 import attrs
 
 from llmgw.accounting.usage import UsageRecord
+from llmgw.storage.rollup import add_to_rollup
 
 __all__ = [
     "GROUPINGS",
@@ -53,7 +54,7 @@ def _decimal(value: float | None) -> Decimal | None:
 
 
 async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
-    """Insert the rows and add their spend and tokens to the running totals, in one transaction."""
+    """Insert the rows and add them to the running totals and the hourly rollup, in one transaction."""
     spend: defaultdict[tuple[uuid.UUID, date], Decimal] = defaultdict(Decimal)
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
     rows = []
@@ -77,6 +78,7 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
             await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
         if tokens:
             await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
+        await add_to_rollup(conn, records)
 
 
 GROUPINGS = {
