@@ -30,7 +30,15 @@ from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
 
-__all__ = ["ACTOR", "ADMIN_PREFIX", "admin_token_auth", "build_admin_app"]
+__all__ = [
+    "ACTOR",
+    "ADMIN_PREFIX",
+    "REPORT_COLUMNS",
+    "admin_token_auth",
+    "build_admin_app",
+    "report_csv",
+    "report_query",
+]
 
 ADMIN_PREFIX = "/admin/v1"
 # Who is acting, as audit rows name them: set by whichever authentication the admin app runs behind.
@@ -358,19 +366,16 @@ def report_query(query: Any) -> rollup.UsageReportQuery:
     )
 
 
-_REPORT_COLUMNS = (
-    "requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem", "p50_ms",
-    "p95_ms",
-)  # fmt: skip
+REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
 
 
 def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow((by, *_REPORT_COLUMNS))
+    writer.writerow((by, *REPORT_COLUMNS))
     for row in rows:
         writer.writerow(
-            (row[by] or "", *("" if row[c] is None else row[c] for c in _REPORT_COLUMNS))
+            (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
         )
     return out.getvalue()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from llmgw.admin.api import report_csv, report_query
+from llmgw.admin.api import REPORT_COLUMNS, report_csv, report_query
 from llmgw.cli.common import (
     EXIT_CONFIG,
     CommandError,
@@ -51,7 +51,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     report = actions.add_parser(
         "report",
-        help="requests, tokens, spend and latency by day, model, key or subject",
+        help="requests, errors, tokens and spend by day, model, key or subject",
         description=(
             "The figures the console's Usage page shows, from the hourly rollup, over whole UTC "
             "days [--from, --to). Default: the last 30 days up to and including today."
@@ -105,16 +105,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _print_table(by: str, rows: list[dict[str, Any]]) -> None:
-    header = (
-        by,
-        "requests",
-        "errors",
-        "input_tokens",
-        "output_tokens",
-        "cost_usd",
-        "p50_ms",
-        "p95_ms",
-    )
+    header = (by, *REPORT_COLUMNS)
     lines = [header] + [
         tuple("" if row[column] is None else str(row[column]) for column in header) for row in rows
     ]

@@ -2,8 +2,9 @@
 
 The ledger writer adds each batch to ``usage_hourly`` (one row per hour, key and model) in the same
 transaction as the raw rows, so reports over any range read at most hours x keys x models rows, not
-one row per request. Latency is kept as counts per fixed bucket, so p50/p95 come from the rollup too
-(as the upper bound of the bucket the percentile falls in).
+one row per request. Latency is kept as counts per fixed bucket, so today's p50/p95 come from the
+rollup too (as the upper bound of the bucket the percentile falls in); the last hour's are exact,
+from the raw rows.
 """
 
 from __future__ import annotations
@@ -156,15 +157,14 @@ class UsageReportQuery:
 
 
 async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> list[dict[str, Any]]:
-    """Requests, errors, tokens, spend and latency percentiles per group over whole UTC days."""
+    """Requests, errors, tokens and spend per group over whole UTC days."""
     rows = await conn.fetch(
         f"""
         SELECT {REPORT_GROUPINGS[query.by]} AS grp,
                sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
                sum(input_tokens)::bigint AS input_tokens,
                sum(output_tokens)::bigint AS output_tokens,
-               sum(cost_usd) AS cost_usd, sum(cost_diem) AS cost_diem,
-               array_agg(latency_buckets) AS latency
+               sum(cost_usd) AS cost_usd, sum(cost_diem) AS cost_diem
         FROM usage_hourly
         WHERE hour >= $1 AND hour < $2
           AND ($3::uuid IS NULL OR api_key_id = $3) AND ($4::uuid IS NULL OR subject_id = $4)
@@ -175,7 +175,40 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
         query.key_id,
         query.subject_id,
     )
-    return [_report_row(query.by, row["grp"], row) for row in rows]
+    return [
+        {
+            query.by: row["grp"] or None,
+            "requests": row["requests"],
+            "errors": row["errors"],
+            "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"],
+            "cost_usd": _usd(row["cost_usd"]),
+            "cost_diem": _usd(row["cost_diem"]),
+        }
+        for row in rows
+    ]
+
+
+# Today's figures per model, with latency percentiles from the summed bucket counts.
+_TODAY = """
+SELECT model, sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
+       sum(cost_usd) AS cost_usd, array_agg(latency_buckets) AS latency
+FROM usage_hourly WHERE hour >= $1 GROUP BY model ORDER BY model
+"""
+
+
+def _today_row(row: asyncpg.Record) -> dict[str, Any]:
+    latency = [0] * _BUCKET_COUNT
+    for counts in row["latency"]:
+        _add_buckets(latency, counts)
+    return {
+        "model": row["model"],
+        "requests": row["requests"],
+        "errors": row["errors"],
+        "cost_usd": _usd(row["cost_usd"]),
+        "p50_ms": percentile_from_buckets(latency, 0.50),
+        "p95_ms": percentile_from_buckets(latency, 0.95),
+    }
 
 
 def _usd(amount: Decimal | None) -> str:
@@ -188,23 +221,6 @@ def _usd(amount: Decimal | None) -> str:
 
 def _midnight(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
-
-
-def _report_row(by: str, group: Any, row: asyncpg.Record) -> dict[str, Any]:
-    latency = [0] * _BUCKET_COUNT
-    for counts in row["latency"]:
-        _add_buckets(latency, counts)
-    return {
-        by: group or None,
-        "requests": row["requests"],
-        "errors": row["errors"],
-        "input_tokens": row["input_tokens"],
-        "output_tokens": row["output_tokens"],
-        "cost_usd": _usd(row["cost_usd"]),
-        "cost_diem": _usd(row["cost_diem"]),
-        "p50_ms": percentile_from_buckets(latency, 0.50),
-        "p95_ms": percentile_from_buckets(latency, 0.95),
-    }
 
 
 # The last hour is read from the raw ledger (minute-exact), newest rows first, at most this many.
@@ -237,9 +253,7 @@ async def overview(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
         for row in await conn.fetch(_LAST_HOUR, now - timedelta(hours=1), LAST_HOUR_ROW_CAP)
     ]
     today = now.astimezone(UTC).date()
-    by_model = await usage_report(
-        conn, UsageReportQuery(by="model", start=today, end=today + timedelta(days=1))
-    )
+    by_model = [_today_row(row) for row in await conn.fetch(_TODAY, _midnight(today))]
     series_rows = await conn.fetch(
         """
         SELECT hour, sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
@@ -254,16 +268,26 @@ async def overview(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
         "generated_at": now.isoformat(),
         "last_hour": {"by_model": last_hour, **_totals(last_hour)},
         "today": {"by_model": by_model, **_totals(by_model)},
-        "series": [
-            {
-                "hour": row["hour"].isoformat(),
-                "requests": row["requests"],
-                "errors": row["errors"],
-                "cost_usd": _usd(row["cost_usd"]),
-            }
-            for row in series_rows
-        ],
+        "series": _hourly_series(series_rows, hour_start(now)),
     }
+
+
+def _hourly_series(rows: list[asyncpg.Record], last_hour: datetime) -> list[dict[str, Any]]:
+    """The 24 hours ending with ``last_hour``, oldest first; hours without requests as zeros."""
+    found = {row["hour"]: row for row in rows}
+    series = []
+    for back in range(23, -1, -1):
+        hour = last_hour - timedelta(hours=back)
+        row = found.get(hour)
+        series.append(
+            {
+                "hour": hour.isoformat(),
+                "requests": 0 if row is None else row["requests"],
+                "errors": 0 if row is None else row["errors"],
+                "cost_usd": "0" if row is None else _usd(row["cost_usd"]),
+            }
+        )
+    return series
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 
 from tests.conftest import Gateway
@@ -38,3 +40,13 @@ async def sign_in(gateway: Gateway, session: aiohttp.ClientSession) -> str:
     marker = 'name="csrf-token" content="'
     start = page.index(marker) + len(marker)
     return page[start : page.index('"', start)]
+
+
+async def wait_for_usage(db: asyncpg.Connection, requests: int, *, within: float = 5.0) -> None:
+    """Wait until the ledger has written ``requests`` requests into the hourly rollup."""
+    query = "SELECT coalesce(sum(requests), 0) FROM usage_hourly"
+    for _ in range(int(within / 0.05)):
+        if await db.fetchval(query) >= requests:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the rollup did not reach {requests} requests within {within}s")

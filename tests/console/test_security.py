@@ -95,7 +95,9 @@ async def test_state_changes_need_the_csrf_token_and_this_origin(
         assert response.status == 403
     assert await console_gateway.db.fetchval("SELECT count(*) FROM api_keys") == 0
     async with browser_session.post(
-        create, json=body, headers={"X-CSRF-Token": csrf, "Origin": str(URL(console_gateway.url("/")).origin())}
+        create,
+        json=body,
+        headers={"X-CSRF-Token": csrf, "Origin": str(URL(console_gateway.url("/")).origin())},
     ) as response:
         assert response.status == 201, await response.text()
     # Reads need no token.

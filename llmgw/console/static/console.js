@@ -405,8 +405,6 @@ async function usage() {
       { title: "Input tokens", num: true, cell: (r) => num(r.input_tokens) },
       { title: "Output tokens", num: true, cell: (r) => num(r.output_tokens) },
       { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
-      { title: "p50 (ms, ≤)", num: true, cell: (r) => num(r.p50_ms) },
-      { title: "p95 (ms, ≤)", num: true, cell: (r) => num(r.p95_ms) },
     ], report.data),
   ];
 }
