@@ -57,9 +57,7 @@ async def test_text_message_and_what_venice_is_sent(gateway: Gateway, api_key: s
     assert message.usage.cache_read_input_tokens == 0
     assert sent(gateway) == {
         "model": MODEL,
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": HELLO[0]["content"]}]}
-        ],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": HELLO[0]["content"]}]}],
         "max_completion_tokens": 256,
         "stop": ["END"],
         "temperature": 0.5,
@@ -258,10 +256,9 @@ async def test_gateway_refusals_are_the_sdk_error_classes(
         await gateway.anthropic_client("llmg_not_a_real_key").messages.create(
             model=MODEL, max_tokens=16, messages=HELLO
         )
-    assert unauthorized.value.body == {
-        "type": "error",
-        "error": {"type": "authentication_error", "message": unauthorized.value.body["error"]["message"]},  # type: ignore[index]
-    }
+    body: Any = unauthorized.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    assert set(body["error"]) == {"type", "message"} and body["error"]["message"]
 
     narrow = await api_key_for(gateway, name="narrow", allowed_models=["llama-3.3-70b"])
     with pytest.raises(anthropic.PermissionDeniedError) as forbidden:
