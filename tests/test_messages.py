@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import anthropic
+import orjson
 import pytest
 
 from tests.conftest import Gateway
@@ -309,3 +310,111 @@ async def test_provider_errors_keep_status_and_message_in_anthropic_shape(
         await client.messages.create(model=MODEL, max_tokens=16, messages=HELLO, stream=stream)
     assert throttled.value.body["error"]["message"] == "Rate limit exceeded"  # type: ignore[index]
     assert throttled.value.response.headers["retry-after"] == "0"
+
+
+def shape(message: anthropic.types.Message) -> dict[str, Any]:
+    """A message without what differs between two answers to the same request (the ids)."""
+    document = message.model_dump()
+    document.pop("id")
+    for block in document["content"]:
+        block.pop("id", None)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("model", "tools"), [(MODEL, []), (TOOL_MODEL, [ADD_TOOL])], ids=["text", "tool_use"]
+)
+async def test_stream_final_message_equals_the_non_streamed_answer(
+    gateway: Gateway, api_key: str, model: str, tools: list[Any]
+) -> None:
+    gateway.fake.reasoning = "Hmm."
+    client = gateway.anthropic_client(api_key)
+    plain = await client.messages.create(model=model, max_tokens=64, messages=HELLO, tools=tools)
+    deltas: list[str] = []
+    async with client.messages.stream(
+        model=model, max_tokens=64, messages=HELLO, tools=tools
+    ) as stream:
+        async for event in stream:
+            if event.type == "content_block_delta":
+                deltas.append(event.delta.type)
+        final = await stream.get_final_message()
+    assert shape(final) == shape(plain)
+    assert final.usage.input_tokens == count_prompt_tokens(HELLO)
+    expected = ["thinking"] + (["tool_use"] if tools else ["text"])
+    assert [block.type for block in final.content] == expected
+    assert "thinking_delta" in deltas
+    assert ("input_json_delta" in deltas) == bool(tools)
+    assert sent(gateway)["stream_options"] == {"include_usage": True}
+
+
+async def read_events(response: aiohttp.ClientResponse) -> list[tuple[str, dict[str, Any]]]:
+    """Every (event name, data) of an Anthropic stream, in order."""
+    events = []
+    for frame in (await response.text()).split("\n\n"):
+        if not frame.strip():
+            continue
+        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
+        events.append((lines["event"], orjson.loads(lines["data"])))
+    return events
+
+
+@pytest.mark.parametrize("usage_placement", ["separate", "finish"])
+async def test_stream_event_sequence_and_usage(
+    gateway: Gateway, api_key: str, usage_placement: Any
+) -> None:
+    gateway.fake.usage_placement = usage_placement
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/messages"),
+            json={"model": MODEL, "max_tokens": 64, "messages": HELLO, "stream": True},
+            headers={"x-api-key": api_key, "anthropic-version": "2023-06-01"},
+        )
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        events = await read_events(response)
+    names = [name for name, _ in events]
+    assert names == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        *["content_block_delta"] * 5,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert all(data["type"] == name for name, data in events)
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] > 0  # the estimate, before Venice counted
+    delta = events[-2][1]
+    assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert delta["usage"] == {
+        "input_tokens": count_prompt_tokens(HELLO),
+        "output_tokens": 5,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    text = "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta")
+    assert text == "Hello from fake Venice!"
+
+
+async def test_mid_stream_failure_ends_with_an_error_event(gateway: Gateway, api_key: str) -> None:
+    client = gateway.anthropic_client(api_key)
+    gateway.fake.enqueue(Behaviour(error_event_after_chunks=2))
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        async with client.messages.stream(model=MODEL, max_tokens=64, messages=HELLO) as stream:
+            async for _ in stream:
+                pass
+    assert failed.value.body["error"]["type"] in ("api_error", "overloaded_error")  # type: ignore[index]
+
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=2))
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/messages"),
+            json={"model": MODEL, "max_tokens": 64, "messages": HELLO, "stream": True},
+            headers={"x-api-key": api_key},
+        )
+        events = await read_events(response)
+    assert events[-1][0] == "error"
+    assert events[-1][1]["error"]["type"] == "api_error"
+    assert "message_stop" not in [name for name, _ in events]

@@ -19,6 +19,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
+from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.accounting.usage import parse_usage
 from llmgw.api.body import read_json_object
 from llmgw.api.codec import ApiCodec
@@ -26,6 +27,7 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.streaming.relay import relay_stream
+from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
@@ -97,8 +99,15 @@ async def proxy(
         model,
         observation,
     )
+    translator = (
+        codec.stream_translator(
+            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+        )
+        if codec is not None and stream
+        else None
+    )
     answer: Callable[[], Awaitable[web.StreamResponse]] = (
-        functools.partial(_stream, request, route, call, observation, hide_usage_chunk)
+        functools.partial(_stream, request, route, call, observation, hide_usage_chunk, translator)
         if stream
         else functools.partial(_complete, operation, route, call, observation, caller_body)
     )
@@ -132,10 +141,13 @@ async def _stream(
     call: UpstreamCall,
     observation: ChatObservation,
     hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
 ) -> web.StreamResponse:
     upstream = await provider.stream_chat_completion(call)
     observation.retries = upstream.retries
-    return await relay_stream(request, upstream, observation, hide_usage_chunk=hide_usage_chunk)
+    return await relay_stream(
+        request, upstream, observation, hide_usage_chunk=hide_usage_chunk, translator=translator
+    )
 
 
 async def _complete(
