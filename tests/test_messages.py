@@ -58,7 +58,7 @@ async def test_text_message_and_what_venice_is_sent(gateway: Gateway, api_key: s
     assert message.usage.cache_read_input_tokens == 0
     assert sent(gateway) == {
         "model": MODEL,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": HELLO[0]["content"]}]}],
+        "messages": HELLO,
         "max_completion_tokens": 256,
         "stop": ["END"],
         "temperature": 0.5,

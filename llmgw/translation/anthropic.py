@@ -204,7 +204,11 @@ def _chat_messages(message: Any, where: str) -> Iterator[dict[str, Any]]:
     if not isinstance(message, dict):
         raise InvalidRequest(f"{where}: must be an object.", param=where)
     role = message.get("role")
-    blocks = _blocks(message.get("content"), f"{where}.content")
+    content = message.get("content")
+    if role in ("user", "assistant") and isinstance(content, str):
+        yield {"role": role, "content": content}  # a plain string stays one, as chat has it
+        return
+    blocks = _blocks(content, f"{where}.content")
     if role == "user":
         yield from _user_messages(blocks, f"{where}.content")
     elif role == "assistant":
