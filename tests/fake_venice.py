@@ -654,6 +654,7 @@ class FakeVenice:
     ) -> None:
         self.reply = reply
         self.reasoning = reasoning
+        self.tool_call: tuple[str, str] | None = None  # (name, JSON arguments) when offered tools
         self.chunks = chunks
         self.usage_placement: UsagePlacement = usage_placement
         self.usage_always = usage_always
@@ -821,11 +822,14 @@ class FakeVenice:
         return _chat_rejection(body, self.strict_fields)
 
     def _completion(self, body: dict[str, Any]) -> _Completion:
-        # With tools the model calls the first one, and answers in text once it has the results.
-        tool_name = (
-            None if _last_role(body["messages"]) == "tool" else _first_tool_name(body.get("tools"))
-        )
-        text = self.reply if tool_name is None else TOOL_ARGUMENTS
+        # With tools the model calls one (the first, unless tool_call names it), and answers in
+        # text once it has the results.
+        offered = _first_tool_name(body.get("tools"))
+        tool_name = None if _last_role(body["messages"]) == "tool" else offered
+        arguments = TOOL_ARGUMENTS
+        if tool_name is not None and self.tool_call is not None:
+            tool_name, arguments = self.tool_call
+        text = self.reply if tool_name is None else arguments
         return _Completion(
             model=body["model"],
             pieces=split_reply(text, self.chunks),

@@ -281,7 +281,7 @@ async def test_gateway_refusals_are_the_sdk_error_classes(
         await gateway.anthropic_client(key).messages.create(
             model=MODEL,
             max_tokens=16,
-            messages=[{"role": "system", "content": "not a Messages role"}],  # type: ignore[list-item]
+            messages=[{"role": "tool", "content": "not a Messages role"}],  # type: ignore[list-item,typeddict-item]
         )
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert "messages[0].role" in bad.value.body["error"]["message"]  # type: ignore[index]

@@ -182,7 +182,7 @@ def _text_part(block: dict[str, Any], where: str) -> dict[str, Any] | None:
     return part
 
 
-def _system_messages(system: Any) -> Iterator[dict[str, Any]]:
+def _system_messages(system: Any, where: str = "system") -> Iterator[dict[str, Any]]:
     if system is None:
         return
     if isinstance(system, str):
@@ -190,10 +190,10 @@ def _system_messages(system: Any) -> Iterator[dict[str, Any]]:
             yield {"role": "system", "content": system}
         return
     parts = []
-    for index, block in enumerate(_blocks(system, "system")):
+    for index, block in enumerate(_blocks(system, where)):
         if block["type"] != "text":
-            raise InvalidRequest(f"system[{index}]: must be a text block.", param="system")
-        part = _text_part(block, f"system[{index}]")
+            raise InvalidRequest(f"{where}[{index}]: must be a text block.", param=where)
+        part = _text_part(block, f"{where}[{index}]")
         if part is not None:
             parts.append(part)
     if parts:
@@ -205,6 +205,10 @@ def _chat_messages(message: Any, where: str) -> Iterator[dict[str, Any]]:
         raise InvalidRequest(f"{where}: must be an object.", param=where)
     role = message.get("role")
     content = message.get("content")
+    if role == "system":
+        # Claude Code's mid-conversation system messages (beta mid-conversation-system-2026-04-07).
+        yield from _system_messages(content, f"{where}.content")
+        return
     if role in ("user", "assistant") and isinstance(content, str):
         yield {"role": role, "content": content}  # a plain string stays one, as chat has it
         return
@@ -216,7 +220,9 @@ def _chat_messages(message: Any, where: str) -> Iterator[dict[str, Any]]:
         if assistant is not None:
             yield assistant
     else:
-        raise InvalidRequest(f"{where}.role: must be 'user' or 'assistant'.", param=f"{where}.role")
+        raise InvalidRequest(
+            f"{where}.role: must be 'user', 'assistant' or 'system'.", param=f"{where}.role"
+        )
 
 
 def _user_messages(blocks: list[dict[str, Any]], where: str) -> Iterator[dict[str, Any]]:

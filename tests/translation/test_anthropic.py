@@ -203,7 +203,7 @@ def user(*blocks: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"model": "m", "messages": ["hi"]}, "messages[0]"),
         ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         (user({"type": "text"}), "messages[0].content[0].text"),
