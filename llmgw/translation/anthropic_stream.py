@@ -31,17 +31,6 @@ def sse_event(name: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
-def _mid_stream_error(document: dict[str, Any]) -> tuple[str, str]:
-    """(Anthropic error type, message) for a provider's ``{"error": …}`` event."""
-    error = document.get("error")
-    if not isinstance(error, dict):
-        return "api_error", str(error) if error else "The provider failed during the stream."
-    message = error.get("message")
-    text = message if isinstance(message, str) and message else "The provider failed."
-    overloaded = "overloaded" in f"{error.get('code')} {error.get('type')}"
-    return ("overloaded_error" if overloaded else "api_error"), text
-
-
 class MessageStream:
     """The state of one translated stream; implements ``StreamTranslator``."""
 
@@ -94,9 +83,6 @@ class MessageStream:
     def feed(self, chunk: dict[str, Any]) -> bytes:
         if self._done:
             return b""  # anything after the end (or an error) is dropped
-        if "error" in chunk and "choices" not in chunk:
-            kind, message = _mid_stream_error(chunk)
-            return self._fail(kind, message)
         out: list[bytes] = []
         choices = chunk.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices else None
