@@ -85,4 +85,6 @@ async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.Respo
     _, body = await read_json_object(request)
     anthropic.validate_count_tokens_request(body)
     tokens = estimate_input_tokens(anthropic.messages_to_chat(body))
-    return web.json_response({"input_tokens": tokens}, dumps=lambda v: orjson.dumps(v).decode())
+    return web.Response(
+        body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
+    )
