@@ -227,7 +227,7 @@ async def test_count_tokens_is_the_estimate_and_asks_no_provider(
     bigger = await client.messages.count_tokens(model=MODEL, messages=HELLO * 50)
     assert 10 < counted.input_tokens < bigger.input_tokens
     assert len(gateway.fake.received) == before
-    assert elapsed < 1.0
+    assert elapsed < 2.0  # an estimate, no upstream call: milliseconds, generously bounded
 
 
 @pytest.mark.parametrize("header", ["x-api-key", "authorization"])
