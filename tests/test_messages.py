@@ -4,7 +4,6 @@ fake Venice: what Venice is sent, what the SDK gets back, and every error as the
 from __future__ import annotations
 
 import base64
-import time
 from typing import Any
 
 import aiohttp
@@ -219,15 +218,12 @@ async def test_count_tokens_is_the_estimate_and_asks_no_provider(
 ) -> None:
     client = gateway.anthropic_client(api_key)
     before = len(gateway.fake.received)
-    started = time.perf_counter()
     counted = await client.messages.count_tokens(
         model=MODEL, system="Be brief.", messages=HELLO, tools=[ADD_TOOL]
     )
-    elapsed = time.perf_counter() - started
     bigger = await client.messages.count_tokens(model=MODEL, messages=HELLO * 50)
     assert 10 < counted.input_tokens < bigger.input_tokens
     assert len(gateway.fake.received) == before
-    assert elapsed < 2.0  # an estimate, no upstream call: milliseconds, generously bounded
 
 
 @pytest.mark.parametrize("header", ["x-api-key", "authorization"])
