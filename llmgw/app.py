@@ -13,6 +13,7 @@ from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
+from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -81,10 +82,15 @@ def create_app(
         await authenticator.close()
         await pool.close()
 
+    generations = RequestGenerations()
+
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
+        app[RELOADER] = reloader
         yield
+        await reloader.close()
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:
@@ -98,6 +104,7 @@ def create_app(
 
     app.middlewares.extend(
         [
+            generations.middleware,
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
             error_middleware(),
             auth_middleware(
