@@ -1,7 +1,7 @@
 """``llmgw serve``: run the gateway until SIGTERM/SIGINT, then drain in-flight requests and exit 0.
 
 One process by default; with ``--workers N`` (or LLMGW_WORKERS) a supervisor and N workers, each
-of which is ``serve`` again, started with the socket to accept on (see llmgw.lifecycle.supervisor).
+of which is ``serve --worker-id I`` again (see llmgw.lifecycle.supervisor).
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import os
 import signal
 import socket
 
+import asyncpg
 import attrs
 
 from llmgw.app import create_app
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, prepare_database
 from llmgw.config import ConfigError, Settings, load_settings, parse_workers
 from llmgw.lifecycle import runner
-from llmgw.lifecycle.supervisor import WORKER_FD_ARGUMENT, WORKER_ID_ARGUMENT, supervise
+from llmgw.lifecycle.supervisor import WORKER_ID_ARGUMENT, supervise
+from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.telemetry.logs import configure_logging
 
 __all__ = ["register"]
@@ -57,15 +59,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="worker processes accepting on BIND_ADDR under one supervisor: 1-256 or auto "
         "(the cores available); default LLMGW_WORKERS, else 1",
     )
-    # How the supervisor starts a worker: the socket it inherited and its number.
-    serve.add_argument(WORKER_FD_ARGUMENT, type=int, default=None, help=argparse.SUPPRESS)
+    # How the supervisor starts a worker: its number.
     serve.add_argument(WORKER_ID_ARGUMENT, type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
 
 
-def _listen(settings: Settings) -> socket.socket:
+def _bind(settings: Settings, *, listening: bool, shared: bool) -> socket.socket:
+    bind = runner.listen if listening else runner.bind
     try:
-        return runner.listen(settings.bind_host, settings.bind_port)
+        return bind(settings.bind_host, settings.bind_port, shared=shared)
     except OSError as exc:
         raise CommandError(
             f"cannot listen on {settings.bind_host}:{settings.bind_port} "
@@ -85,15 +87,17 @@ def _serve(args: argparse.Namespace) -> int:
     # Until the server handles SIGHUP (a reload), one must not kill a process that is starting.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     settings = load_settings(require_venice_key=True)
-    if args.listen_fd is not None:
-        return _serve_worker(settings, args.listen_fd, args.worker_id)
+    if args.worker_id is not None:
+        return _serve_worker(settings, args.worker_id)
     if args.workers is not None:
         settings = attrs.evolve(settings, workers=args.workers)
     configure_logging(settings.log_level)
-    sock = _listen(settings)
+    single = settings.workers == 1
+    # Bound before anything else, so a taken port is the first and only error.
+    sock = _bind(settings, listening=single, shared=not single)
     database_url = prepare_database(settings)
     where = f"http://{settings.bind_host}:{settings.bind_port}"
-    if settings.workers == 1:
+    if single:
         app = create_app(settings, database_url=database_url)
         log.info("llmgw listening on %s (providers: %s)", where, _upstreams(settings))
         runner.run(app, settings, sock)
@@ -106,27 +110,33 @@ def _serve(args: argparse.Namespace) -> int:
         _upstreams(settings),
     )
     # The workers attach to the database prepared here (the embedded cluster is started once).
-    status = supervise(
-        settings.workers,
-        sock,
-        {**os.environ, "DATABASE_URL": database_url},
-        settings.shutdown_grace_seconds,
-    )
+    with sock:  # holds the port while workers restart
+        status = supervise(
+            settings.workers,
+            {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"},
+            settings.shutdown_grace_seconds,
+        )
     log.info("llmgw stopped")
     return status
 
 
-def _serve_worker(settings: Settings, fd: int, number: int | None) -> int:
+def _serve_worker(settings: Settings, number: int) -> int:
     configure_logging(settings.log_level, worker=number)
     if settings.database_url is None:
         raise ConfigError("DATABASE_URL", None, "the URL the supervisor passes to its workers")
-    sock = socket.socket(fileno=fd)
+    sock = _bind(settings, listening=True, shared=True)
     app = create_app(settings, database_url=settings.database_url)
-    runner.run(
-        app,
-        settings,
-        sock,
-        supervisor_pid=os.getppid(),
-        on_ready=lambda: log.info("worker %s serving (pid %d)", number, os.getpid()),
-    )
+    try:
+        runner.run(
+            app,
+            settings,
+            sock,
+            supervisor_pid=os.getppid(),
+            on_ready=lambda: log.info("worker %d serving (pid %d)", number, os.getpid()),
+        )
+    except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
+        # The supervisor reached the database a moment ago; say why this worker could not.
+        raise CommandError(
+            f"worker {number} could not start: {type(exc).__name__}: {exc}"
+        ) from None
     return 0

@@ -17,6 +17,7 @@ import socket
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 __all__ = ["HalfCloseServer"]
 
@@ -38,18 +39,27 @@ def _reset_by_peer(transport: asyncio.Transport) -> bool:
 
 
 class _HalfCloseRequestHandler(RequestHandler):
-    __slots__ = ("_probe", "_probed")
+    __slots__ = ("_answered", "_probe", "_probed")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._answered = 0  # requests whose answer was written (aiohttp counts those received)
         self._probe: asyncio.TimerHandle | None = None
         self._probed = False
 
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._answered += 1
+
     def _awaiting_answer(self) -> bool:
-        request = self._current_request
-        if request is not None:
-            return request.content.is_eof() and request.writer.output_size == 0
-        return bool(self._messages) and all(payload.is_eof() for _, payload in self._messages)
+        if self._request_count <= self._answered:
+            return False
+        request = self._current_request  # None: received, its handler not started yet
+        return request is None or (request.content.is_eof() and request.writer.output_size == 0)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
         if self.transport is None or not self._awaiting_answer():
@@ -62,7 +72,7 @@ class _HalfCloseRequestHandler(RequestHandler):
         self._probe = None
         transport = self.transport
         request = self._current_request
-        if transport is None or transport.is_closing() or (request is None and not self._messages):
+        if transport is None or transport.is_closing() or not self._awaiting_answer():
             return
         if self._probed:
             if _reset_by_peer(transport):

@@ -21,19 +21,39 @@ from llmgw.config import Settings
 from llmgw.lifecycle.half_close import HalfCloseServer
 from llmgw.lifecycle.reload import RELOADER
 
-__all__ = ["listen", "run"]
+__all__ = ["bind", "listen", "run"]
 
 log = logging.getLogger("llmgw.serve")
 
 _PARENT_CHECK_SECONDS = 1.0
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The listening socket (raises OSError: the port is taken, the address not assignable)."""
+def bind(host: str, port: int, *, shared: bool = False) -> socket.socket:
+    """A socket bound to the address (OSError: the port is taken, the address not assignable).
+
+    ``shared``: SO_REUSEPORT, so that every worker binds the address with its own socket and the
+    kernel spreads new connections over them (one accept queue each; a worker that is busy or
+    restarting is not handed the connections of the others).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # SO_REUSEADDR (what aiohttp sets): a restart may bind while old connections sit in TIME_WAIT.
-    sock = socket.create_server((host, port), family=family, backlog=1024)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # SO_REUSEADDR (as aiohttp sets it): a restart binds while old connections are in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
     sock.setblocking(False)
+    return sock
+
+
+def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
+    """A listening socket on the address; see :func:`bind`."""
+    sock = bind(host, port, shared=shared)
+    sock.listen(1024)
     return sock
 
 

@@ -1,9 +1,11 @@
-"""``serve --workers N``: N worker processes accept on one inherited socket under this supervisor.
+"""``serve --workers N``: N worker processes accept on the same address under this supervisor.
 
-The supervisor binds the address and prepares the database (the embedded cluster, migrations) once,
-then starts the workers, each ``llmgw serve`` on the socket it inherits. It forwards SIGTERM, SIGINT
-and SIGHUP to them, gives them the grace to drain on a stop, replaces a worker that dies (waiting
-longer after each death at start), and gives up with exit status 1 when one keeps dying at start.
+The supervisor holds the address (a bound socket that does not listen, so the port stays taken while
+a worker restarts) and prepares the database (the embedded cluster, migrations) once, then starts
+the workers: each is ``llmgw serve --worker-id N`` listening with SO_REUSEPORT, so the kernel
+spreads connections over them. The supervisor forwards SIGTERM, SIGINT and SIGHUP, gives the
+workers the grace to drain on a stop, replaces a worker that dies (waiting longer after each death
+at start), and gives up with the worker's exit status (or 1) when one keeps dying at start.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import sys
 import time
 
@@ -19,11 +20,10 @@ import attrs
 
 from llmgw.telemetry.setup import SHUTDOWN_SECONDS
 
-__all__ = ["WORKER_FD_ARGUMENT", "WORKER_ID_ARGUMENT", "supervise"]
+__all__ = ["WORKER_ID_ARGUMENT", "supervise"]
 
 log = logging.getLogger("llmgw.supervisor")
 
-WORKER_FD_ARGUMENT = "--listen-fd"
 WORKER_ID_ARGUMENT = "--worker-id"
 
 # A worker that exits sooner than this after it started did not start.
@@ -44,27 +44,22 @@ class _Worker:
 
 
 class _Supervisor:
-    def __init__(self, count: int, sock: socket.socket, env: dict[str, str], grace: float) -> None:
+    def __init__(self, count: int, env: dict[str, str], grace: float) -> None:
         self._count = count
-        self._sock = sock
         self._env = env
         self._grace = grace
         self._stopping = asyncio.Event()
         self._workers: dict[int, _Worker] = {}
 
     async def _start(self, number: int, start_failures: int) -> _Worker:
-        fd = self._sock.fileno()
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "llmgw",
             "serve",
-            WORKER_FD_ARGUMENT,
-            str(fd),
             WORKER_ID_ARGUMENT,
             str(number),
             env=self._env,
-            pass_fds=(fd,),
             stdin=asyncio.subprocess.DEVNULL,
         )
         log.info("worker %d started (pid %d)", number, process.pid)
@@ -128,8 +123,6 @@ class _Supervisor:
         if failed:
             self._stopping.set()
             self._signal_all(signal.SIGTERM)
-        # New connections are refused once no worker holds the socket either.
-        self._sock.close()
         await self._drain()
         await asyncio.gather(*keepers)
         return failed[0] if failed else 0
@@ -150,7 +143,6 @@ class _Supervisor:
             await asyncio.gather(*(p.wait() for p in running))
 
 
-def supervise(count: int, sock: socket.socket, env: dict[str, str], grace: float) -> int:
-    """Run ``count`` workers on ``sock`` until SIGTERM/SIGINT; the exit status of ``serve``."""
-    sock.set_inheritable(True)
-    return asyncio.run(_Supervisor(count, sock, {**env, "PYTHONUNBUFFERED": "1"}, grace).run())
+def supervise(count: int, env: dict[str, str], grace: float) -> int:
+    """Run ``count`` workers until SIGTERM/SIGINT; the exit status of ``serve``."""
+    return asyncio.run(_Supervisor(count, env, grace).run())
