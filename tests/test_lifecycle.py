@@ -4,6 +4,7 @@ half-closed clients, SIGHUP reload, and an embedded cluster that outlives a kill
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -238,10 +239,8 @@ def embedded_data_dir(tmp_path: Path) -> Iterator[Path]:
     yield data_dir
     pid = postmaster_pid(data_dir / "postgres")
     if pid is not None:  # the test failed: do not leave its cluster running
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGQUIT)
-        except ProcessLookupError:
-            pass
 
 
 def test_the_last_live_process_stops_the_cluster_after_one_was_killed(

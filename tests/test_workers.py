@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -95,7 +95,7 @@ async def test_a_killed_worker_is_replaced(
 ) -> None:
     key = (await api_keys.create_key(db, api_keys.KeySettings(name="w"))).plaintext
     (first,) = worker_pids(supervisor, 1)
-    subprocess.run(["kill", "-KILL", str(first)], check=True)
+    os.kill(first, signal.SIGKILL)
     await wait_until_serving(supervisor, 2, 1)
     (_, replacement) = worker_pids(supervisor, 1)
     assert replacement != first
