@@ -38,6 +38,7 @@ __all__ = [
     "spawn",
     "wait_for_health",
     "wait_for_listening",
+    "wait_for_workers",
 ]
 
 _LISTENING = re.compile(rb"listening on (http://\S+)")
@@ -153,6 +154,20 @@ def spawn(
             preexec_fn=_die_with_parent,
         )
     return Child(name, process, log_path, time.perf_counter())
+
+
+def wait_for_workers(child: Child, workers: int, timeout: float = 60.0) -> None:
+    """Until each of ``serve --workers N``'s workers has logged that it is serving."""
+    deadline = time.monotonic() + timeout
+    while workers > 1:
+        serving = child.log_path.read_bytes().count(b" serving (pid ")
+        if serving >= workers:
+            return
+        if not child.alive():
+            raise child.failure("exited")
+        if time.monotonic() > deadline:
+            raise child.failure(f"had {serving} of {workers} workers serving after {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 def wait_for_listening(child: Child, timeout: float = 30.0) -> str:
