@@ -19,7 +19,12 @@ from llmgw.app import create_app
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, prepare_database
 from llmgw.config import ConfigError, Settings, load_settings, parse_workers
 from llmgw.lifecycle import runner
-from llmgw.lifecycle.supervisor import WORKER_ID_ARGUMENT, supervise
+from llmgw.lifecycle.supervisor import (
+    READY_FD_ARGUMENT,
+    WORKER_ID_ARGUMENT,
+    supervise,
+    tell_ready,
+)
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.telemetry.logs import configure_logging
 
@@ -59,8 +64,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="worker processes accepting on BIND_ADDR under one supervisor: 1-256 or auto "
         "(the cores available); default LLMGW_WORKERS, else 1",
     )
-    # How the supervisor starts a worker: its number.
+    # How the supervisor starts a worker: its number, and where to say it is serving.
     serve.add_argument(WORKER_ID_ARGUMENT, type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument(READY_FD_ARGUMENT, type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
 
 
@@ -88,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     settings = load_settings(require_venice_key=True)
     if args.worker_id is not None:
-        return _serve_worker(settings, args.worker_id)
+        return _serve_worker(settings, args.worker_id, args.ready_fd)
     if args.workers is not None:
         settings = attrs.evolve(settings, workers=args.workers)
     configure_logging(settings.log_level)
@@ -120,7 +126,13 @@ def _serve(args: argparse.Namespace) -> int:
     return status
 
 
-def _serve_worker(settings: Settings, number: int) -> int:
+def _ready(number: int, ready_fd: int | None) -> None:
+    log.info("worker %d serving (pid %d)", number, os.getpid())
+    if ready_fd is not None:
+        tell_ready(ready_fd)
+
+
+def _serve_worker(settings: Settings, number: int, ready_fd: int | None) -> int:
     configure_logging(settings.log_level, worker=number)
     if settings.database_url is None:
         raise ConfigError("DATABASE_URL", None, "the URL the supervisor passes to its workers")
@@ -132,7 +144,7 @@ def _serve_worker(settings: Settings, number: int) -> int:
             settings,
             sock,
             supervisor_pid=os.getppid(),
-            on_ready=lambda: log.info("worker %d serving (pid %d)", number, os.getpid()),
+            on_ready=lambda: _ready(number, ready_fd),
         )
     except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
         # The supervisor reached the database a moment ago; say why this worker could not.

@@ -5,13 +5,15 @@ a worker restarts) and prepares the database (the embedded cluster, migrations) 
 the workers: each is ``llmgw serve --worker-id N`` listening with SO_REUSEPORT, so the kernel
 spreads connections over them. The supervisor forwards SIGTERM, SIGINT and SIGHUP, gives the
 workers the grace to drain on a stop, replaces a worker that dies (waiting longer after each death
-at start), and gives up with the worker's exit status (or 1) when one keeps dying at start.
+before it accepted connections), and gives up with the worker's exit status (or 1) when one keeps
+dying at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -20,14 +22,15 @@ import attrs
 
 from llmgw.telemetry.setup import SHUTDOWN_SECONDS
 
-__all__ = ["WORKER_ID_ARGUMENT", "supervise"]
+__all__ = ["READY_FD_ARGUMENT", "WORKER_ID_ARGUMENT", "supervise", "tell_ready"]
 
 log = logging.getLogger("llmgw.supervisor")
 
 WORKER_ID_ARGUMENT = "--worker-id"
+# A pipe the worker writes one byte to once it accepts connections: a worker that exits without
+# having written it did not start.
+READY_FD_ARGUMENT = "--ready-fd"
 
-# A worker that exits sooner than this after it started did not start.
-_STARTED_AFTER_SECONDS = 10.0
 _MAX_START_FAILURES = 3
 _FIRST_RESTART_DELAY = 0.5
 _MAX_RESTART_DELAY = 30.0
@@ -40,7 +43,18 @@ class _Worker:
     number: int
     process: asyncio.subprocess.Process
     started_at: float
+    ready_pipe: int  # the read end
     start_failures: int = 0
+
+    def was_ready(self) -> bool:
+        """After it exited: whether it had told it accepted connections."""
+        os.set_blocking(self.ready_pipe, False)
+        try:
+            return os.read(self.ready_pipe, 1) == b"1"
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(self.ready_pipe)
 
 
 class _Supervisor:
@@ -52,18 +66,28 @@ class _Supervisor:
         self._workers: dict[int, _Worker] = {}
 
     async def _start(self, number: int, start_failures: int) -> _Worker:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "llmgw",
-            "serve",
-            WORKER_ID_ARGUMENT,
-            str(number),
-            env=self._env,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
+        ready_read, ready_write = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "llmgw",
+                "serve",
+                WORKER_ID_ARGUMENT,
+                str(number),
+                READY_FD_ARGUMENT,
+                str(ready_write),
+                env=self._env,
+                stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(ready_write,),
+            )
+        except BaseException:
+            os.close(ready_read)
+            raise
+        finally:
+            os.close(ready_write)
         log.info("worker %d started (pid %d)", number, process.pid)
-        worker = _Worker(number, process, time.monotonic(), start_failures)
+        worker = _Worker(number, process, time.monotonic(), ready_read, start_failures)
         self._workers[number] = worker
         return worker
 
@@ -83,10 +107,10 @@ class _Supervisor:
         worker = await self._start(number, 0)
         while True:
             status = await worker.process.wait()
+            lived = time.monotonic() - worker.started_at
+            failures = 0 if worker.was_ready() else worker.start_failures + 1
             if self._stopping.is_set():
                 return 0
-            lived = time.monotonic() - worker.started_at
-            failures = worker.start_failures + 1 if lived < _STARTED_AFTER_SECONDS else 0
             if failures >= _MAX_START_FAILURES:
                 log.error(
                     "worker %d exited with status %d at start %d times in a row; giving up",
@@ -141,6 +165,12 @@ class _Supervisor:
                 if process.returncode is None:
                     process.kill()
             await asyncio.gather(*(p.wait() for p in running))
+
+
+def tell_ready(ready_fd: int) -> None:
+    """In a worker: tell the supervisor it accepts connections now."""
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
 
 
 def supervise(count: int, env: dict[str, str], grace: float) -> int:
