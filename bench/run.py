@@ -199,6 +199,8 @@ class _Bench:
             return TargetResult(
                 name, description, skipped=f"the gateway did not start: {exc}"
             ), None
+        if workers > 1:
+            self.progress(f"load generator {_nice_load_generator()}")
         try:
             at_start = memory(child.pid)
             results = self.scenarios(name, url, self.lab.token, child)
@@ -359,9 +361,8 @@ def _measure_all(
         targets.append(target)
         memory_run = memory_run or run
     if "postgres" in backends:
-        # Measured last: the load generator gives way to the workers from here on (it runs on
-        # one of the cores they use) and stays niced.
-        bench.progress(f"load generator {_nice_load_generator()}")
+        # Measured last: once the workers run, the load generator gives way to them (it shares a
+        # core with one of them) and stays niced.
         target, _ = bench.gateway("postgres", long_run=False, workers=2)
         targets.append(target)
     return targets, memory_run
