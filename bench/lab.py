@@ -189,7 +189,7 @@ class Lab:
     ) -> tuple[Child, str, float]:
         """Spawn ``llmgw serve`` on the proxy core: the child, its chat URL and its startup time.
 
-        With ``workers`` > 1 it is ``serve --workers N``, unpinned: the workers use every core.
+        With ``workers`` > 1 it is ``serve --workers N`` on both cores.
         Raises ChildFailed if it exits or never answers /healthz.
         """
         port = free_port()
@@ -218,7 +218,8 @@ class Lab:
             env=env,
             log_dir=self.tmp,
             pinning=self.pinning,
-            core=self.pinning.proxy_core if workers == 1 else None,
+            # Without taskset the workers would inherit this process's core, the load side's.
+            core=self.pinning.proxy_core if workers == 1 else self.pinning.both_cores,
             cwd=self.llmgw_src,
         )
         self.stack.callback(child.stop)

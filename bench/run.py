@@ -182,7 +182,7 @@ class _Bench:
             name += f"-workers{workers}"
             description = (
                 f"python -m llmgw serve --workers {workers}, RATE_LIMIT_BACKEND={backend}, "
-                "unpinned (the workers share both cores with the niced load side)"
+                "on both cores (the workers share them with the niced load side)"
             )
             if self.lab.pinning.rest_core is None:
                 return TargetResult(name, description, skipped="fewer than 2 usable cores"), None

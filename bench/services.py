@@ -70,10 +70,18 @@ class Pinning:
         note = f"proxy on core {cores[0]}, everything else on {cores[1]}"
         return cls(cores[0], cores[1], taskset, note, nice)
 
-    def prefix(self, core: int | None) -> list[str]:
+    @property
+    def both_cores(self) -> tuple[int, ...] | None:
+        """The proxy's and the load side's core, for what must run on both (workers)."""
+        if self.proxy_core is None or self.rest_core is None:
+            return None
+        return (self.proxy_core, self.rest_core)
+
+    def prefix(self, core: int | tuple[int, ...] | None) -> list[str]:
         if self.taskset is None or core is None:
             return []
-        return [self.taskset, "-c", str(core)]
+        cores = (core,) if isinstance(core, int) else core
+        return [self.taskset, "-c", ",".join(str(c) for c in cores)]
 
     def pin_self(self) -> str:
         """Pin (and renice) this process; children, embedded Postgres too, inherit both.
@@ -138,7 +146,7 @@ def spawn(
     env: Mapping[str, str],
     log_dir: Path,
     pinning: Pinning,
-    core: int | None,
+    core: int | tuple[int, ...] | None,
     cwd: Path,
 ) -> Child:
     log_path = log_dir / f"{name}.log"
