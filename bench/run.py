@@ -353,7 +353,8 @@ def _measure_all(
     targets = [bench.baseline(), bench.floor()]
     memory_run: MemoryRun | None = None
     if "postgres" in backends:
-        bench.gateways_after_long_run = len(backends) - 1 - list(backends).index("postgres")
+        # The backends after postgres, and the workers row.
+        bench.gateways_after_long_run = len(backends) - list(backends).index("postgres")
     for backend in backends:
         target, run = bench.gateway(backend, long_run=backend == "postgres")
         if target.skipped is not None:
