@@ -98,7 +98,8 @@ async def _serve(
             settings.shutdown_grace_seconds,
         )
     finally:
-        loop.remove_signal_handler(signal.SIGHUP)
+        # No reload while the app closes; and a SIGHUP must not kill the requests draining.
+        loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP ignored: stopping")
         await runner.cleanup()
 
 

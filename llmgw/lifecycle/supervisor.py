@@ -89,6 +89,8 @@ class _Supervisor:
         log.info("worker %d started (pid %d)", number, process.pid)
         worker = _Worker(number, process, time.monotonic(), ready_read, start_failures)
         self._workers[number] = worker
+        if self._stopping.is_set():  # the stop came while it was being started
+            process.send_signal(signal.SIGTERM)
         return worker
 
     def _signal_all(self, signum: int) -> None:
