@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import orjson
@@ -12,6 +13,9 @@ from llmgw import app_keys
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = ["read_json_object", "validate_chat_request", "validate_embeddings_request"]
+
+# C0, DEL and C1: no model name holds one, and a NUL cannot even be stored in the usage ledger.
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]:
@@ -43,6 +47,8 @@ def _require_model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise InvalidRequest("'model' must be a non-empty string.", param="model")
+    if _CONTROL_CHARACTER.search(model):
+        raise InvalidRequest("'model' must not contain control characters.", param="model")
     return model
 
 
