@@ -49,7 +49,12 @@ class Usage:
     cost_diem: float | None = None
 
 
+_INT64 = 2**63
+
+
 def _int(value: Any) -> int | None:
+    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
+        return int(value)  # 1e10 is a count too; kept, so a record flags what it cannot hold
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

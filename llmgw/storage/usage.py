@@ -109,13 +109,20 @@ async def set_aside(conn: asyncpg.Connection, record: UsageRecord, error: BaseEx
 
 
 def dead_letter_json(record: UsageRecord) -> str:
-    """The record as JSON that any text column holds: ASCII only, whatever its values are."""
-    fields = {
-        name: repr(value) if isinstance(value, float) and not math.isfinite(value) else value
-        for name, value in record.log_fields().items()
-    }
-    # The stdlib encoder, not orjson: it escapes lone surrogates and takes integers of any size.
+    """The record as JSON any text column holds and any parser reads, whatever its values are."""
+    fields = {name: _json_safe(value) for name, value in record.log_fields().items()}
+    # The stdlib encoder, not orjson: it takes integers of any size. ASCII escapes the rest.
     return json.dumps(fields, ensure_ascii=True, default=str)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, str):  # a lone surrogate becomes the text "\ud800"
+        return value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 GROUPINGS = {
@@ -159,8 +166,8 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
             "requests": row["requests"],
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],
-            "cost_usd": float(row["cost_usd"]),
-            "cost_diem": float(row["cost_diem"]),
+            "cost_usd": row["cost_usd"],  # Decimal: the exact sum of what providers reported
+            "cost_diem": row["cost_diem"],
         }
         for row in rows
     ]
