@@ -137,6 +137,8 @@ class UsageRecord:
                 continue
             if not isinstance(text, str):
                 replace(field, storable_text(str(text)), "not_text")
+            elif text.isprintable() and len(text) <= MAX_TEXT_CHARS:
+                continue  # the common case, checked in C: nothing to remove
             elif (bounded := storable_text(text)) != text:
                 reason = "truncated" if _UNSTORABLE.search(text) is None else "control_characters"
                 replace(field, bounded, reason)
