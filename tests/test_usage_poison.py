@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from decimal import Decimal
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
+from llmgw import app_keys
+from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
+from tests.processes import clean_env
 from tests.test_policy_and_ledger import COST, chat, flush, send_many
+from tests.usage_records import unsanitized, usage_record
 
 # What a hostile (or broken) upstream can answer; each is played once as JSON, once streamed.
 UPSTREAM_POISON: dict[str, Behaviour] = {
@@ -161,3 +168,32 @@ async def test_venice_costs_are_summed_exactly(start_gateway: Any) -> None:
         report = await response.read()
     # The report's JSON number is the exact sum, digit for digit (summed as floats: 0.006283124999999991).
     assert b'"cost_usd":0.006283125,' in report
+
+
+async def test_a_refused_row_is_counted_and_shown_to_the_operator(
+    gateway: Gateway, database_url: str
+) -> None:
+    ledger = gateway.server.app[app_keys.LEDGER]
+    ledger.record(unsanitized(usage_record(request_id="refused"), operation="images\x00"))
+    ledger.record(usage_record(request_id="fine"))
+    await flush(gateway)
+    assert await gateway.db.fetchval("SELECT request_id FROM usage_events") == "fine"
+    points = gateway.telemetry.metric_points(sc.METRIC_USAGE_LEDGER_DEAD_LETTERS)
+    assert sum(point.value for point in points) == 1
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmgw", "usage", "dead-letters", "--limit", "5"],
+        env=clean_env(DATABASE_URL=database_url),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    letter = orjson.loads(line)
+    assert (letter["request_id"], letter["error_type"]) == (
+        "refused",
+        "CharacterNotInRepertoireError",
+    )
+    assert letter["record"]["operation"] == "images\x00"  # as it was, escaped in the JSON
+    assert line.isascii()

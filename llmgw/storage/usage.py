@@ -22,6 +22,7 @@ __all__ = [
     "dead_letter_json",
     "month_start",
     "prune_usage",
+    "read_dead_letters",
     "set_aside",
     "summarize_usage",
     "write_batch",
@@ -123,6 +124,30 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_json_safe(item) for item in value]
     return value
+
+
+async def read_dead_letters(conn: asyncpg.Connection, limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` most recent dead letters, oldest first, the record parsed back from its JSON."""
+    rows = await conn.fetch(
+        """
+        SELECT * FROM (
+            SELECT id, set_aside_at, request_id, error_type, error_message, record
+            FROM usage_dead_letters ORDER BY id DESC LIMIT $1
+        ) AS recent ORDER BY id
+        """,
+        limit,
+    )
+    return [
+        {
+            "id": row["id"],
+            "set_aside_at": row["set_aside_at"].isoformat(),
+            "request_id": row["request_id"],
+            "error_type": row["error_type"],
+            "error_message": row["error_message"],
+            "record": json.loads(row["record"]),
+        }
+        for row in rows
+    ]
 
 
 GROUPINGS = {
