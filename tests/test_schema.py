@@ -232,3 +232,26 @@ async def test_impossible_dead_letters_are_rejected(
             "VALUES ($1, $2, $3, $4)",
             *values,
         )
+
+
+async def test_0004_keeps_the_ledger_rows_of_0003_and_back(empty_database: str) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0003")
+    connection = await asyncpg.connect(empty_database)
+    try:
+        await insert_usage(connection, cost_usd=Decimal("0.00000001"))
+        await asyncio.to_thread(migrations.upgrade, empty_database, "0004")
+        row = await connection.fetchrow("SELECT * FROM usage_events")
+        assert (row["cost_usd"], row["usage_source"], row["flags"]) == (
+            Decimal("0.00000001"),
+            "reported",
+            [],
+        )
+        await insert_usage(connection, status=None, cost_usd=Decimal("0.00010471875"))
+        await asyncio.to_thread(migrations.downgrade, empty_database, "0003")
+        rows = await connection.fetch("SELECT status, cost_usd FROM usage_events ORDER BY id")
+        assert [(r["status"], r["cost_usd"]) for r in rows] == [
+            (200, Decimal("0.00000001")),
+            (502, Decimal("0.00010472")),  # 0003 keeps 8 places
+        ]
+    finally:
+        await connection.close()
