@@ -172,7 +172,7 @@ class UsageRecord:
 
 
 def storable_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
-    """``text`` without the characters Postgres cannot (or should not) hold, at most ``limit`` long."""
+    """``text`` without what Postgres cannot (or should not) hold, at most ``limit`` long."""
     return _UNSTORABLE.sub("", text)[:limit]
 
 

@@ -92,7 +92,7 @@ class UsageLedger:
                 return
 
     async def flush(self) -> bool:
-        """Write everything queued now; False if the database could not be reached (rows stay queued)."""
+        """Write everything queued now; False if the database was unreachable (rows stay queued)."""
         async with self._lock:
             while self._queue:
                 count = min(self._batch_size, len(self._queue))

@@ -127,7 +127,7 @@ def _json_safe(value: Any) -> Any:
 
 
 async def read_dead_letters(conn: asyncpg.Connection, limit: int) -> list[dict[str, Any]]:
-    """The ``limit`` most recent dead letters, oldest first, the record parsed back from its JSON."""
+    """The ``limit`` most recent dead letters, oldest first, each record parsed from its JSON."""
     rows = await conn.fetch(
         """
         SELECT * FROM (
