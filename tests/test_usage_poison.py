@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -18,6 +16,7 @@ from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import clean_env
+from tests.test_cli import llmgw
 from tests.test_policy_and_ledger import COST, chat, flush, send_many
 from tests.usage_records import unsanitized, usage_record
 
@@ -190,12 +189,7 @@ async def test_a_refused_row_is_counted_and_shown_to_the_operator(
     points = gateway.telemetry.metric_points(sc.METRIC_USAGE_LEDGER_DEAD_LETTERS)
     assert sum(point.value for point in points) == 1
     result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "llmgw", "usage", "dead-letters", "--limit", "5"],
-        env=clean_env(DATABASE_URL=database_url),
-        capture_output=True,
-        text=True,
-        check=False,
+        llmgw, "usage", "dead-letters", "--limit", "5", env=clean_env(DATABASE_URL=database_url)
     )
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.splitlines()
