@@ -71,32 +71,45 @@ class StreamObserver:
             self.upstream_error = True
             return True
         observation.note_document(document)
-        carries = self._read_choices(document.get("choices"))
+        choices = document.get("choices")
+        if choices.__class__ is list:
+            self._count(choices)
         usage = parse_usage(document, with_cost=observation.provider_reports_cost)
         if usage is None:
             return True
         self.usage = usage
         # The usage chunk the gateway asked for on the caller's behalf, when nothing else is in it.
-        return carries or not self.hide_usage_chunk
+        return not self.hide_usage_chunk or _carries(choices)
 
-    def _read_choices(self, choices: Any) -> bool:
-        """Count what the choices produced; True when they carry anything for the caller."""
-        carries = False
-        for choice in choices if isinstance(choices, list) else ():
-            if not isinstance(choice, dict):
+    def _count(self, choices: list[Any]) -> None:
+        """Note finish reasons and count the characters produced (the hot path: every chunk)."""
+        for choice in choices:
+            if choice.__class__ is not dict:
                 continue
             if choice.get("finish_reason") is not None:
-                self.finished = carries = True
+                self.finished = True
             delta = choice.get("delta")
-            if not isinstance(delta, dict):
+            if delta.__class__ is not dict:
                 continue
             for field in _TEXT_FIELDS:
                 text = delta.get(field)
-                if isinstance(text, str):
+                if text.__class__ is str:
                     self.output_chars += len(text)
-            self.output_chars += _argument_chars(delta.get("tool_calls"))
-            carries = carries or any(_meaningful(value) for value in delta.values())
-        return carries
+            if "tool_calls" in delta:
+                self.output_chars += _argument_chars(delta["tool_calls"])
+
+
+def _carries(choices: Any) -> bool:
+    """True when the choices carry anything for the caller: a finish reason or a non-empty delta."""
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("finish_reason") is not None or (
+            isinstance(delta, dict) and any(_meaningful(value) for value in delta.values())
+        ):
+            return True
+    return False
 
 
 def _argument_chars(tool_calls: Any) -> int:

@@ -39,6 +39,8 @@ class SSEScanner:
         buffer += data
         if self._cr < 0:
             self._cr = buffer.find(b"\r", scanned)
+            if self._cr < 0 and self._lf_after_cr is None:
+                return self._feed_lf_only(buffer, scanned)
         if self._lf < 0:
             self._lf = buffer.find(b"\n", scanned)
         events: list[bytes] = []
@@ -87,6 +89,26 @@ class SSEScanner:
             if self._lf_after_cr is not None:
                 self._lf_after_cr -= event_start
         self._line_start = line_start
+        return events
+
+    def _feed_lf_only(self, buffer: bytearray, scanned: int) -> list[bytes]:
+        """``feed`` while no CR is in sight (the usual case): a blank line is an LF after an LF."""
+        events: list[bytes] = []
+        start = 0
+        end = buffer.find(b"\n\n", max(scanned - 1, 0))
+        while end >= 0:
+            if end + 2 - start > self._max_event_bytes:
+                raise EventTooLarge(end + 2 - start)
+            events.append(bytes(buffer[start : end + 2]))
+            start = end + 2
+            end = buffer.find(b"\n\n", start)
+        if len(buffer) - start > self._max_event_bytes:
+            raise EventTooLarge(len(buffer) - start)
+        last_lf = buffer.rfind(b"\n", max(scanned, start))
+        del buffer[:start]
+        # Keep the state ``feed`` needs should a CR come later: no LF after the current line start.
+        self._line_start = last_lf + 1 - start if last_lf >= 0 else max(self._line_start - start, 0)
+        self._lf = -1
         return events
 
 
