@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ def recorded_answer(relative: str) -> tuple[int, str]:
     return then["status"], then["body"]
 
 
+@functools.cache
 def recorded_streams() -> dict[str, bytes]:
     """Every recorded 200 event stream by ``file#n``; empty when the recordings are absent."""
     streams: dict[str, bytes] = {}

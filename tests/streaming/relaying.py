@@ -25,17 +25,18 @@ DONE = b"data: [DONE]\n\n"
 
 
 class ScriptedStream:
-    """A provider stream that yields the given reads, then ends (or raises ``error``)."""
+    """A provider stream that yields the given reads (a float: a pause of that many seconds), then
+    ends (or raises ``error``)."""
 
     def __init__(
         self,
-        reads: Sequence[bytes],
+        reads: Sequence[bytes | float],
         error: Exception | None = None,
         content_type: str = "text/event-stream",
         *,
         stall: bool = False,
     ) -> None:
-        self.reads = list(reads)
+        self.reads: list[bytes | float] = list(reads)
         self.error = error
         self.stall = stall  # after the reads, wait for more that never comes
         self.retries = 0
@@ -43,7 +44,12 @@ class ScriptedStream:
         self.closed = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        for data in self.reads:
+        # Reads are taken off the list: a second chunks() goes on where the first stopped.
+        while self.reads:
+            data = self.reads.pop(0)
+            if isinstance(data, float):
+                await asyncio.sleep(data)
+                continue
             yield data
         if self.stall:
             await asyncio.Event().wait()
@@ -80,13 +86,18 @@ def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
 
 async def relay(
     stream: ScriptedStream,
-    translator: StreamTranslator | None = None,
     *,
+    translator: StreamTranslator | None = None,
     hide_usage_chunk: bool = False,
     max_event_bytes: int = 1 << 20,
     max_seconds: float = 30,
+    hang_up_after: bytes | None = None,
 ) -> tuple[bytes, list[StreamSummary]]:
-    """What a client reads from a relay of ``stream``, and the summaries the relay delivered."""
+    """What a client reads from a relay of ``stream``, and the summaries the relay delivered.
+
+    With ``hang_up_after`` the client closes the connection once it has read that; the summaries
+    are those delivered by the time the server shut down (drains included).
+    """
     summaries: list[StreamSummary] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -109,7 +120,14 @@ async def relay(
     await server.start_server()
     try:
         async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as answer:
-            body = await answer.read()
+            if hang_up_after is None:
+                body = await answer.read()
+            else:
+                body = b""
+                while hang_up_after not in body:
+                    body += await answer.content.readany()
+                answer.close()
+                await asyncio.sleep(0.1)  # the server notices
     finally:
         await server.close()
     return body, summaries

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from llmgw.accounting.usage import Usage, parse_usage
 from llmgw.errors import GatewayError
+from llmgw.streaming.relay import USAGE_DRAIN_SECONDS
 from llmgw.streaming.summary import StreamSummary
 from tests.recorded import recorded_streams
 from tests.streaming.relaying import DONE, ScriptedStream, chunk, parse_sse, payloads, relay
@@ -57,7 +58,7 @@ async def test_without_a_translator_events_are_forwarded_byte_for_byte() -> None
 
 async def test_a_translator_gets_start_every_chunk_and_finish_instead_of_done() -> None:
     stream = ScriptedStream([FIRST, FINISH[:5], FINISH[5:], USAGE, DONE])
-    body, summaries = await relay(stream, FakeTranslator())
+    body, summaries = await relay(stream, translator=FakeTranslator())
     assert body == (
         b"event: start\n\n"
         b'event: chunk\ndata: [{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]\n\n'
@@ -72,7 +73,7 @@ async def test_a_translator_gets_start_every_chunk_and_finish_instead_of_done() 
 
 
 async def test_a_translator_renders_a_failure_after_start_as_its_own_error_event() -> None:
-    body, summaries = await relay(ScriptedStream([FIRST]), FakeTranslator())
+    body, summaries = await relay(ScriptedStream([FIRST]), translator=FakeTranslator())
     assert body.startswith(b"event: start\n\nevent: chunk\n")
     assert body.endswith(b"event: error\ndata: upstream_stream_incomplete\n\n")
     assert b"[DONE]" not in body and b"event: finish" not in body
@@ -161,6 +162,35 @@ async def test_a_stream_longer_than_its_maximum_duration_ends_with_an_error_even
     assert asyncio.get_running_loop().time() - started < 3
     assert payloads(body)[-1]["error"]["code"] == "stream_max_duration"
     assert [(s.outcome, s.error_type) for s in summaries] == [("failed", "stream_max_duration")]
+
+
+async def test_a_caller_leaving_mid_stream_is_cancelled_499_with_what_was_produced() -> None:
+    stream = ScriptedStream([FIRST], stall=True)
+    _, summaries = await relay(stream, hang_up_after=FIRST)
+    assert summaries == [
+        StreamSummary(
+            outcome="cancelled", status=499, error_type="cancelled", usage=None, output_chars=2
+        )
+    ]
+    assert stream.closed
+
+
+async def test_a_caller_leaving_after_the_finish_chunk_is_completed_with_the_usage_read_after() -> (
+    None
+):
+    stream = ScriptedStream([FIRST, FINISH, 0.3, USAGE, DONE])
+    body, summaries = await relay(stream, hang_up_after=FINISH)
+    assert USAGE not in body
+    assert [(s.outcome, s.status, s.usage) for s in summaries] == [("completed", 200, REPORTED)]
+    assert stream.closed
+
+
+async def test_a_usage_that_never_comes_after_the_caller_left_ends_the_drain_in_time() -> None:
+    stream = ScriptedStream([FIRST, FINISH], stall=True)
+    started = asyncio.get_running_loop().time()
+    _, summaries = await relay(stream, hang_up_after=FINISH)
+    assert asyncio.get_running_loop().time() - started < USAGE_DRAIN_SECONDS + 3
+    assert [(s.outcome, s.usage, s.output_chars) for s in summaries] == [("completed", None, 2)]
 
 
 @pytest.mark.parametrize("hide_usage_chunk", [False, True], ids=["usage asked", "usage hidden"])
@@ -311,7 +341,7 @@ SOURCES = ["recorded", *GENERATED]
 
 
 @pytest.mark.parametrize("source_name", SOURCES)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), hide_usage_chunk=st.booleans())
 def test_every_framing_and_split_gives_the_caller_the_same_events_and_the_same_usage(
     source_name: str, data: st.DataObject, hide_usage_chunk: bool
