@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
@@ -137,33 +137,34 @@ class _Relay:
     async def _forward(self, response: web.StreamResponse) -> None:
         """Forward events until ``[DONE]`` or the end of the upstream."""
         observer = self.observer
-        async for data in self._upstream_bytes():
-            out = []
-            for event in self._events(data):
-                if not observer.observe(event):
-                    continue
-                if self.translator is None:
-                    out.append(_complete_crlf(event) if observer.done else event)
-                elif observer.upstream_error:
+        async with contextlib.aclosing(self._upstream_bytes()) as source:
+            async for data in source:
+                out = []
+                for event in self._events(data):
+                    if not observer.observe(event):
+                        continue
+                    if self.translator is None:
+                        out.append(_complete_crlf(event) if observer.done else event)
+                    elif observer.upstream_error:
+                        raise UpstreamUnavailable(
+                            "The provider reported an error in the stream.",
+                            code="upstream_stream_error",
+                        )
+                    elif observer.document is not None:
+                        out.append(self.translator.feed(observer.document))
+                    if observer.done:
+                        break
+                if out:
+                    await response.write(b"".join(out))
+                if observer.garbled:
                     raise UpstreamUnavailable(
-                        "The provider reported an error in the stream.",
-                        code="upstream_stream_error",
+                        "The provider sent stream data that is not JSON; the stream was ended.",
+                        code="upstream_invalid_response",
                     )
-                elif observer.document is not None:
-                    out.append(self.translator.feed(observer.document))
                 if observer.done:
-                    break
-            if out:
-                await response.write(b"".join(out))
-            if observer.garbled:
-                raise UpstreamUnavailable(
-                    "The provider sent stream data that is not JSON; the stream was ended.",
-                    code="upstream_invalid_response",
-                )
-            if observer.done:
-                return
+                    return
 
-    async def _upstream_bytes(self) -> AsyncIterator[bytes]:
+    async def _upstream_bytes(self) -> AsyncGenerator[bytes, None]:
         """The upstream's stream; a JSON completion (some providers' answer) turned into one."""
         media_type = self.upstream.content_type.partition(";")[0].strip().lower()
         if media_type != "application/json":
