@@ -180,7 +180,7 @@ async def test_an_event_with_no_end_is_cut_at_the_size_bound(
     gateway.fake.enqueue(Behaviour(oversized_event_bytes=100 << 20))
     event, took = await last_event(gateway, api_key)
     assert event["error"]["code"] == "upstream_event_too_large"
-    assert took < 5
+    assert took < 10
     (row,) = records()
     assert (row["outcome"], row["error_type"]) == ("failed", "upstream_event_too_large")
 
@@ -223,7 +223,7 @@ async def test_a_stream_open_at_the_end_of_the_shutdown_grace_gets_an_error_even
         rest = await response.read()
         took = time.monotonic() - started
     assert b'"code":"gateway_shutting_down"' in rest
-    assert 1.0 < took < 4
+    assert 1.0 < took < 6
     assert await asyncio.to_thread(process.process.wait, 15) == 0
     (record,) = [r for r in process.billing_records() if r["request_id"] == "open-at-shutdown"]
     assert (record["outcome"], record["error_type"]) == ("failed", "gateway_shutting_down")

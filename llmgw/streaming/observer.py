@@ -1,8 +1,9 @@
 """Reading one chat completions stream event by event: what it carried, and what the caller sees.
 
-Every event with data is decoded (orjson takes about as long as three substring searches over a
-typical 250-byte chunk, and counting the characters produced needs the content anyway); the bytes
-forwarded are always the provider's own. Byte patterns are never trusted to find usage or the end
+Every event with data is decoded: counting the characters produced needs the content anyway, and
+orjson reads a typical 250-byte chunk in about 1.5 µs (scanning and observing cost 6.5 µs of CPU per
+event on a recorded Venice stream, against 3-4.5 µs for byte patterns that only worked on compact
+JSON). The bytes forwarded are always the provider's own. Byte patterns are never trusted to find usage or the end
 of the stream: any JSON whitespace, escape or key order is read the same.
 """
 
