@@ -53,6 +53,7 @@ class _AiohttpChatStream:
         self._response = response
         self.retries = retries
         self._provider = provider
+        self.content_type = response.headers.get("Content-Type", "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
