@@ -15,6 +15,7 @@ from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -29,6 +30,7 @@ from llmgw.ratelimit.postgres import PostgresRateLimiter
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.streaming import supervisor
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -77,7 +79,11 @@ def create_app(
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
         policy = app[app_keys.POLICY] = PolicyGuard(pool)
-        ledger = UsageLedger(pool, on_drop=telemetry.instruments.usage_ledger_dropped.add)
+        ledger = UsageLedger(
+            pool,
+            on_drop=telemetry.instruments.usage_ledger_dropped.add,
+            on_dead_letter=telemetry.instruments.usage_ledger_dead_letters.add,
+        )
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(policy, ledger)
@@ -87,10 +93,15 @@ def create_app(
         await authenticator.close()
         await pool.close()
 
+    generations = RequestGenerations()
+
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
+        app[RELOADER] = reloader
         yield
+        await reloader.close()
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:
@@ -98,6 +109,14 @@ def create_app(
         app[app_keys.TELEMETRY].providers.shutdown()
 
     app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    supervisor.install(  # after the cleanup contexts above: its drains end before they close
+        app,
+        supervisor.StreamSupervisor(
+            max_seconds=settings.stream_max_seconds,
+            max_event_bytes=settings.upstream_max_event_bytes,
+            shutdown_grace_seconds=settings.shutdown_grace_seconds,
+        ),
+    )
     add_routes(app)
     if settings.admin_token is not None:
         app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token)))
@@ -106,6 +125,7 @@ def create_app(
 
     app.middlewares.extend(
         [
+            generations.middleware,
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(

@@ -1,7 +1,7 @@
 """Console: hourly usage rollups (backfilled from the ledger) and console sign-in sessions.
 
 Revision ID: 0007
-Revises: 0003
+Revises: 0004
 Create Date: 2026-12-01
 """
 
@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, UUID
 from alembic import op
 
 revision = "0007"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

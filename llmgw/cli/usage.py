@@ -1,8 +1,9 @@
-"""``llmgw usage``: reports over the usage ledger (``report``) and its retention (``prune``)."""
+"""``llmgw usage``: reports (``report``), retention (``prune``) and dead letters of the ledger."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import date, timedelta
 from typing import Any
@@ -21,7 +22,7 @@ from llmgw.cli.common import (
 from llmgw.config import load_settings
 from llmgw.errors import InvalidRequest
 from llmgw.storage.rollup import REPORT_GROUPINGS, usage_report
-from llmgw.storage.usage import prune_usage
+from llmgw.storage.usage import prune_usage, read_dead_letters
 
 __all__ = ["register"]
 
@@ -29,7 +30,7 @@ __all__ = ["register"]
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     usage = commands.add_parser(
         "usage",
-        help="report on the usage ledger, and prune it",
+        help="report on the usage ledger, prune it, read its dead letters",
         description=(
             "The usage ledger (table usage_events) holds one row per chat or embeddings request. "
             "Rows are never deleted by the gateway itself; prune old ones on a schedule (cron, a "
@@ -48,6 +49,19 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="delete rows recorded more than this many days ago",
     )
     prune.set_defaults(run=_prune)
+    dead = actions.add_parser(
+        "dead-letters",
+        help="show usage rows the database refused (one JSON object a line)",
+        description=(
+            "Rows the database refused even alone are kept in usage_dead_letters with the error; "
+            "every other row of their batch was written. Each line: id, set_aside_at, request_id, "
+            "error_type, error_message and the record as the billing line had it."
+        ),
+    )
+    dead.add_argument(
+        "--limit", type=positive_int, default=100, help="the most recent N (default: 100)"
+    )
+    dead.set_defaults(run=_dead_letters)
 
     report = actions.add_parser(
         "report",
@@ -112,3 +126,10 @@ def _print_table(by: str, rows: list[dict[str, Any]]) -> None:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    url = prepare_database(load_settings())
+    for letter in run_with_connection(url, lambda conn: read_dead_letters(conn, args.limit)):
+        print(json.dumps(letter))  # ASCII: nothing in it can drive a terminal
+    return 0

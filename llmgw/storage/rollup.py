@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import attrs
 
-from llmgw.accounting.usage import UsageRecord
+from llmgw.accounting.usage import UsageRecord, cost_decimal
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
@@ -82,7 +82,7 @@ class _Cell:
 
 
 def _decimal(value: float | None) -> Decimal:
-    return Decimal(0) if value is None else Decimal(str(value))
+    return Decimal(0) if value is None else cost_decimal(value)
 
 
 async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
@@ -94,7 +94,7 @@ async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]
         if cell is None:
             cell = cells[key] = _Cell(r.subject_id)
         cell.requests += 1
-        cell.errors += r.status >= 400
+        cell.errors += r.status is None or r.status >= 400  # None: a status no HTTP has
         cell.input_tokens += r.input_tokens or 0
         cell.output_tokens += r.output_tokens or 0
         cell.cost_usd += _decimal(r.cost_usd)
@@ -227,7 +227,7 @@ def _midnight(day: date) -> datetime:
 LAST_HOUR_ROW_CAP = 200_000
 
 _LAST_HOUR = """
-SELECT model, count(*) AS requests, count(*) FILTER (WHERE status >= 400) AS errors,
+SELECT model, count(*) AS requests, count(*) FILTER (WHERE status IS NULL OR status >= 400) AS errors,
        coalesce(sum(cost_usd), 0) AS cost_usd,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms) AS p95_ms

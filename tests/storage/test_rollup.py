@@ -20,7 +20,7 @@ from llmgw.storage.rollup import (
     usage_report,
 )
 from llmgw.storage.usage import write_batch
-from tests.test_policy_and_ledger import usage_record
+from tests.usage_records import usage_record
 
 NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -91,7 +91,15 @@ async def test_the_migration_backfills_what_the_ledger_would_have_written(
     older = await asyncpg.connect(empty_database)
     try:
         raw = await db.fetch("SELECT * FROM usage_events ORDER BY id")
-        columns = [name for name in raw[0].keys() if name != "id"]  # noqa: SIM118 (a Record iterates values)
+        # The columns the older revision has (later ones, e.g. usage_source, have defaults).
+        older_columns = {
+            row["column_name"]
+            for row in await older.fetch(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = 'usage_events' AND column_name <> 'id'"
+            )
+        }
+        columns = [name for name in raw[0].keys() if name in older_columns]  # noqa: SIM118
         await older.executemany(
             f"INSERT INTO usage_events ({', '.join(columns)}) "
             f"VALUES ({', '.join(f'${i + 1}' for i in range(len(columns)))})",
