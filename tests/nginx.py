@@ -98,7 +98,9 @@ class Nginx:
 SHIPPED_CONFIG = REPO_ROOT / "docker" / "nginx.conf"
 
 # The shipped upstream's servers are compose service names, resolved by Docker's DNS.
-_SHIPPED_SERVER = re.compile(r"^[ \t]*server[ \t]+gateway-\d+:\d+[ \t]+resolve\b(?P<params>[^;]*);\n", re.M)
+_SHIPPED_SERVER = re.compile(
+    r"^[ \t]*server[ \t]+gateway-\d+:\d+[ \t]+resolve\b(?P<params>[^;]*);\n", re.M
+)
 
 
 def _replace_once(text: str, pattern: str, replacement: str) -> str:

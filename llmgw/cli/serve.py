@@ -10,6 +10,7 @@ from aiohttp import web
 
 from llmgw.app import create_app
 from llmgw.cli.common import environment_help, prepare_database
+from llmgw.cli.listen import bind_listening_socket
 from llmgw.config import load_settings
 from llmgw.telemetry.logs import configure_logging
 
@@ -48,6 +49,7 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 def _serve(_args: argparse.Namespace) -> int:
     settings = load_settings(require_venice_key=True)
     configure_logging(settings.log_level)
+    sock = bind_listening_socket(settings.bind_host, settings.bind_port)
     database_url = prepare_database(settings)
     app = create_app(settings, database_url=database_url)
     upstreams = [f"{spec.name} at {spec.base_url}" for spec in settings.providers] or [
@@ -56,13 +58,12 @@ def _serve(_args: argparse.Namespace) -> int:
     log.info(
         "llmgw listening on http://%s:%d (providers: %s)",
         settings.bind_host,
-        settings.bind_port,
+        sock.getsockname()[1],
         ", ".join(upstreams),
     )
     web.run_app(
         app,
-        host=settings.bind_host,
-        port=settings.bind_port,
+        sock=sock,
         shutdown_timeout=settings.shutdown_grace_seconds,
         # Also bounds a client that sends its request line and headers too slowly (slow loris).
         keepalive_timeout=min(75.0, settings.request_timeout_seconds),

@@ -18,7 +18,15 @@ import attrs
 
 from tests.processes import REPO_ROOT
 
-__all__ = ["BUILD_INPUTS", "WHEEL_ENV", "Install", "build_wheel", "install", "wheel_for_tests"]
+__all__ = [
+    "BUILD_INPUTS",
+    "WHEEL_ENV",
+    "Install",
+    "build_wheel",
+    "install",
+    "outside_env",
+    "wheel_for_tests",
+]
 
 # What the Dockerfile's builder stage copies from the repository root.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "README.md", "llmgw", "alembic")

@@ -29,17 +29,19 @@ from pathlib import Path
 import asyncpg
 
 from tests.artifact.install import Install, build_wheel, install, outside_env
+from tests.fake_venice import FAKE_VENICE_KEY
 from tests.processes import REPO_ROOT, free_port, wait_for_http
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
-FAKE_PROVIDER_KEY = "wheel-check-provider-key"
 
 
 class CheckFailed(Exception):
     pass
 
 
-def run(install: Install, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run(
+    install: Install, *args: str, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(install.bin / args[0]), *args[1:]],
         cwd=cwd,
@@ -66,10 +68,17 @@ def check(name: str, condition: bool, detail: object = "") -> None:
     print(f"  ok  {name}")
 
 
+def refused(result: subprocess.CompletedProcess[str]) -> bool:
+    """Exit status 2 with one line on stderr: how llmgw refuses a configuration."""
+    return result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
 def check_contents(install: Install) -> None:
     """Every module and migration of the checkout is in the installed package, and vice versa."""
     installed = install.site_packages() / "llmgw"
-    wanted = {p.relative_to(REPO_ROOT / "llmgw").as_posix() for p in (REPO_ROOT / "llmgw").rglob("*.py")}
+    wanted = {
+        p.relative_to(REPO_ROOT / "llmgw").as_posix() for p in (REPO_ROOT / "llmgw").rglob("*.py")
+    }
     wanted |= {
         "_migrations/" + p.relative_to(REPO_ROOT / "alembic").as_posix()
         for p in (REPO_ROOT / "alembic").rglob("*.py")
@@ -116,11 +125,13 @@ def check_embedded(install: Install, work: Path, fake_url: str) -> None:
     port = free_port()
     env = outside_env(
         LLMGW_DATA_DIR=str(data_dir),
-        VENICE_API_KEY=FAKE_PROVIDER_KEY,
+        VENICE_API_KEY=FAKE_VENICE_KEY,
         VENICE_BASE_URL=fake_url,
         BIND_ADDR=f"127.0.0.1:{port}",
     )
-    key = expect(run(install, "llmgw", "keys", "create", "--name", "wheel-check", cwd=work, env=env))
+    key = expect(
+        run(install, "llmgw", "keys", "create", "--name", "wheel-check", cwd=work, env=env)
+    )
     key = key.strip()
     check("keys create on the embedded database prints a key", key.startswith("llmg_"), key)
     serve = subprocess.Popen(
@@ -155,7 +166,11 @@ def check_embedded(install: Install, work: Path, fake_url: str) -> None:
 
 def check_external(install: Install, work: Path, admin_url: str) -> None:
     name = f"llmgw_wheel_check_{os.getpid()}"
-    asyncio.run(_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'))
+    asyncio.run(
+        _admin(
+            admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
+        )
+    )
     try:
         url = admin_url.rpartition("/")[0] + "/" + name
         env = outside_env(DATABASE_URL=url)
@@ -164,13 +179,24 @@ def check_external(install: Install, work: Path, admin_url: str) -> None:
         current = expect(run(install, "llmgw", "db", "current", cwd=work, env=env))
         revision, _, rest = current.partition(" (head is ")
         check("db current is head", rest.rstrip().rstrip(")") == revision, current)
-        key = expect(run(install, "llmgw", "keys", "create", "--name", "external", cwd=work, env=env))
+        key = expect(
+            run(install, "llmgw", "keys", "create", "--name", "external", cwd=work, env=env)
+        )
         check("keys create against PostgreSQL", key.startswith("llmg_"), key)
         bad = run(install, "llmgw", "db", "downgrade", "nonsense", cwd=work, env=env)
+        check("a bad revision: one line, exit 2", refused(bad), (bad.returncode, bad.stderr))
+        grpc_env = {
+            **env,
+            "VENICE_API_KEY": FAKE_VENICE_KEY,
+            "BIND_ADDR": f"127.0.0.1:{free_port()}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        }
+        grpc = run(install, "llmgw", "serve", cwd=work, env=grpc_env)
         check(
-            "a bad revision: one line, exit 2",
-            bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1,
-            (bad.returncode, bad.stderr),
+            "OTLP over gRPC without the [grpc] extra: one line naming it, exit 2",
+            refused(grpc) and "llmgw[grpc]" in grpc.stderr,
+            (grpc.returncode, grpc.stderr),
         )
     finally:
         asyncio.run(_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
