@@ -14,7 +14,6 @@ with one line and exit status 2. Exits 1 at the first failure, printing what fai
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -26,13 +25,10 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-import asyncpg
-
 from tests.artifact.install import Install, build_wheel, install, outside_env
+from tests.artifact.postgres import ADMIN_URL, throwaway_database
 from tests.fake_venice import FAKE_VENICE_KEY
 from tests.processes import REPO_ROOT, free_port, wait_for_http
-
-DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 class CheckFailed(Exception):
@@ -165,14 +161,7 @@ def check_embedded(install: Install, work: Path, fake_url: str) -> None:
 
 
 def check_external(install: Install, work: Path, admin_url: str) -> None:
-    name = f"llmgw_wheel_check_{os.getpid()}"
-    asyncio.run(
-        _admin(
-            admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
-        )
-    )
-    try:
-        url = admin_url.rpartition("/")[0] + "/" + name
+    with throwaway_database(admin_url) as url:
         env = outside_env(DATABASE_URL=url)
         upgraded = expect(run(install, "llmgw", "db", "upgrade", cwd=work, env=env))
         check("db upgrade against PostgreSQL", "upgraded to head" in upgraded, upgraded)
@@ -198,23 +187,12 @@ def check_external(install: Install, work: Path, admin_url: str) -> None:
             refused(grpc) and "llmgw[grpc]" in grpc.stderr,
             (grpc.returncode, grpc.stderr),
         )
-    finally:
-        asyncio.run(_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-async def _admin(admin_url: str, *statements: str) -> None:
-    connection = await asyncpg.connect(admin_url)
-    try:
-        for statement in statements:
-            await connection.execute(statement)
-    finally:
-        await connection.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--wheel", type=Path, help="the wheel to check (default: build one)")
-    parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="admin URL of a PostgreSQL")
+    parser.add_argument("--postgres", default=ADMIN_URL, help="admin URL of a PostgreSQL server")
     args = parser.parse_args(argv)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmgw-wheel-check-") as directory:
