@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -250,6 +251,8 @@ async def test_sigterm_to_a_replica_under_load_loses_no_request(
         await asyncio.sleep(0.2)
         sigterm_at = time.time()
         victim.process.send_signal(signal.SIGTERM)
+        # The moment it stops listening, which a busy machine may delay past the signal.
+        closed_at = await asyncio.to_thread(_refused_after, victim.port)
         await asyncio.sleep(2.5)
         stop_load.set()
         answers.extend(await asyncio.gather(*pinned))
@@ -262,9 +265,10 @@ async def test_sigterm_to_a_replica_under_load_loses_no_request(
     finished_late = [r for r in victim.billing_records() if r["outcome"] == "completed"]
     finished_late = [r for r in finished_late if _epoch(r["timestamp"]) > sigterm_at]
     assert {r["stream"] for r in finished_late} == {True, False}, finished_late
-    # ...and nginx sent every request that came after it to the other replicas.
+    # ...and nginx sent every request that came after it closed its port to the other replicas
+    # (also those it had sent on a pooled connection the victim closed instead of reading).
     replica_of = served_by(cluster)
-    late = [a for a in answers if a.started > sigterm_at + 0.1]
+    late = [a for a in answers if a.started > closed_at + 0.05]
     assert len(late) > 50
     assert all(replica_of[a.request_id] != str(victim.port) for a in late)
     print(f"{len(answers)} requests, none failed; {len(late)} started after SIGTERM")
@@ -300,7 +304,7 @@ async def test_rolling_restart_under_load_fails_no_request(
             restarted_at.append(time.time())
             took.append(await asyncio.to_thread(cluster.restart, index))
         finished_at = time.time()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
         stop_load.set()
         await asyncio.gather(*workers)
 
@@ -313,12 +317,24 @@ async def test_rolling_restart_under_load_fails_no_request(
     )
     assert errors == [], errors[:5]
     assert failed == [], failed[:5]
-    assert len(during) > 100, "the load kept going through the restarts"
+    assert len(during) > 50, "the load kept going through the restarts"
     # Each restarted replica took traffic again once it was back.
     replica_of = served_by(cluster)
     for index, replica in enumerate(cluster.replicas):
         later = [a for a in answers if a.started > restarted_at[index] + took[index]]
         assert any(replica_of.get(a.request_id) == str(replica.port) for a in later), index
+
+
+def _refused_after(port: int, within: float = 10.0) -> float:
+    """The time at which connecting to ``port`` on loopback is first refused."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except ConnectionRefusedError:
+            return time.time()
+        time.sleep(0.005)
+    raise TimeoutError(f"port {port} still accepts connections after {within} s")
 
 
 def _epoch(timestamp: str) -> float:

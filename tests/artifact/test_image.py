@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import attrs
@@ -59,36 +60,28 @@ class Image:
     uid: int
     gid: int
 
-    def command(self, argv: list[str]) -> list[str]:
+    def command(self, argv: list[str], extra: dict[str, str]) -> dict[str, Any]:
+        """Popen arguments for ``argv`` as the image runs it: its user, directory and ENV."""
         executable = shutil.which(argv[0], path=str(self.install.bin))
         assert executable is not None, f"the image has no {argv[0]!r}"
-        return [executable, *argv[1:]]
+        return {
+            "args": [executable, *argv[1:]],
+            "cwd": self.workdir,
+            "env": {**self.env, **extra},
+            "user": self.uid,
+            "group": self.gid,
+            "extra_groups": [],
+            "text": True,
+        }
 
     def run(self, argv: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.command(argv),
-            cwd=self.workdir,
-            env={**self.env, **extra},
-            user=self.uid,
-            group=self.gid,
-            extra_groups=[],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+            **self.command(argv, extra), capture_output=True, timeout=120, check=False
         )
 
     def start(self, argv: list[str], **extra: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.command(argv),
-            cwd=self.workdir,
-            env={**self.env, **extra},
-            user=self.uid,
-            group=self.gid,
-            extra_groups=[],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+            **self.command(argv, extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
 
 
