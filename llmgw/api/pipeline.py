@@ -21,7 +21,7 @@ from opentelemetry import propagate, trace
 from llmgw import app_keys
 from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.accounting.usage import parse_usage
-from llmgw.api.body import read_json_object
+from llmgw.api.body import read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
@@ -61,6 +61,7 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
+    refuse_control_characters(model)
     caller_body, codec = body, operation.codec
     if codec is not None:
         body = codec.to_chat(body)
