@@ -82,6 +82,14 @@ def check_contents(install: Install) -> None:
     found = {p.relative_to(installed).as_posix() for p in installed.rglob("*.py")}
     check("the wheel holds every module and migration", wanted == found, sorted(wanted ^ found))
     check("the wheel ships py.typed", (installed / "py.typed").is_file())
+    static = REPO_ROOT / "llmgw" / "console" / "static"
+    assets = {p.name for p in static.iterdir() if p.is_file()}
+    shipped = {p.name for p in (installed / "console" / "static").glob("*") if p.is_file()}
+    check(
+        "the wheel ships the console's pages and assets",
+        assets == shipped,
+        sorted(assets ^ shipped),
+    )
 
 
 def start_fake(install: Install, cwd: Path) -> tuple[subprocess.Popen[str], str]:
