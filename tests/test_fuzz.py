@@ -37,6 +37,7 @@ from llmgw.api.openapi import build_document
 from llmgw.app import create_app
 from llmgw.auth.keys import PREFIX_LENGTH
 from llmgw.config import Settings
+from llmgw.console.app import CONSOLE_PREFIX
 from llmgw.routes import PUBLIC_PATHS
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
@@ -178,7 +179,10 @@ def check_answer(
 
 
 def routes_of(app: web.Application) -> Iterator[tuple[str, str]]:
+    """Every API route; the console (browser pages, the admin API behind a cookie) is not one."""
     for resource in app.router.resources():
+        if resource.canonical.startswith(CONSOLE_PREFIX):
+            continue
         sub_app = resource.get_info().get("app")
         if isinstance(sub_app, web.Application):
             yield from routes_of(sub_app)
