@@ -9,8 +9,10 @@ embedded cluster, stops it under load and starts it again (the shared test serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -561,4 +563,101 @@ async def test_postgres_stopped_and_restarted_under_load(
     finally:
         await connection.close()
     assert answered <= {row["request_id"] for row in rows}
+    assert gateway.problems() == []
+
+
+def _cluster_pids(server: Any) -> list[int]:
+    """The postmaster and every backend of ``server``: a stalled database is all of them stopped."""
+    postmaster = int((Path(server.pgdata) / "postmaster.pid").read_text().split()[0])
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    return [postmaster, *map(int, children)]
+
+
+def _signal_cluster(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+async def _pg_fault_gateway(
+    url: str, gateway_processes: Any, fake_venice: FakeVenice
+) -> tuple[GatewayProcess, str]:
+    connection = await asyncpg.connect(url)
+    try:
+        issued = await api_keys.create_key(
+            connection, api_keys.KeySettings(name="pg-fault", rate_limit_requests=100_000)
+        )
+    finally:
+        await connection.close()
+    (gateway,) = gateway_processes(gateway_env(url, fake_venice.base_url))
+    return gateway, issued.plaintext
+
+
+async def _timed(
+    session: aiohttp.ClientSession, gateway: GatewayProcess, what: str, key: str
+) -> tuple[int, bytes, float]:
+    started = time.monotonic()
+    if what == "readyz":
+        async with session.get(
+            f"{gateway.url}/readyz", timeout=aiohttp.ClientTimeout(total=15)
+        ) as response:
+            status, body = response.status, await response.read()
+    else:
+        status, body, _ = await chat(session, gateway, key)
+    return status, body, time.monotonic() - started
+
+
+async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
+    own_postgres: tuple[str, Any],
+    gateway_processes: Any,
+    fake_venice: FakeVenice,
+    session: aiohttp.ClientSession,
+) -> None:
+    url, server = own_postgres
+    gateway, key = await _pg_fault_gateway(url, gateway_processes, fake_venice)
+    status, _, _ = await chat(session, gateway, key)
+    assert status == 200
+    pids = _cluster_pids(server)
+    _signal_cluster(pids, signal.SIGSTOP)
+    try:
+        # A key seen before (cached), one never seen (its lookup reaches the database), /readyz.
+        fresh = "llmg_" + "a" * 43
+        requests = [
+            *(("chat", key) for _ in range(8)),
+            ("chat", fresh),
+            ("readyz", ""),
+        ]
+        answers = await asyncio.gather(
+            *(_timed(session, gateway, what, bearer) for what, bearer in requests)
+        )
+        for (what, _), (status, body, elapsed) in zip(requests, answers, strict=True):
+            assert status == 503, (what, body)
+            if what == "chat":
+                assert_openai_error(status, body, 503, "database_unavailable")
+            assert elapsed < 3.0, f"{what} took {elapsed:.1f}s while the database was stalled"
+        slowest = max(elapsed for _, _, elapsed in answers)
+        print(f"stalled postgres: {len(answers)} answers, all 503, slowest {slowest:.2f}s")
+    finally:
+        _signal_cluster(pids, signal.SIGCONT)
+    await asyncio.sleep(0.5)
+    status, body, _ = await chat(session, gateway, key)
+    assert status == 200, body
+    assert gateway.problems() == []
+
+
+async def test_the_first_requests_after_a_postgres_restart_succeed_on_an_idle_gateway(
+    own_postgres: tuple[str, Any],
+    gateway_processes: Any,
+    fake_venice: FakeVenice,
+    session: aiohttp.ClientSession,
+) -> None:
+    url, server = own_postgres
+    gateway, key = await _pg_fault_gateway(url, gateway_processes, fake_venice)
+    for _ in range(3):  # every pooled connection in use once
+        statuses = await asyncio.gather(*(chat(session, gateway, key) for _ in range(6)))
+        assert {status for status, _, _ in statuses} == {200}
+    await asyncio.to_thread(_stop_postgres, server)
+    await asyncio.to_thread(_start_postgres, server)
+    statuses = [(await chat(session, gateway, key))[0] for _ in range(8)]
+    assert statuses == [200] * 8, statuses
     assert gateway.problems() == []
