@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -21,6 +23,7 @@ from llmgw.middleware import (
     request_context_middleware,
 )
 from llmgw.policy.guards import PolicyGuard
+from llmgw.providers.credentials import check_credentials
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.ratelimit.base import RateLimiter
 from llmgw.ratelimit.postgres import PostgresRateLimiter
@@ -50,8 +53,13 @@ def create_app(
     database_url: str,
     telemetry: Telemetry | None = None,
     providers: ProvidersFactory = build_registry,
+    check_provider_credentials: bool = False,
 ) -> web.Application:
-    """The gateway application. Tests pass their own telemetry and provider factory."""
+    """The gateway application. Tests pass their own telemetry and provider factory.
+
+    ``check_provider_credentials``: at start, list each provider's models in the background and
+    warn about a refused key (``serve`` does; tests that count upstream calls do not).
+    """
     if telemetry is None:
         telemetry = Telemetry.from_providers(
             build_providers(settings), capture_content=settings.capture_genai_content
@@ -84,7 +92,19 @@ def create_app(
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        check = (
+            asyncio.create_task(
+                check_credentials(registry, min(10.0, settings.request_timeout_seconds)),
+                name="llmgw-provider-credentials",
+            )
+            if check_provider_credentials
+            else None
+        )
         yield
+        if check is not None:
+            check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await check
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:

@@ -49,7 +49,7 @@ def _serve(_args: argparse.Namespace) -> int:
     settings = load_settings(require_venice_key=True)
     configure_logging(settings.log_level)
     database_url = prepare_database(settings)
-    app = create_app(settings, database_url=database_url)
+    app = create_app(settings, database_url=database_url, check_provider_credentials=True)
     upstreams = [f"{spec.name} at {spec.base_url}" for spec in settings.providers] or [
         f"venice at {settings.venice_base_url}"
     ]
