@@ -114,4 +114,6 @@ def test_help_teaches_every_variable() -> None:
 
 
 def test_upstream_max_response_bytes_is_read() -> None:
-    assert load_settings({"UPSTREAM_MAX_RESPONSE_BYTES": "4096"}).upstream_max_response_bytes == 4096
+    assert (
+        load_settings({"UPSTREAM_MAX_RESPONSE_BYTES": "4096"}).upstream_max_response_bytes == 4096
+    )

@@ -200,7 +200,10 @@ async def test_venice_refusing_the_gateways_key_is_a_502_naming_it(
 async def test_serve_warns_at_start_when_venice_refuses_its_key(
     gateway_processes, fake_venice: FakeVenice, database_url: str
 ) -> None:
-    env = {**gateway_env(database_url, fake_venice.base_url), "VENICE_API_KEY": "a-wrong-venice-key"}
+    env = {
+        **gateway_env(database_url, fake_venice.base_url),
+        "VENICE_API_KEY": "a-wrong-venice-key",
+    }
     (process,) = gateway_processes(env)
     await eventually(
         lambda: any(

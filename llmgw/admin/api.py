@@ -22,6 +22,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
 from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
+from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
 from llmgw.storage import api_keys, subjects
 from llmgw.storage.audit import write_audit
@@ -68,9 +69,11 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
     if not raw and optional:
         return {}
     try:
-        return orjson.loads(raw)
+        document = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise InvalidRequest("The request body is not valid JSON.") from None
+    reject_duplicate_keys(raw, document)
+    return document
 
 
 def _json(value: Any, status: int = 200) -> web.Response:

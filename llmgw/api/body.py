@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from typing import Any
 
 import orjson
@@ -11,7 +13,58 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
-__all__ = ["read_json_object", "validate_chat_request", "validate_embeddings_request"]
+__all__ = [
+    "read_json_object",
+    "reject_duplicate_keys",
+    "validate_chat_request",
+    "validate_embeddings_request",
+]
+
+# Every object key ends in a quote, optional whitespace and a colon; strings may hold more such
+# sequences, never fewer. So this count is at least the number of keys in the document.
+_KEY_END = re.compile(rb'"[ \t\n\r]*:')
+
+
+def _key_count(document: Any) -> int:
+    """Keys in every object of a parsed document: the distinct ones, duplicates already merged."""
+    count = 0
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if type(value) is dict:
+            count += len(value)
+            pending.extend(value.values())
+        elif type(value) is list:
+            pending.extend(value)
+    return count
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(name for name, _ in pairs if name in seen or seen.add(name))
+        raise InvalidRequest(
+            f"The request body has the key {duplicate!r} more than once in one object."
+        )
+    return document
+
+
+def reject_duplicate_keys(raw: bytes, document: Any) -> None:
+    """Refuse a body naming a key twice in one object: the gateway and the provider could each
+    read a different one (a checked ``model`` and a forwarded one).
+
+    orjson keeps the last duplicate silently. The exact, slower parse runs only when the cheap
+    count of key endings in the raw text exceeds the keys parsed (a duplicate, or ``":`` inside
+    a string).
+    """
+    if len(_KEY_END.findall(raw)) == _key_count(document):
+        return
+    try:
+        json.loads(raw, object_pairs_hook=_refuse_duplicates)
+    except (RecursionError, ValueError):
+        # What orjson accepts but json cannot walk (nesting past its recursion limit).
+        raise InvalidRequest("The request body is nested too deeply to be checked.") from None
 
 
 async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]:
@@ -36,6 +89,7 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
         raise InvalidRequest(f"The request body is not valid JSON: {exc.msg}.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    reject_duplicate_keys(raw, body)
     return raw, body
 
 

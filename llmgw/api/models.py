@@ -33,7 +33,9 @@ _JSON = "application/json"
 
 
 class ModelListCache:
-    def __init__(self, ttl: float = 60.0, partial_ttl: float = 5.0, failure_ttl: float = 5.0) -> None:
+    def __init__(
+        self, ttl: float = 60.0, partial_ttl: float = 5.0, failure_ttl: float = 5.0
+    ) -> None:
         self._ttl = ttl
         self._partial_ttl = partial_ttl  # a list missing a provider is refreshed sooner
         self._failure_ttl = failure_ttl  # every provider failed: answer that, briefly, at once

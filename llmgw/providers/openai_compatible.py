@@ -193,7 +193,9 @@ class OpenAICompatibleProvider:
             await asyncio.sleep(wait)
             retries += 1
 
-    async def _read_answer(self, response: aiohttp.ClientResponse, retries: int) -> UpstreamResponse:
+    async def _read_answer(
+        self, response: aiohttp.ClientResponse, retries: int
+    ) -> UpstreamResponse:
         """Read and release ``response``; raise for anything but a success."""
         try:
             self._check_credentials_accepted(response.status)
@@ -212,9 +214,7 @@ class OpenAICompatibleProvider:
         # Only the gateway's own credentials reach the provider, so this is never the caller's
         # fault; a keyless provider (a local Ollama) that wants one is the same configuration gap.
         whose = "refused the gateway's API key" if self._has_key else "requires an API key"
-        log.warning(
-            "provider %s %s (HTTP %d); check its configured key", self.name, whose, status
-        )
+        log.warning("provider %s %s (HTTP %d); check its configured key", self.name, whose, status)
         raise UpstreamAuthFailed(
             f"The provider {self.name} {whose} (HTTP {status}). This is the gateway's "
             "configuration, not your key; tell the gateway's operator."

@@ -52,7 +52,9 @@ async def upstream() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
         await server.close()
 
 
-def provider(base_url: str, api_key: str | None = "provider-secret-key") -> OpenAICompatibleProvider:
+def provider(
+    base_url: str, api_key: str | None = "provider-secret-key"
+) -> OpenAICompatibleProvider:
     return OpenAICompatibleProvider(
         name="upstream-a",
         base_url=base_url,
@@ -70,7 +72,9 @@ def call() -> UpstreamCall:
 
 
 async def big_json(request: web.Request) -> web.StreamResponse:
-    return web.Response(body=b'{"x":"' + b"a" * (5 * LIMIT) + b'"}', content_type="application/json")
+    return web.Response(
+        body=b'{"x":"' + b"a" * (5 * LIMIT) + b'"}', content_type="application/json"
+    )
 
 
 async def big_chunked(request: web.Request) -> web.StreamResponse:
