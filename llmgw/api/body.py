@@ -40,13 +40,13 @@ def _key_count(document: Any) -> int:
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    document = dict(pairs)
-    if len(document) != len(pairs):
-        seen: set[str] = set()
-        duplicate = next(name for name, _ in pairs if name in seen or seen.add(name))
-        raise InvalidRequest(
-            f"The request body has the key {duplicate!r} more than once in one object."
-        )
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise InvalidRequest(
+                f"The request body has the key {name!r} more than once in one object."
+            )
+        document[name] = value
     return document
 
 
