@@ -24,7 +24,7 @@ from llmgw import app_keys
 from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
 from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
-from llmgw.storage import api_keys, subjects
+from llmgw.storage import api_keys, bounds, subjects
 from llmgw.storage.audit import write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
@@ -136,8 +136,10 @@ async def list_keys(request: web.Request) -> web.Response:
         offset = int(query.get("offset", "0"))
     except ValueError:
         raise InvalidRequest("limit and offset must be integers.", param="limit") from None
-    if not 1 <= limit <= _MAX_PAGE or offset < 0:
-        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE} and offset >= 0.", param="limit")
+    if not 1 <= limit <= _MAX_PAGE:
+        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE}.", param="limit")
+    if not 0 <= offset <= bounds.MAX_OFFSET:
+        raise InvalidRequest(f"offset must be 0-{bounds.MAX_OFFSET}.", param="offset")
     async with _transaction(request) as connection:
         records = await api_keys.list_keys(
             connection,
@@ -245,6 +247,9 @@ def _time(text: str | None, name: str) -> datetime | None:
         raise InvalidRequest(f"{name} must be an RFC 3339 time.", param=name) from None
     if moment.tzinfo is None:
         raise InvalidRequest(f"{name} needs a time zone, e.g. {text}Z.", param=name)
+    problem = bounds.time_problem(moment)
+    if problem is not None:
+        raise InvalidRequest(f"{name} {problem}.", param=name)
     return moment
 
 

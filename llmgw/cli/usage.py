@@ -6,12 +6,13 @@ import argparse
 from datetime import timedelta
 
 from llmgw.cli.common import (
+    bounded_int,
     environment_help,
-    positive_int,
     prepare_database,
     run_with_connection,
 )
 from llmgw.config import load_settings
+from llmgw.storage import bounds
 from llmgw.storage.usage import prune_usage
 
 __all__ = ["register"]
@@ -34,7 +35,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     prune = actions.add_parser("prune", help="delete usage rows older than a number of days")
     prune.add_argument(
         "--older-than-days",
-        type=positive_int,
+        type=bounded_int(bounds.MAX_RETENTION_DAYS),
         required=True,
         help="delete rows recorded more than this many days ago",
     )
