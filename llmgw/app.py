@@ -15,6 +15,7 @@ from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
+from llmgw.errors import GatewayError
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -23,13 +24,14 @@ from llmgw.middleware import (
     request_context_middleware,
 )
 from llmgw.policy.guards import PolicyGuard
-from llmgw.providers.credentials import check_credentials
+from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.ratelimit.base import RateLimiter
 from llmgw.ratelimit.postgres import PostgresRateLimiter
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -47,6 +49,14 @@ def _rate_limiter(settings: Settings, pool: asyncpg.Pool, database_url: str) -> 
     return PostgresRateLimiter(pool, database_url)
 
 
+async def _list_models_once(
+    app: web.Application, registry: ProviderRegistry, timeout: float
+) -> None:
+    """Never fails start-up: a provider down now may be up by the first request."""
+    with contextlib.suppress(GatewayError, UpstreamHTTPError):
+        await app[MODELS_CACHE].get(registry, timeout)  # failures are logged per provider
+
+
 def create_app(
     settings: Settings,
     *,
@@ -57,8 +67,9 @@ def create_app(
 ) -> web.Application:
     """The gateway application. Tests pass their own telemetry and provider factory.
 
-    ``check_provider_credentials``: at start, list each provider's models in the background and
-    warn about a refused key (``serve`` does; tests that count upstream calls do not).
+    ``check_provider_credentials``: at start, list each provider's models in the background, so a
+    refused key is logged at once and the listing (the model names metrics may carry) is cached
+    (``serve`` does; tests that count upstream calls do not).
     """
     if telemetry is None:
         telemetry = Telemetry.from_providers(
@@ -92,10 +103,11 @@ def create_app(
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        remember_listed(registry.aliases)
         check = (
             asyncio.create_task(
-                check_credentials(registry, min(10.0, settings.request_timeout_seconds)),
-                name="llmgw-provider-credentials",
+                _list_models_once(app, registry, min(10.0, settings.request_timeout_seconds)),
+                name="llmgw-provider-check",
             )
             if check_provider_credentials
             else None

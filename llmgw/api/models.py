@@ -24,6 +24,7 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import Provider, UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry
+from llmgw.telemetry.model_names import remember_listed
 
 __all__ = ["MODELS_CACHE", "ModelListCache", "list_models"]
 
@@ -71,8 +72,16 @@ class ModelListCache:
         finally:
             self._refresh = None
         self._value, self._failure = value, None
+        remember_listed(_ids(value))
         self._expires_at = loop.time() + (self._ttl if complete else self._partial_ttl)
         return value
+
+
+def _ids(listing: bytes) -> list[str]:
+    data = orjson.loads(listing)["data"]
+    return [
+        item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)
+    ]
 
 
 def _retrieve_outcome(task: asyncio.Task[bytes]) -> None:
