@@ -122,6 +122,7 @@ async def test_a_gzip_bomb_is_given_up_without_inflating_it(upstream, bomb: byte
     assert caught.value.code == "upstream_response_too_large"
     assert len(bomb) < 1024 * 1024
     assert peak < 16 * LIMIT, f"reading a {len(bomb)}-byte bomb peaked at {peak} bytes"
+    print(f"gzip bomb of {len(bomb)} bytes ({BOMB_SIZE} inflated): peak {peak / 2**20:.1f} MiB")
 
 
 async def test_an_answer_at_the_limit_is_read_whole(upstream) -> None:
