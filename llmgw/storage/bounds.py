@@ -1,7 +1,9 @@
-"""What the schema can store, derived from it in one place; admin and CLI input is checked here.
+"""What the schema can store, in one place; admin and CLI input is checked against it.
 
 A value outside these bounds would make asyncpg or PostgreSQL fail mid-request (a 500); checked up
-front it is a 400 naming the field.
+front it is a 400 naming the field. The column types are restated here rather than read from
+``schema.py``, which would import SQLAlchemy into every gateway process; ``tests/storage/
+test_bounds.py`` fails when the two disagree.
 """
 
 from __future__ import annotations
@@ -10,13 +12,10 @@ import math
 from datetime import UTC, datetime
 from decimal import Decimal
 
-import sqlalchemy as sa
-
-from llmgw.storage import schema
-
 __all__ = [
     "BUDGET_MAX_USD",
     "BUDGET_MIN_USD",
+    "BUDGET_NUMERIC",
     "INT4_MAX",
     "LATEST_TIME",
     "MAX_GRACE_SECONDS",
@@ -36,16 +35,10 @@ MAX_GRACE_SECONDS = 100 * 365 * 86_400  # now() + grace must stay a storable tim
 MAX_RETENTION_DAYS = 100 * 366
 
 
-def _numeric_bounds(column: sa.Column[Decimal]) -> tuple[Decimal, Decimal]:
-    """(smallest amount above zero, first amount too large) of a NUMERIC(precision, scale)."""
-    kind = column.type
-    assert isinstance(kind, sa.Numeric)
-    assert kind.precision is not None
-    assert kind.scale is not None
-    return Decimal(10) ** -kind.scale, Decimal(10) ** (kind.precision - kind.scale)
-
-
-BUDGET_MIN_USD, BUDGET_MAX_USD = _numeric_bounds(schema.subjects.c.monthly_budget_usd)
+# subjects.monthly_budget_usd is NUMERIC(precision, scale).
+BUDGET_NUMERIC = (18, 8)
+BUDGET_MIN_USD = Decimal(10) ** -BUDGET_NUMERIC[1]  # the smallest amount above zero
+BUDGET_MAX_USD = Decimal(10) ** (BUDGET_NUMERIC[0] - BUDGET_NUMERIC[1])  # the first too large
 
 
 def budget_problem(amount: float) -> str | None:
