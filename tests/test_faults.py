@@ -102,23 +102,24 @@ def venice(shared_venice: ThreadedFakeVenice) -> Iterator[ThreadedFakeVenice]:
     shared_venice.reset()
 
 
+async def mint_key(database_url: str, name: str, rate_limit_requests: int) -> str:
+    connection = await asyncpg.connect(database_url)
+    try:
+        issued = await api_keys.create_key(
+            connection, api_keys.KeySettings(name=name, rate_limit_requests=rate_limit_requests)
+        )
+    finally:
+        await connection.close()
+    return issued.plaintext
+
+
 @pytest.fixture(scope="module")
 def served(
     shared_venice: ThreadedFakeVenice, database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[GatewayProcess, str]]:
     """One gateway process for the Venice and client faults, and a key for it."""
 
-    async def mint() -> str:
-        connection = await asyncpg.connect(database_url)
-        try:
-            issued = await api_keys.create_key(
-                connection, api_keys.KeySettings(name="faults", rate_limit_requests=10_000)
-            )
-        finally:
-            await connection.close()
-        return issued.plaintext
-
-    key = asyncio.run(mint())
+    key = asyncio.run(mint_key(database_url, "faults", 10_000))
     env = gateway_env(
         database_url,
         shared_venice.base_url,
@@ -487,12 +488,7 @@ async def test_postgres_stopped_and_restarted_under_load(
     session: aiohttp.ClientSession,
 ) -> None:
     url, server = own_postgres
-    connection = await asyncpg.connect(url)
-    issued = await api_keys.create_key(
-        connection, api_keys.KeySettings(name="pg-fault", rate_limit_requests=100_000)
-    )
-    await connection.close()
-    key = issued.plaintext
+    key = await mint_key(url, "pg-fault", 100_000)
     fake_venice.default_behaviour = Behaviour(delay_before_headers=0.05)
     (gateway,) = gateway_processes(gateway_env(url, fake_venice.base_url))
     pid = gateway.process.pid
@@ -579,18 +575,15 @@ def _signal_cluster(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-async def _pg_fault_gateway(
-    url: str, gateway_processes: Any, fake_venice: FakeVenice
-) -> tuple[GatewayProcess, str]:
-    connection = await asyncpg.connect(url)
-    try:
-        issued = await api_keys.create_key(
-            connection, api_keys.KeySettings(name="pg-fault", rate_limit_requests=100_000)
-        )
-    finally:
-        await connection.close()
+@pytest.fixture
+async def pg_fault(
+    own_postgres: tuple[str, Any], gateway_processes: Any, fake_venice: FakeVenice
+) -> tuple[Any, GatewayProcess, str]:
+    """A gateway process on a cluster of its own: the cluster, the gateway and a key."""
+    url, server = own_postgres
+    key = await mint_key(url, "pg-fault", 100_000)
     (gateway,) = gateway_processes(gateway_env(url, fake_venice.base_url))
-    return gateway, issued.plaintext
+    return server, gateway, key
 
 
 async def _timed(
@@ -608,13 +601,9 @@ async def _timed(
 
 
 async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
-    own_postgres: tuple[str, Any],
-    gateway_processes: Any,
-    fake_venice: FakeVenice,
-    session: aiohttp.ClientSession,
+    pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:
-    url, server = own_postgres
-    gateway, key = await _pg_fault_gateway(url, gateway_processes, fake_venice)
+    server, gateway, key = pg_fault
     status, _, _ = await chat(session, gateway, key)
     assert status == 200
     pids = _cluster_pids(server)
@@ -646,13 +635,9 @@ async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
 
 
 async def test_the_first_requests_after_a_postgres_restart_succeed_on_an_idle_gateway(
-    own_postgres: tuple[str, Any],
-    gateway_processes: Any,
-    fake_venice: FakeVenice,
-    session: aiohttp.ClientSession,
+    pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:
-    url, server = own_postgres
-    gateway, key = await _pg_fault_gateway(url, gateway_processes, fake_venice)
+    server, gateway, key = pg_fault
     for _ in range(3):  # every pooled connection in use once
         statuses = await asyncio.gather(*(chat(session, gateway, key) for _ in range(6)))
         assert {status for status, _, _ in statuses} == {200}

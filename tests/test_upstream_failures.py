@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import aiohttp
 import openai
@@ -36,17 +37,24 @@ async def test_exhausted_retries_return_venice_status_and_body(
     assert len(gateway.fake.received) == 3
 
 
-@pytest.mark.parametrize("status", [400, 402, 422])
-async def test_other_4xx_are_never_retried(gateway: Gateway, api_key: str, status: int) -> None:
-    gateway.fake.enqueue(Behaviour(status=status))
-    async with aiohttp.ClientSession() as session:
-        response = await session.post(
+async def chat_answered(gateway: Gateway, key: str, behaviour: Behaviour) -> tuple[int, Any]:
+    """One chat that the fake answers with ``behaviour``: the status and JSON body."""
+    gateway.fake.enqueue(behaviour)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
             gateway.url("/v1/chat/completions"),
             json={"model": "qwen3-5-9b", "messages": MESSAGES},
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-        assert response.status == status
-        body = await response.json()
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response,
+    ):
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize("status", [400, 402, 422])
+async def test_other_4xx_are_never_retried(gateway: Gateway, api_key: str, status: int) -> None:
+    answered, body = await chat_answered(gateway, api_key, Behaviour(status=status))
+    assert answered == status
     assert "error" in body
     assert len(gateway.fake.received) == 1
 
@@ -182,15 +190,9 @@ async def test_garbage_or_truncated_body_is_502(
 async def test_venice_refusing_the_gateways_key_is_a_502_naming_it(
     gateway: Gateway, api_key: str, status: int
 ) -> None:
-    gateway.fake.enqueue(Behaviour(status=status))
-    async with aiohttp.ClientSession() as session:
-        response = await session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "qwen3-5-9b", "messages": MESSAGES},
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-        assert response.status == 502
-        error = (await response.json())["error"]
+    answered, body = await chat_answered(gateway, api_key, Behaviour(status=status))
+    assert answered == 502
+    error = body["error"]
     assert error["code"] == "upstream_auth_failed"
     assert "venice" in error["message"]
     assert "Authentication failed" not in error["message"]
