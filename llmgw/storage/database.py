@@ -19,6 +19,7 @@ from llmgw.errors import ServiceUnavailable
 
 __all__ = [
     "API_KEY_CHANGES_CHANNEL",
+    "BACKGROUND_WRITE_TIMEOUT_SECONDS",
     "DATABASE_DOWN_ERRORS",
     "DATABASE_TIMEOUT_SECONDS",
     "DEAD_CONNECTION_ERRORS",
@@ -38,6 +39,10 @@ API_KEY_CHANGES_CHANNEL = "llmgw_api_key_changes"
 # statement (or an admin transaction) and releasing the connection, all together. The hot path's
 # statements take milliseconds; a database that has not answered in this time is treated as down.
 DATABASE_TIMEOUT_SECONDS = 2.0
+# How long asyncpg may wait, in the background, for the server to confirm a cancellation.
+_CANCEL_BOUND_SECONDS = 30.0
+# The bound of a background write (the usage ledger): off the request path, so generous.
+BACKGROUND_WRITE_TIMEOUT_SECONDS = 30.0
 
 # What asyncpg and the OS raise while the server is down, restarting or unreachable.
 DATABASE_DOWN_ERRORS: tuple[type[BaseException], ...] = (
@@ -103,12 +108,13 @@ class BoundedPool(asyncpg.Pool):  # type: ignore[misc]  # asyncpg ships no type 
     """asyncpg's pool, each use bounded by ``timeout`` seconds and retried on a dead connection.
 
     ``async with pool.acquire()`` bounds the whole block (a transaction included), and the one-shot
-    methods (``fetchrow``, ``execute``, ...) retry once on a fresh connection. asyncpg's own
-    ``command_timeout`` is set too: it bounds the cancellation asyncpg sends after a timeout.
+    methods (``fetchrow``, ``execute``, ...) retry once on a fresh connection.
     """
 
     def __init__(self, *args: Any, timeout: float, **kwargs: Any) -> None:
-        super().__init__(*args, timeout=timeout, command_timeout=timeout, **kwargs)
+        # asyncpg's own statement timeout only bounds what this class cannot: the cancellation
+        # asyncpg sends in the background after a use was cut off.
+        super().__init__(*args, timeout=timeout, command_timeout=_CANCEL_BOUND_SECONDS, **kwargs)
         self.timeout = timeout
 
     @asynccontextmanager
@@ -125,9 +131,12 @@ class BoundedPool(asyncpg.Pool):  # type: ignore[misc]  # asyncpg ships no type 
                 raise
 
     def acquire(self, *, timeout: float | None = None) -> Any:
-        return self._bounded_acquire(
-            self.timeout if timeout is None else min(timeout, self.timeout)
-        )
+        """A connection for one ``async with`` block, bounded by ``timeout`` (default: the pool's).
+
+        A background writer passes a longer one: cutting off a write the server may already have
+        committed invites the caller to write it twice.
+        """
+        return self._bounded_acquire(self.timeout if timeout is None else timeout)
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         return await self._retrying(super().execute, query, *args, timeout=timeout)

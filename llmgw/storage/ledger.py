@@ -16,7 +16,7 @@ from collections.abc import Callable
 import asyncpg
 
 from llmgw.accounting.usage import UsageRecord
-from llmgw.storage.database import DATABASE_DOWN_ERRORS
+from llmgw.storage.database import BACKGROUND_WRITE_TIMEOUT_SECONDS, DATABASE_DOWN_ERRORS
 from llmgw.storage.usage import write_batch
 
 __all__ = ["UsageLedger"]
@@ -82,7 +82,11 @@ class UsageLedger:
                     self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue)))
                 ]
                 try:
-                    async with self._pool.acquire() as connection:
+                    # Not the request path's bound: a batch cut off after it committed would be
+                    # queued again and written twice.
+                    async with self._pool.acquire(
+                        timeout=BACKGROUND_WRITE_TIMEOUT_SECONDS
+                    ) as connection:
                         await write_batch(connection, batch)
                 except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
                     self._queue.extendleft(reversed(batch))
