@@ -12,6 +12,7 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
@@ -90,7 +91,11 @@ def create_app(
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
         policy = app[app_keys.POLICY] = PolicyGuard(pool)
-        ledger = UsageLedger(pool, on_drop=telemetry.instruments.usage_ledger_dropped.add)
+        ledger = UsageLedger(
+            pool,
+            on_drop=telemetry.instruments.usage_ledger_dropped.add,
+            on_dead_letter=telemetry.instruments.usage_ledger_dead_letters.add,
+        )
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(policy, ledger)
@@ -131,7 +136,7 @@ def create_app(
     app.middlewares.extend(
         [
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
-            error_middleware(),
+            error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
                 # The admin API checks its own token; with none set its routes do not exist (404).

@@ -15,6 +15,7 @@ from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
     "read_json_object",
+    "refuse_control_characters",
     "reject_duplicate_keys",
     "validate_chat_request",
     "validate_embeddings_request",
@@ -67,6 +68,10 @@ def reject_duplicate_keys(raw: bytes, document: Any) -> None:
         raise InvalidRequest("The request body is nested too deeply to be checked.") from None
 
 
+# C0, DEL and C1: no model name holds one, and a NUL cannot even be stored in the usage ledger.
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]:
     """The raw body (forwarded as is when possible) and its parsed JSON object."""
     if request.content_type != "application/json" and not request.content_type.endswith("+json"):
@@ -91,6 +96,12 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
         raise InvalidRequest("The request body must be a JSON object.")
     reject_duplicate_keys(raw, body)
     return raw, body
+
+
+def refuse_control_characters(model: str) -> None:
+    """Every operation's model, whatever its API: it is routed on, logged and billed."""
+    if _CONTROL_CHARACTER.search(model):
+        raise InvalidRequest("'model' must not contain control characters.", param="model")
 
 
 def _require_model(body: dict[str, Any]) -> str:

@@ -19,12 +19,15 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
+from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.accounting.usage import parse_usage
-from llmgw.api.body import read_json_object
+from llmgw.api.body import read_json_object, refuse_control_characters
+from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
-from llmgw.errors import GatewayError, UpstreamUnavailable
+from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.streaming.relay import relay_stream
+from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
@@ -41,6 +44,8 @@ class Operation:
     name: str  # gen_ai.operation.name, and the first word of the span name
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
+    # Another API served through chat completions: the request, answers and errors translated.
+    codec: ApiCodec | None = None
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -56,6 +61,10 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
+    refuse_control_characters(model)
+    caller_body, codec = body, operation.codec
+    if codec is not None:
+        body = codec.to_chat(body)
     await request.app[app_keys.POLICY].admit(key, model)
     route = request.app[app_keys.PROVIDERS].resolve(model)
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
@@ -86,14 +95,24 @@ async def proxy(
         record_sink=request.app[app_keys.USAGE],
     )
     call = _upstream_call(
-        request, orjson.dumps(body) if hide_usage_chunk else raw, model, observation
+        request,
+        orjson.dumps(body) if hide_usage_chunk or codec is not None else raw,
+        model,
+        observation,
+    )
+    translator = (
+        codec.stream_translator(
+            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+        )
+        if codec is not None and stream
+        else None
     )
     answer: Callable[[], Awaitable[web.StreamResponse]] = (
-        functools.partial(_stream, request, route, call, observation, hide_usage_chunk)
+        functools.partial(_stream, request, route, call, observation, hide_usage_chunk, translator)
         if stream
-        else functools.partial(_complete, operation, route, call, observation)
+        else functools.partial(_complete, operation, route, call, observation, caller_body)
     )
-    return await _observe_upstream(observation, answer)
+    return await _observe_upstream(observation, answer, translate_errors=codec is not None)
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -123,14 +142,21 @@ async def _stream(
     call: UpstreamCall,
     observation: ChatObservation,
     hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
 ) -> web.StreamResponse:
     upstream = await provider.stream_chat_completion(call)
     observation.retries = upstream.retries
-    return await relay_stream(request, upstream, observation, hide_usage_chunk=hide_usage_chunk)
+    return await relay_stream(
+        request, upstream, observation, hide_usage_chunk=hide_usage_chunk, translator=translator
+    )
 
 
 async def _complete(
-    operation: Operation, provider: Provider, call: UpstreamCall, observation: ChatObservation
+    operation: Operation,
+    provider: Provider,
+    call: UpstreamCall,
+    observation: ChatObservation,
+    caller_body: dict[str, Any],
 ) -> web.StreamResponse:
     result = await operation.complete(provider, call)
     observation.retries = result.retries
@@ -150,15 +176,25 @@ async def _complete(
     observation.note_document(document)
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
     observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    if operation.codec is not None:
+        answer = operation.codec.from_chat(document, request=caller_body)
+        return web.Response(status=result.status, body=answer, content_type="application/json")
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}
     )
 
 
 async def _observe_upstream(
-    observation: ChatObservation, call: Callable[[], Awaitable[web.StreamResponse]]
+    observation: ChatObservation,
+    call: Callable[[], Awaitable[web.StreamResponse]],
+    *,
+    translate_errors: bool,
 ) -> web.StreamResponse:
-    """Run ``call``; finish the observation on any failure it raises (success finishes itself)."""
+    """Run ``call``; finish the observation on any failure it raises (success finishes itself).
+
+    A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the
+    error middleware renders in the route's own error shape.
+    """
     try:
         return await call()
     except UpstreamHTTPError as exc:
@@ -166,6 +202,11 @@ async def _observe_upstream(
         observation.finish(
             status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
         )
+        if translate_errors:
+            response = exc.response
+            raise ProviderError.from_answer(
+                response.status, response.body, retry_after=response.retry_after
+            ) from None
         return forward_upstream_error(exc.response)
     except GatewayError as exc:
         observation.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
