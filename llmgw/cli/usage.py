@@ -9,6 +9,7 @@ from datetime import timedelta
 from llmgw.cli.common import (
     bounded_int,
     environment_help,
+    positive_int,
     prepare_database,
     run_with_connection,
 )
