@@ -17,6 +17,7 @@ from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
 from llmgw.errors import GatewayError
+from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -32,6 +33,7 @@ from llmgw.ratelimit.postgres import PostgresRateLimiter
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.streaming import supervisor
 from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
@@ -105,10 +107,14 @@ def create_app(
         await authenticator.close()
         await pool.close()
 
+    generations = RequestGenerations()
+
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
         remember_listed(registry.aliases)
+        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
+        app[RELOADER] = reloader
         check = (
             asyncio.create_task(
                 _list_models_once(app, registry, min(10.0, settings.request_timeout_seconds)),
@@ -122,6 +128,7 @@ def create_app(
             check.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await check
+        await reloader.close()
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:
@@ -129,12 +136,21 @@ def create_app(
         app[app_keys.TELEMETRY].providers.shutdown()
 
     app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    supervisor.install(  # after the cleanup contexts above: its drains end before they close
+        app,
+        supervisor.StreamSupervisor(
+            max_seconds=settings.stream_max_seconds,
+            max_event_bytes=settings.upstream_max_event_bytes,
+            shutdown_grace_seconds=settings.shutdown_grace_seconds,
+        ),
+    )
     add_routes(app)
     if settings.admin_token is not None:
         app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))
 
     app.middlewares.extend(
         [
+            generations.middleware,
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(

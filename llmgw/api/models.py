@@ -46,6 +46,10 @@ class ModelListCache:
         self._failure_until = 0.0
         self._refresh: asyncio.Task[bytes] | None = None
 
+    def clear(self) -> None:
+        """Forget the list (the providers changed)."""
+        self._value = None
+
     async def get(self, registry: ProviderRegistry, timeout: float) -> bytes:
         now = asyncio.get_running_loop().time()
         if self._value is not None and now < self._expires_at:

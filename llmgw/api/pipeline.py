@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import orjson
@@ -25,16 +25,21 @@ from llmgw.api.body import read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
-from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.base import (
+    ChatStream,
+    Provider,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+)
 from llmgw.streaming.relay import relay_stream
-from llmgw.streaming.translate import StreamTranslator
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
 
-# Status recorded for a request whose client went away before the answer (nginx's convention).
-CLIENT_CLOSED_REQUEST = 499
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -107,12 +112,28 @@ async def proxy(
         if codec is not None and stream
         else None
     )
-    answer: Callable[[], Awaitable[web.StreamResponse]] = (
-        functools.partial(_stream, request, route, call, observation, hide_usage_chunk, translator)
-        if stream
-        else functools.partial(_complete, operation, route, call, observation, caller_body)
+    translate_errors = codec is not None
+    if not stream:
+        return await _observe_upstream(
+            observation,
+            functools.partial(_complete, operation, route, call, observation, caller_body),
+            translate_errors=translate_errors,
+        )
+    opened = await _observe_upstream(
+        observation, functools.partial(_open_stream, route, call), translate_errors=translate_errors
     )
-    return await _observe_upstream(observation, answer, translate_errors=codec is not None)
+    if isinstance(opened, web.StreamResponse):
+        return opened  # the provider's error, forwarded
+    observation.retries = opened.retries
+    # From here the relay tells how the stream ended, once, possibly after the caller left.
+    return await relay_stream(
+        request,
+        opened,
+        observation,
+        hide_usage_chunk=hide_usage_chunk,
+        on_end=functools.partial(_finish_stream, observation),
+        translator=translator,
+    )
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -136,18 +157,14 @@ def _upstream_call(
     )
 
 
-async def _stream(
-    request: web.Request,
-    provider: Provider,
-    call: UpstreamCall,
-    observation: ChatObservation,
-    hide_usage_chunk: bool,
-    translator: StreamTranslator | None,
-) -> web.StreamResponse:
-    upstream = await provider.stream_chat_completion(call)
-    observation.retries = upstream.retries
-    return await relay_stream(
-        request, upstream, observation, hide_usage_chunk=hide_usage_chunk, translator=translator
+async def _open_stream(provider: Provider, call: UpstreamCall) -> ChatStream:
+    return await provider.stream_chat_completion(call)
+
+
+def _finish_stream(observation: ChatObservation, summary: StreamSummary) -> None:
+    observation.usage = summary.usage
+    observation.finish(
+        status=summary.status, outcome=summary.outcome, error_type=summary.error_type
     )
 
 
@@ -186,10 +203,10 @@ async def _complete(
 
 async def _observe_upstream(
     observation: ChatObservation,
-    call: Callable[[], Awaitable[web.StreamResponse]],
+    call: Callable[[], Awaitable[T]],
     *,
     translate_errors: bool,
-) -> web.StreamResponse:
+) -> T | web.Response:
     """Run ``call``; finish the observation on any failure it raises (success finishes itself).
 
     A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import urlsplit
 
@@ -24,7 +25,7 @@ from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailabl
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.retry import RETRYABLE_STATUSES, RetryPolicy
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "OpenAICompatibleProvider"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ _JSON = "application/json"
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 _CREDENTIAL_REFUSALS = frozenset({401, 403})
 _READ_CHUNK = 64 * 1024
+# aiohttp rounds timeouts of 5 s and more up to the next whole second of loop time (uvloop's clock
+# is in whole milliseconds, so 5.0 s left is exactly 5.0): a 5 s deadline became 6 s. No rounding.
+EXACT_TIMEOUTS = math.inf
 
 
 @contextlib.contextmanager
@@ -80,6 +84,7 @@ class _AiohttpChatStream:
         self._response = response
         self.retries = retries
         self._provider = provider
+        self.content_type = response.headers.get("Content-Type", "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -161,19 +166,20 @@ class OpenAICompatibleProvider:
         deadline = self._deadline(call.deadline)
         retries = 0
         while True:
-            remaining = deadline - loop.time()
-            timeout = (
-                aiohttp.ClientTimeout(
-                    total=None, sock_connect=max(remaining, 0.001), sock_read=self._idle_timeout
-                )
-                if streaming
-                else aiohttp.ClientTimeout(total=max(remaining, 0.001))
+            remaining = max(deadline - loop.time(), 0.001)
+            # A stream's body may outlive the deadline (each read is bounded by the idle timeout);
+            # its connect and answer head may not, whichever attempt it is.
+            timeout = aiohttp.ClientTimeout(
+                total=None if streaming else remaining,
+                sock_read=self._idle_timeout if streaming else None,
+                ceil_threshold=EXACT_TIMEOUTS,
             )
             try:
                 with _transport_errors(self.name):
-                    response = await self._session.post(
-                        url, data=call.body, headers=headers, timeout=timeout
-                    )
+                    async with asyncio.timeout(remaining):
+                        response = await self._session.post(
+                            url, data=call.body, headers=headers, timeout=timeout
+                        )
             except (UpstreamUnavailable, UpstreamTimeout):
                 wait = self._retry.delay(retries, deadline - loop.time(), headers={})
                 if wait is None:
@@ -240,7 +246,9 @@ class OpenAICompatibleProvider:
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         loop = asyncio.get_running_loop()
-        timeout = aiohttp.ClientTimeout(total=max(self._deadline(deadline) - loop.time(), 0.001))
+        timeout = aiohttp.ClientTimeout(
+            total=max(self._deadline(deadline) - loop.time(), 0.001), ceil_threshold=EXACT_TIMEOUTS
+        )
         with _transport_errors(self.name):
             response = await self._session.get(
                 self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
