@@ -241,7 +241,7 @@ class OpenAICompatibleProvider:
             "/chat/completions", call, accept="text/event-stream", streaming=True
         )
         if response.status != 200:
-            await self._read_answer(response, retries)
+            raise UpstreamHTTPError(await self._read_answer(response, retries))
         return _AiohttpChatStream(response, retries, self.name)
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
