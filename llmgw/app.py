@@ -11,11 +11,12 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.accounting.sink import UsageAccounting
-from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
+from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.middleware import (
@@ -58,6 +59,10 @@ async def _list_models_once(
     """Never fails start-up: a provider down now may be up by the first request."""
     with contextlib.suppress(GatewayError, UpstreamHTTPError):
         await app[MODELS_CACHE].get(registry, timeout)  # failures are logged per provider
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    return web.Response(status=308, headers={"Location": CONSOLE_PREFIX + "/"})
 
 
 def create_app(
@@ -146,7 +151,9 @@ def create_app(
     )
     add_routes(app)
     if settings.admin_token is not None:
-        app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))
+        app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token)))
+        app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
+        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token))
 
     app.middlewares.extend(
         [
@@ -155,8 +162,9 @@ def create_app(
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
-                # The admin API checks its own token; with none set its routes do not exist (404).
-                public_prefixes=(ADMIN_PREFIX + "/",),
+                # The admin API and the console check their own token or session; with no admin
+                # token set their routes do not exist (404).
+                public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
                 instruments=telemetry.instruments,
             ),
             rate_limit_middleware(instruments=telemetry.instruments),
