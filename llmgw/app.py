@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -15,6 +17,7 @@ from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.middleware import (
     add_response_headers,
@@ -24,6 +27,7 @@ from llmgw.middleware import (
     request_context_middleware,
 )
 from llmgw.policy.guards import PolicyGuard
+from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.ratelimit.base import RateLimiter
 from llmgw.ratelimit.postgres import PostgresRateLimiter
@@ -31,6 +35,7 @@ from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
 from llmgw.streaming import supervisor
+from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -48,6 +53,14 @@ def _rate_limiter(settings: Settings, pool: asyncpg.Pool, database_url: str) -> 
     return PostgresRateLimiter(pool, database_url)
 
 
+async def _list_models_once(
+    app: web.Application, registry: ProviderRegistry, timeout: float
+) -> None:
+    """Never fails start-up: a provider down now may be up by the first request."""
+    with contextlib.suppress(GatewayError, UpstreamHTTPError):
+        await app[MODELS_CACHE].get(registry, timeout)  # failures are logged per provider
+
+
 async def _to_console(request: web.Request) -> web.Response:
     return web.Response(status=308, headers={"Location": CONSOLE_PREFIX + "/"})
 
@@ -58,8 +71,14 @@ def create_app(
     database_url: str,
     telemetry: Telemetry | None = None,
     providers: ProvidersFactory = build_registry,
+    check_provider_credentials: bool = False,
 ) -> web.Application:
-    """The gateway application. Tests pass their own telemetry and provider factory."""
+    """The gateway application. Tests pass their own telemetry and provider factory.
+
+    ``check_provider_credentials``: at start, list each provider's models in the background, so a
+    refused key is logged at once and the listing (the model names metrics may carry) is cached
+    (``serve`` does; tests that count upstream calls do not).
+    """
     if telemetry is None:
         telemetry = Telemetry.from_providers(
             build_providers(settings), capture_content=settings.capture_genai_content
@@ -98,9 +117,22 @@ def create_app(
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        remember_listed(registry.aliases)
         reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
         app[RELOADER] = reloader
+        check = (
+            asyncio.create_task(
+                _list_models_once(app, registry, min(10.0, settings.request_timeout_seconds)),
+                name="llmgw-provider-check",
+            )
+            if check_provider_credentials
+            else None
+        )
         yield
+        if check is not None:
+            check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await check
         await reloader.close()
         await registry.close()
 

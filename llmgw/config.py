@@ -76,6 +76,11 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
     EnvVar("REQUEST_TIMEOUT_SECONDS", "120", "upper bound on one upstream call, in seconds"),
     EnvVar("REQUEST_BODY_LIMIT_BYTES", "1048576", "largest accepted request body"),
+    EnvVar(
+        "UPSTREAM_MAX_RESPONSE_BYTES",
+        "33554432",
+        "largest provider answer read, after decompression; over it: 502",
+    ),
     EnvVar("OTEL_SERVICE_NAME", "llm-gateway", "service.name of spans and metrics"),
     EnvVar(
         "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -128,6 +133,7 @@ class Settings:
     venice_max_retries: int = 2
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
+    upstream_max_response_bytes: int = 32 * 1024 * 1024
     otel_service_name: str = "llm-gateway"
     otel_exporter_otlp_endpoint: str | None = None
     capture_genai_content: bool = False
@@ -208,6 +214,9 @@ def load_settings(
         ),
         request_body_limit_bytes=reader.get(
             "REQUEST_BODY_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        upstream_max_response_bytes=reader.get(
+            "UPSTREAM_MAX_RESPONSE_BYTES", _parse_int(1024, 1 << 40), "an integer >= 1024 (bytes)"
         ),
         otel_service_name=reader.get("OTEL_SERVICE_NAME", _parse_non_empty, "a non-empty name"),
         otel_exporter_otlp_endpoint=reader.optional(

@@ -12,6 +12,7 @@
     ├── RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
     ├── InternalError                 500 server_error (never carries a traceback)
     ├── UpstreamUnavailable           502 upstream_error / upstream_unavailable
+    │   └── UpstreamAuthFailed        502 upstream_error / upstream_auth_failed
     ├── ServiceUnavailable            503 service_unavailable / database_unavailable
     ├── UpstreamTimeout               504 upstream_error / upstream_timeout
     └── ProviderError                 the provider's status / upstream_error / provider_error
@@ -41,6 +42,7 @@ __all__ = [
     "RequestTimeout",
     "ServiceUnavailable",
     "UnsupportedMediaType",
+    "UpstreamAuthFailed",
     "UpstreamTimeout",
     "UpstreamUnavailable",
 ]
@@ -156,6 +158,12 @@ class UpstreamUnavailable(GatewayError):
     status = 502
     error_type = "upstream_error"
     code = "upstream_unavailable"
+
+
+class UpstreamAuthFailed(UpstreamUnavailable):
+    """The provider refused the gateway's own credentials: the operator's problem, not the caller's."""
+
+    code = "upstream_auth_failed"
 
 
 class ServiceUnavailable(GatewayError):

@@ -967,6 +967,10 @@ class FakeVenice:
 
     async def _models(self, request: web.Request) -> web.Response:
         await self._receive(request)
+        # The listing needs no key, but a key that is presented is checked (assumed, unrecorded).
+        authorization = request.headers.get("Authorization")
+        if authorization is not None and authorization != f"Bearer {FAKE_VENICE_KEY}":
+            return self._reject((401, _AUTH_FAILED_BODY))
         model_type = request.query.get("type", "text")
         body = _MODEL_LIST_BODIES.get(model_type)
         if body is None:

@@ -22,9 +22,15 @@ def free_port() -> int:
         return port
 
 
+# Where a test's gateway finds "Venice" unless the test says: a closed loopback port. serve lists
+# every provider's models at start, and a test must never reach out past this machine.
+NO_VENICE_URL = "http://127.0.0.1:9/api/v1"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))}
     env.pop("DATABASE_URL", None)
+    env["VENICE_BASE_URL"] = NO_VENICE_URL
     env.update(extra)
     return env
 

@@ -223,3 +223,57 @@ async def _eventually(call: Any, expected: int, within: float = 1.0) -> None:
     while (status := await call()) != expected:
         assert time.perf_counter() - started < within, f"still {status}"
         await asyncio.sleep(0.02)
+
+
+BIG = 2**31
+OUT_OF_RANGE_KEYS = [
+    {"name": "x", "rate_limit_requests": BIG},
+    {"name": "x", "rate_limit_window_seconds": BIG},
+    {"name": "x", "tokens_per_minute": BIG},
+    {"name": "x", "rate_limit_requests": 10**30},
+    {"name": "x", "expires_at": "9999-12-31T23:59:59-23:00"},
+    {"name": "x", "expires_at": "0001-01-01T00:00:00+05:00"},
+]
+
+
+@pytest.mark.parametrize("body", OUT_OF_RANGE_KEYS)
+async def test_key_fields_beyond_what_the_database_holds_are_400(admin: Admin, body: Any) -> None:
+    status, answer = await admin.call("POST", "/keys", body)
+    assert status == 400, answer
+    assert answer["error"]["type"] == "invalid_request_error"
+
+
+async def test_out_of_range_rotation_paging_patching_and_usage_are_400(admin: Admin) -> None:
+    status, created = await admin.call("POST", "/keys", {"name": "ranges"})
+    assert status == 201
+    key_id = created["id"]
+    for method, path, body in (
+        ("POST", f"/keys/{key_id}/rotate", {"grace_seconds": 1e12}),
+        ("PATCH", f"/keys/{key_id}", {"rate_limit_requests": BIG}),
+        ("GET", f"/keys?offset={10**20}", None),
+        ("GET", "/usage?from=9999-12-31T23:59:59-23:00", None),
+    ):
+        status, answer = await admin.call(method, path, body)
+        assert status == 400, (path, answer)
+    status, _ = await admin.call("GET", f"/keys/{key_id}")
+    assert status == 200
+
+
+@pytest.mark.parametrize("budget", [1e10, 1e-9, 4e-9, -1, 1e300])
+async def test_budgets_the_database_cannot_store_exactly_are_400(
+    admin: Admin, budget: float
+) -> None:
+    status, answer = await admin.call(
+        "PUT", f"/subjects/{uuid.uuid4()}", {"monthly_budget_usd": budget}
+    )
+    assert status == 400, answer
+    assert "monthly_budget_usd" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("budget", [0, 1e-8, 9_999_999_999.0])
+async def test_budgets_at_the_edges_are_stored(admin: Admin, budget: float) -> None:
+    status, answer = await admin.call(
+        "PUT", f"/subjects/{uuid.uuid4()}", {"monthly_budget_usd": budget}
+    )
+    assert status == 200, answer
+    assert float(answer["monthly_budget_usd"]) > 0 or budget == 0

@@ -21,6 +21,8 @@ BAD_VALUES = [
     ("VENICE_MAX_RETRIES", "many"),
     ("REQUEST_TIMEOUT_SECONDS", "0"),
     ("REQUEST_BODY_LIMIT_BYTES", "1MB"),
+    ("UPSTREAM_MAX_RESPONSE_BYTES", "32MiB"),
+    ("UPSTREAM_MAX_RESPONSE_BYTES", "100"),
     ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
     ("CAPTURE_GENAI_CONTENT", "maybe"),
     ("LLMGW_AUTO_MIGRATE", "2"),
@@ -54,6 +56,7 @@ def test_defaults_match_the_reference_design() -> None:
     assert settings.otel_exporter_otlp_endpoint is None
     assert settings.request_timeout_seconds == 120
     assert settings.request_body_limit_bytes == 1_048_576
+    assert settings.upstream_max_response_bytes == 32 * 1024 * 1024
     assert settings.venice_max_retries == 2
     assert settings.capture_genai_content is False
     assert settings.auto_migrate is False
@@ -108,12 +111,19 @@ def test_help_teaches_every_variable() -> None:
         "VENICE_API_KEY",
         "LLMGW_DATA_DIR",
         "SHUTDOWN_GRACE_SECONDS",
+        "UPSTREAM_MAX_RESPONSE_BYTES",
         "LLMGW_WORKERS",
         "--workers",
         "STREAM_MAX_SECONDS",
         "UPSTREAM_MAX_EVENT_BYTES",
     ):
         assert variable in result.stdout
+
+
+def test_upstream_max_response_bytes_is_read() -> None:
+    assert (
+        load_settings({"UPSTREAM_MAX_RESPONSE_BYTES": "4096"}).upstream_max_response_bytes == 4096
+    )
 
 
 def test_workers_is_a_count_or_auto_the_cores_this_process_may_use() -> None:

@@ -9,8 +9,10 @@ embedded cluster, stops it under load and starts it again (the shared test serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -100,23 +102,24 @@ def venice(shared_venice: ThreadedFakeVenice) -> Iterator[ThreadedFakeVenice]:
     shared_venice.reset()
 
 
+async def mint_key(database_url: str, name: str, rate_limit_requests: int) -> str:
+    connection = await asyncpg.connect(database_url)
+    try:
+        issued = await api_keys.create_key(
+            connection, api_keys.KeySettings(name=name, rate_limit_requests=rate_limit_requests)
+        )
+    finally:
+        await connection.close()
+    return issued.plaintext
+
+
 @pytest.fixture(scope="module")
 def served(
     shared_venice: ThreadedFakeVenice, database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[GatewayProcess, str]]:
     """One gateway process for the Venice and client faults, and a key for it."""
 
-    async def mint() -> str:
-        connection = await asyncpg.connect(database_url)
-        try:
-            issued = await api_keys.create_key(
-                connection, api_keys.KeySettings(name="faults", rate_limit_requests=10_000)
-            )
-        finally:
-            await connection.close()
-        return issued.plaintext
-
-    key = asyncio.run(mint())
+    key = asyncio.run(mint_key(database_url, "faults", 10_000))
     env = gateway_env(
         database_url,
         shared_venice.base_url,
@@ -485,12 +488,7 @@ async def test_postgres_stopped_and_restarted_under_load(
     session: aiohttp.ClientSession,
 ) -> None:
     url, server = own_postgres
-    connection = await asyncpg.connect(url)
-    issued = await api_keys.create_key(
-        connection, api_keys.KeySettings(name="pg-fault", rate_limit_requests=100_000)
-    )
-    await connection.close()
-    key = issued.plaintext
+    key = await mint_key(url, "pg-fault", 100_000)
     fake_venice.default_behaviour = Behaviour(delay_before_headers=0.05)
     (gateway,) = gateway_processes(gateway_env(url, fake_venice.base_url))
     pid = gateway.process.pid
@@ -561,4 +559,90 @@ async def test_postgres_stopped_and_restarted_under_load(
     finally:
         await connection.close()
     assert answered <= {row["request_id"] for row in rows}
+    assert gateway.problems() == []
+
+
+def _cluster_pids(server: Any) -> list[int]:
+    """The postmaster and every backend of ``server``: a stalled database is all of them stopped."""
+    postmaster = int((Path(server.pgdata) / "postmaster.pid").read_text().split()[0])
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    return [postmaster, *map(int, children)]
+
+
+def _signal_cluster(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@pytest.fixture
+async def pg_fault(
+    own_postgres: tuple[str, Any], gateway_processes: Any, fake_venice: FakeVenice
+) -> tuple[Any, GatewayProcess, str]:
+    """A gateway process on a cluster of its own: the cluster, the gateway and a key."""
+    url, server = own_postgres
+    key = await mint_key(url, "pg-fault", 100_000)
+    (gateway,) = gateway_processes(gateway_env(url, fake_venice.base_url))
+    return server, gateway, key
+
+
+async def _timed(
+    session: aiohttp.ClientSession, gateway: GatewayProcess, what: str, key: str
+) -> tuple[int, bytes, float]:
+    started = time.monotonic()
+    if what == "readyz":
+        async with session.get(
+            f"{gateway.url}/readyz", timeout=aiohttp.ClientTimeout(total=15)
+        ) as response:
+            status, body = response.status, await response.read()
+    else:
+        status, body, _ = await chat(session, gateway, key)
+    return status, body, time.monotonic() - started
+
+
+async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
+    pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
+) -> None:
+    server, gateway, key = pg_fault
+    status, _, _ = await chat(session, gateway, key)
+    assert status == 200
+    pids = _cluster_pids(server)
+    _signal_cluster(pids, signal.SIGSTOP)
+    try:
+        # A key seen before (cached), one never seen (its lookup reaches the database), /readyz.
+        fresh = "llmg_" + "a" * 43
+        requests = [
+            *(("chat", key) for _ in range(8)),
+            ("chat", fresh),
+            ("readyz", ""),
+        ]
+        answers = await asyncio.gather(
+            *(_timed(session, gateway, what, bearer) for what, bearer in requests)
+        )
+        for (what, _), (status, body, elapsed) in zip(requests, answers, strict=True):
+            assert status == 503, (what, body)
+            if what == "chat":
+                assert_openai_error(status, body, 503, "database_unavailable")
+            assert elapsed < 3.0, f"{what} took {elapsed:.1f}s while the database was stalled"
+        slowest = max(elapsed for _, _, elapsed in answers)
+        print(f"stalled postgres: {len(answers)} answers, all 503, slowest {slowest:.2f}s")
+    finally:
+        _signal_cluster(pids, signal.SIGCONT)
+    await asyncio.sleep(0.5)
+    status, body, _ = await chat(session, gateway, key)
+    assert status == 200, body
+    assert gateway.problems() == []
+
+
+async def test_the_first_requests_after_a_postgres_restart_succeed_on_an_idle_gateway(
+    pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
+) -> None:
+    server, gateway, key = pg_fault
+    for _ in range(3):  # every pooled connection in use once
+        statuses = await asyncio.gather(*(chat(session, gateway, key) for _ in range(6)))
+        assert {status for status, _, _ in statuses} == {200}
+    await asyncio.to_thread(_stop_postgres, server)
+    await asyncio.to_thread(_start_postgres, server)
+    statuses = [(await chat(session, gateway, key))[0] for _ in range(8)]
+    assert statuses == [200] * 8, statuses
     assert gateway.problems() == []

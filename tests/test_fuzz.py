@@ -17,7 +17,9 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
+from datetime import timedelta, timezone
 from typing import Any
 
 import aiohttp
@@ -422,6 +424,84 @@ def test_messages_bodies_of_any_shape(
 @given(body=st.binary(max_size=300))
 def test_bodies_that_are_not_json(target: Target, http: requests.Session, body: bytes) -> None:
     post(http, target, "/v1/chat/completions", body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Admin fields, out of what the database can hold included
+
+_edge_ints = st.integers() | st.sampled_from([0, -1, 2**31 - 1, 2**31, 2**63, 10**20])
+_edge_numbers = (
+    _edge_ints
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([1e-9, 4e-9, 1e-8, 1e10, 1e12, 1e300])
+)
+_zones = st.integers(-23 * 60, 23 * 60).map(lambda minutes: timezone(timedelta(minutes=minutes)))
+_edge_times = st.datetimes(timezones=_zones).map(
+    lambda moment: moment.isoformat()
+) | st.sampled_from(
+    ["9999-12-31T23:59:59-23:00", "0001-01-01T00:00:00+14:00", "1969-12-31T23:59:59Z"]
+)
+admin_key_bodies = st.fixed_dictionaries(
+    {"name": st.just("fuzz-admin")},
+    optional={
+        "rate_limit_requests": _edge_ints,
+        "rate_limit_window_seconds": _edge_ints,
+        "tokens_per_minute": _edge_ints,
+        "expires_at": _edge_times,
+    },
+)
+
+
+def admin_call(
+    http: requests.Session, target: Target, method: str, path: str, body: Any = None
+) -> tuple[int, Any]:
+    started = time.monotonic()
+    response = http.request(
+        method,
+        f"{target.url}/admin/v1{path}",
+        data=None if body is None else json.dumps(body),
+        headers={"Content-Type": "application/json", **target.auth("/admin/")},
+        timeout=REQUEST_TIMEOUT + 5,
+    )
+    check_answer(
+        response.status_code,
+        response.headers,
+        response.content,
+        time.monotonic() - started,
+        path=path,
+    )
+    return response.status_code, response.json()
+
+
+@FUZZ
+@given(body=admin_key_bodies)
+def test_admin_key_fields_of_any_size(target: Target, http: requests.Session, body: Any) -> None:
+    assert admin_call(http, target, "POST", "/keys", body)[0] in (201, 400)
+
+
+@FUZZ
+@given(budget=_edge_numbers, grace=_edge_numbers)
+def test_admin_budgets_and_grace_of_any_size(
+    target: Target, http: requests.Session, budget: Any, grace: Any
+) -> None:
+    subject = f"/subjects/{uuid.uuid4()}"
+    status, _ = admin_call(http, target, "PUT", subject, {"monthly_budget_usd": budget})
+    assert status in (200, 400)
+    status, created = admin_call(http, target, "POST", "/keys", {"name": "fuzz-rotated"})
+    assert status == 201
+    path = f"/keys/{created['id']}/rotate"
+    assert admin_call(http, target, "POST", path, {"grace_seconds": grace})[0] in (201, 400)
+
+
+@FUZZ
+@given(limit=_edge_ints, offset=_edge_ints, moment=_edge_times)
+def test_admin_queries_of_any_size(
+    target: Target, http: requests.Session, limit: int, offset: int, moment: str
+) -> None:
+    page = f"/keys?limit={limit}&offset={offset}"
+    assert admin_call(http, target, "GET", page)[0] in (200, 400)
+    query = requests.utils.quote(moment)
+    assert admin_call(http, target, "GET", f"/usage?from={query}&to={query}")[0] in (200, 400)
 
 
 # Field values as RFC 9110 allows them: visible ASCII, space and tab inside, and obs-text.

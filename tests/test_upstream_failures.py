@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
-from tests.conftest import Gateway, eventually
-from tests.fake_venice import Behaviour
+from tests.conftest import Gateway, eventually, gateway_env
+from tests.fake_venice import Behaviour, FakeVenice
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -36,17 +37,24 @@ async def test_exhausted_retries_return_venice_status_and_body(
     assert len(gateway.fake.received) == 3
 
 
-@pytest.mark.parametrize("status", [400, 401, 402, 403, 422])
-async def test_other_4xx_are_never_retried(gateway: Gateway, api_key: str, status: int) -> None:
-    gateway.fake.enqueue(Behaviour(status=status))
-    async with aiohttp.ClientSession() as session:
-        response = await session.post(
+async def chat_answered(gateway: Gateway, key: str, behaviour: Behaviour) -> tuple[int, Any]:
+    """One chat that the fake answers with ``behaviour``: the status and JSON body."""
+    gateway.fake.enqueue(behaviour)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
             gateway.url("/v1/chat/completions"),
             json={"model": "qwen3-5-9b", "messages": MESSAGES},
-            headers={"Authorization": f"Bearer {api_key}"},
-        )
-        assert response.status == status
-        body = await response.json()
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response,
+    ):
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize("status", [400, 402, 422])
+async def test_other_4xx_are_never_retried(gateway: Gateway, api_key: str, status: int) -> None:
+    answered, body = await chat_answered(gateway, api_key, Behaviour(status=status))
+    assert answered == status
     assert "error" in body
     assert len(gateway.fake.received) == 1
 
@@ -176,3 +184,35 @@ async def test_garbage_or_truncated_body_is_502(
         await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
     assert caught.value.status_code == 502
     assert set(caught.value.response.json()["error"]) >= {"message", "type", "code"}
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_venice_refusing_the_gateways_key_is_a_502_naming_it(
+    gateway: Gateway, api_key: str, status: int
+) -> None:
+    answered, body = await chat_answered(gateway, api_key, Behaviour(status=status))
+    assert answered == 502
+    error = body["error"]
+    assert error["code"] == "upstream_auth_failed"
+    assert "venice" in error["message"]
+    assert "Authentication failed" not in error["message"]
+    assert len(gateway.fake.received) == 1  # not retried
+
+
+async def test_serve_warns_at_start_when_venice_refuses_its_key(
+    gateway_processes, fake_venice: FakeVenice, database_url: str
+) -> None:
+    env = {
+        **gateway_env(database_url, fake_venice.base_url),
+        "VENICE_API_KEY": "a-wrong-venice-key",
+    }
+    (process,) = gateway_processes(env)
+    await eventually(
+        lambda: any(
+            "provider venice refused the gateway's API key" in r.get("message", "")
+            for r in process.records()
+        ),
+        within=10,
+    )
+    assert process.problems() == []
+    assert "a-wrong-venice-key" not in process.log_text()

@@ -25,8 +25,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
 from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
+from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
-from llmgw.storage import api_keys, rollup, subjects
+from llmgw.storage import api_keys, bounds, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
@@ -81,9 +82,11 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
     if not raw and optional:
         return {}
     try:
-        return orjson.loads(raw)
+        document = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise InvalidRequest("The request body is not valid JSON.") from None
+    reject_duplicate_keys(raw, document)
+    return document
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -154,8 +157,10 @@ async def list_keys(request: web.Request) -> web.Response:
         offset = int(query.get("offset", "0"))
     except ValueError:
         raise InvalidRequest("limit and offset must be integers.", param="limit") from None
-    if not 1 <= limit <= _MAX_PAGE or offset < 0:
-        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE} and offset >= 0.", param="limit")
+    if not 1 <= limit <= _MAX_PAGE:
+        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE}.", param="limit")
+    if not 0 <= offset <= bounds.MAX_OFFSET:
+        raise InvalidRequest(f"offset must be 0-{bounds.MAX_OFFSET}.", param="offset")
     async with _transaction(request) as connection:
         records = await api_keys.list_keys(
             connection,
@@ -263,6 +268,9 @@ def _time(text: str | None, name: str) -> datetime | None:
         raise InvalidRequest(f"{name} must be an RFC 3339 time.", param=name) from None
     if moment.tzinfo is None:
         raise InvalidRequest(f"{name} needs a time zone, e.g. {text}Z.", param=name)
+    problem = bounds.time_problem(moment)
+    if problem is not None:
+        raise InvalidRequest(f"{name} {problem}.", param=name)
     return moment
 
 

@@ -15,6 +15,7 @@ import cattrs
 from attrs import validators as v
 
 from llmgw.errors import InvalidRequest
+from llmgw.storage import bounds
 
 __all__ = ["KeyCreate", "Rotate", "SubjectBudgetUpdate", "parse", "to_json"]
 
@@ -27,6 +28,9 @@ def _rfc3339(value: Any, _type: Any) -> datetime:
     moment = datetime.fromisoformat(value)
     if moment.tzinfo is None:
         raise ValueError("the time needs a zone, e.g. 2027-01-31T00:00:00Z")
+    problem = bounds.time_problem(moment)
+    if problem is not None:
+        raise ValueError(f"the time {problem}")
     return moment
 
 
@@ -63,8 +67,15 @@ def _make_converter() -> cattrs.Converter:
 
 CONVERTER = _make_converter()
 
-_positive = v.gt(0)
-_optional_positive = v.optional(v.gt(0))
+# Positive and within the INTEGER columns that store them.
+_positive = v.and_(v.gt(0), v.le(bounds.INT4_MAX))
+_optional_positive = v.optional(_positive)
+
+
+def _budget(_instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    problem = None if value is None else bounds.budget_problem(value)
+    if problem is not None:
+        raise ValueError(f"{attribute.name} {problem}")
 
 
 def _model_names(
@@ -87,12 +98,21 @@ class KeyCreate:
 
 @attrs.frozen
 class Rotate:
-    grace_seconds: float = attrs.field(default=0, validator=v.ge(0))
+    grace_seconds: float = attrs.field(
+        default=0, validator=v.and_(v.ge(0), v.le(bounds.MAX_GRACE_SECONDS))
+    )
 
 
 @attrs.frozen
 class SubjectBudgetUpdate:
-    monthly_budget_usd: float | None = attrs.field(validator=v.optional(v.ge(0)))
+    monthly_budget_usd: float | None = attrs.field(validator=_budget)
+
+
+def _describe(exc: BaseException, wanted: type | None) -> str:
+    """cattrs' wording, plus what a validator said (it names the field and its bound)."""
+    if isinstance(exc, ValueError) and str(exc):
+        return f"invalid value ({exc})"
+    return cattrs.v.format_exception(exc, wanted)
 
 
 def parse(body: Any, cls: type[T]) -> T:
@@ -103,7 +123,7 @@ def parse(body: Any, cls: type[T]) -> T:
         return CONVERTER.structure(body, cls)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
         problems = (
-            cattrs.transform_error(exc)
+            cattrs.transform_error(exc, format_exception=_describe)
             if isinstance(exc, cattrs.BaseValidationError)
             else [str(exc)]
         )

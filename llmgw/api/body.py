@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
@@ -15,9 +16,57 @@ from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 __all__ = [
     "read_json_object",
     "refuse_control_characters",
+    "reject_duplicate_keys",
     "validate_chat_request",
     "validate_embeddings_request",
 ]
+
+# Every object key ends in a quote, optional whitespace and a colon; strings may hold more such
+# sequences, never fewer. So this count is at least the number of keys in the document.
+_KEY_END = re.compile(rb'"[ \t\n\r]*:')
+
+
+def _key_count(document: Any) -> int:
+    """Keys in every object of a parsed document: the distinct ones, duplicates already merged."""
+    count = 0
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if type(value) is dict:
+            count += len(value)
+            pending.extend(value.values())
+        elif type(value) is list:
+            pending.extend(value)
+    return count
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise InvalidRequest(
+                f"The request body has the key {name!r} more than once in one object."
+            )
+        document[name] = value
+    return document
+
+
+def reject_duplicate_keys(raw: bytes, document: Any) -> None:
+    """Refuse a body naming a key twice in one object: the gateway and the provider could each
+    read a different one (a checked ``model`` and a forwarded one).
+
+    orjson keeps the last duplicate silently. The exact, slower parse runs only when the cheap
+    count of key endings in the raw text exceeds the keys parsed (a duplicate, or ``":`` inside
+    a string).
+    """
+    if len(_KEY_END.findall(raw)) == _key_count(document):
+        return
+    try:
+        json.loads(raw, object_pairs_hook=_refuse_duplicates)
+    except (RecursionError, ValueError):
+        # What orjson accepts but json cannot walk (nesting past its recursion limit).
+        raise InvalidRequest("The request body is nested too deeply to be checked.") from None
+
 
 # C0, DEL and C1: no model name holds one, and a NUL cannot even be stored in the usage ledger.
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -45,6 +94,7 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
         raise InvalidRequest(f"The request body is not valid JSON: {exc.msg}.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    reject_duplicate_keys(raw, body)
     return raw, body
 
 

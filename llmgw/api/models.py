@@ -3,7 +3,10 @@
 The first provider's ids are listed as they are (a plain name routes to it); the others' as
 ``provider/model``, the name that routes back to them. Aliases are listed as models owned by llmgw.
 A provider whose listing fails is left out (for a shorter time in the cache) rather than failing the
-whole list; only when every provider fails is the first one's error answered.
+whole list; only when every provider fails is the first one's error answered, and that failure is
+remembered for a few seconds. One refresh runs at a time and every caller waits for that same one
+(bounded by the request timeout), never for a queue of them; while it runs, an expired list is
+served as it was.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import Provider, UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry
+from llmgw.telemetry.model_names import remember_listed
 
 __all__ = ["MODELS_CACHE", "ModelListCache", "list_models"]
 
@@ -30,24 +34,64 @@ _JSON = "application/json"
 
 
 class ModelListCache:
-    def __init__(self, ttl: float = 60.0, partial_ttl: float = 5.0) -> None:
+    def __init__(
+        self, ttl: float = 60.0, partial_ttl: float = 5.0, failure_ttl: float = 5.0
+    ) -> None:
         self._ttl = ttl
         self._partial_ttl = partial_ttl  # a list missing a provider is refreshed sooner
+        self._failure_ttl = failure_ttl  # every provider failed: answer that, briefly, at once
         self._value: bytes | None = None
         self._expires_at = 0.0
-        self._lock = asyncio.Lock()
+        self._failure: Exception | None = None
+        self._failure_until = 0.0
+        self._refresh: asyncio.Task[bytes] | None = None
 
     def clear(self) -> None:
         """Forget the list (the providers changed)."""
         self._value = None
 
     async def get(self, registry: ProviderRegistry, timeout: float) -> bytes:
-        loop = asyncio.get_running_loop()
-        async with self._lock:
-            if self._value is None or loop.time() >= self._expires_at:
-                self._value, complete = await _merged_listing(registry, loop.time() + timeout)
-                self._expires_at = loop.time() + (self._ttl if complete else self._partial_ttl)
+        now = asyncio.get_running_loop().time()
+        if self._value is not None and now < self._expires_at:
             return self._value
+        failed_recently = self._failure is not None and now < self._failure_until
+        if self._refresh is None and not failed_recently:
+            self._refresh = asyncio.create_task(self._load(registry, timeout))
+            self._refresh.add_done_callback(_retrieve_outcome)
+        if self._value is not None:
+            return self._value  # stale, while a refresh runs or after one failed
+        if self._refresh is None:
+            assert self._failure is not None
+            raise self._failure
+        # Shielded: a caller who leaves must not cancel the refresh the others wait for.
+        return await asyncio.shield(self._refresh)
+
+    async def _load(self, registry: ProviderRegistry, timeout: float) -> bytes:
+        loop = asyncio.get_running_loop()
+        try:
+            value, complete = await _merged_listing(registry, loop.time() + timeout)
+        except (GatewayError, UpstreamHTTPError) as exc:
+            self._failure, self._failure_until = exc, loop.time() + self._failure_ttl
+            raise
+        finally:
+            self._refresh = None
+        self._value, self._failure = value, None
+        remember_listed(_ids(value))
+        self._expires_at = loop.time() + (self._ttl if complete else self._partial_ttl)
+        return value
+
+
+def _ids(listing: bytes) -> list[str]:
+    data = orjson.loads(listing)["data"]
+    return [
+        item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)
+    ]
+
+
+def _retrieve_outcome(task: asyncio.Task[bytes]) -> None:
+    """A refresh nobody awaited (a stale list was served) must not log 'never retrieved'."""
+    if not task.cancelled():
+        task.exception()
 
 
 MODELS_CACHE = web.AppKey("models_cache", ModelListCache)

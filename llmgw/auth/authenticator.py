@@ -3,11 +3,17 @@
 The cache keeps each prefix's row for ``cache_ttl`` seconds. Every change to ``api_keys`` (a trigger
 NOTIFYs the prefix) drops that entry at once on every replica; while the LISTEN connection is down the
 cache is bypassed, so a revocation is never missed for longer than the notification takes to arrive.
+A lookup that was in flight when a notification arrived is answered but not cached (its row may
+predate the change).
+
+Memory is bounded: known keys in an LRU of ``cache_size`` entries, unknown prefixes (anyone can
+send those) in a separate, smaller LRU, so unauthenticated traffic never evicts a real key's entry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import logging
@@ -20,7 +26,12 @@ import attrs
 
 from llmgw.auth.keys import hash_key, is_plausible_key, key_prefix
 from llmgw.errors import AuthenticationFailed
-from llmgw.storage.database import API_KEY_CHANGES_CHANNEL, DATABASE_DOWN_ERRORS, database_errors
+from llmgw.storage.database import (
+    API_KEY_CHANGES_CHANNEL,
+    DATABASE_DOWN_ERRORS,
+    DATABASE_TIMEOUT_SECONDS,
+    database_errors,
+)
 
 __all__ = ["AuthenticatedKey", "Authenticator"]
 
@@ -60,6 +71,35 @@ class _CacheEntry:
     expires_at: float
 
 
+class _LRU:
+    """At most ``size`` entries; the least recently used one goes first."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: collections.OrderedDict[str, _CacheEntry] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, prefix: str) -> _CacheEntry | None:
+        entry = self._entries.get(prefix)
+        if entry is not None:
+            self._entries.move_to_end(prefix)
+        return entry
+
+    def put(self, prefix: str, entry: _CacheEntry) -> None:
+        self._entries[prefix] = entry
+        self._entries.move_to_end(prefix)
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def pop(self, prefix: str) -> None:
+        self._entries.pop(prefix, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 class Authenticator:
     def __init__(
         self,
@@ -67,7 +107,10 @@ class Authenticator:
         database_url: str,
         *,
         cache_ttl: float = 10.0,
+        cache_size: int = 10_000,
+        unknown_cache_size: int = 1_000,
         last_used_interval: float = 60.0,
+        database_timeout: float = DATABASE_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -77,7 +120,12 @@ class Authenticator:
         self._last_used_interval = last_used_interval
         self._clock = clock
         self._wall_clock = wall_clock
-        self._cache: dict[str, _CacheEntry] = {}
+        self._database_timeout = database_timeout
+        self._known = _LRU(cache_size)
+        self._unknown = _LRU(unknown_cache_size)
+        # Bumped by every notification and listener change: a lookup that saw it move while in
+        # flight does not cache what it read.
+        self._generation = 0
         self._listening = False
         self._last_touched: dict[uuid.UUID, float] = {}
         self._to_touch: set[uuid.UUID] = set()
@@ -98,14 +146,17 @@ class Authenticator:
                 await task
         await self._flush_last_used()
         if self._listener is not None and not self._listener.is_closed():
-            await self._listener.close()
+            try:
+                await self._listener.close(timeout=self._database_timeout)
+            except DATABASE_DOWN_ERRORS:
+                self._listener.terminate()
 
     async def authenticate(self, token: str) -> AuthenticatedKey:
         if not is_plausible_key(token):
             raise AuthenticationFailed()
         prefix = key_prefix(token)
         now = self._clock()
-        entry = self._cache.get(prefix)
+        entry = self._known.get(prefix) or self._unknown.get(prefix)
         if entry is None or entry.expires_at <= now or not self._listening:
             entry = await self._load(prefix, now)
         presented = hash_key(token)
@@ -118,10 +169,12 @@ class Authenticator:
         return entry.key
 
     async def _load(self, prefix: str, now: float) -> _CacheEntry:
+        generation = self._generation
         with database_errors():
             row = await self._pool.fetchrow(_LOOKUP, prefix)
         if row is None:
             entry = _CacheEntry(None, _DUMMY_HASH, now + self._cache_ttl)
+            self._store(prefix, entry, generation, self._unknown)
         else:
             key = AuthenticatedKey(
                 id=row["id"],
@@ -134,8 +187,15 @@ class Authenticator:
                 tokens_per_minute=row["tokens_per_minute"],
             )
             entry = _CacheEntry(key, bytes(row["key_hash"]), now + self._cache_ttl)
-        self._cache[prefix] = entry
+            self._store(prefix, entry, generation, self._known)
         return entry
+
+    def _store(self, prefix: str, entry: _CacheEntry, generation: int, cache: _LRU) -> None:
+        if generation != self._generation:
+            return  # a change was announced while the row was read: it may already be stale
+        self._known.pop(prefix)
+        self._unknown.pop(prefix)
+        cache.put(prefix, entry)
 
     def _note_use(self, key_id: uuid.UUID, now: float) -> None:
         last = self._last_touched.get(key_id)
@@ -159,11 +219,18 @@ class Authenticator:
             self._to_touch.update(ids)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, prefix: str) -> None:
-        self._cache.pop(prefix, None)
+        self._generation += 1
+        self._known.pop(prefix)
+        self._unknown.pop(prefix)
+
+    def _forget_everything(self) -> None:
+        self._generation += 1
+        self._known.clear()
+        self._unknown.clear()
 
     def _on_listener_lost(self, _conn: object) -> None:
         self._listening = False
-        self._cache.clear()
+        self._forget_everything()
 
     async def _listen_forever(self) -> None:
         while True:
@@ -176,12 +243,19 @@ class Authenticator:
                         "auth cache: LISTEN connection failed (%s); retrying", type(exc).__name__
                     )
                 else:
-                    self._cache.clear()
+                    self._forget_everything()
                     self._listening = True
             await asyncio.sleep(0.5)
 
     async def _connect_listener(self) -> asyncpg.Connection:
-        conn: asyncpg.Connection = await asyncpg.connect(self._database_url, timeout=5.0)
-        conn.add_termination_listener(self._on_listener_lost)
-        await conn.add_listener(API_KEY_CHANGES_CHANNEL, self._on_notify)
+        conn: asyncpg.Connection = await asyncpg.connect(
+            self._database_url, timeout=self._database_timeout
+        )
+        try:
+            async with asyncio.timeout(self._database_timeout):
+                conn.add_termination_listener(self._on_listener_lost)
+                await conn.add_listener(API_KEY_CHANGES_CHANNEL, self._on_notify)
+        except BaseException:
+            conn.terminate()
+            raise
         return conn

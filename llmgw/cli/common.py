@@ -13,7 +13,7 @@ from typing import TypeVar
 import asyncpg
 
 from llmgw.config import ENVIRONMENT_VARIABLES, Settings
-from llmgw.storage import revisions
+from llmgw.storage import bounds, revisions
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.storage.embedded import EmbeddedDatabaseError, resolve_database_url
 
@@ -21,7 +21,9 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILURE",
     "CommandError",
+    "bounded_int",
     "environment_help",
+    "grace_seconds",
     "positive_int",
     "prepare_database",
     "run_with_connection",
@@ -41,14 +43,33 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number above zero."""
+def bounded_int(high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be 1-{high}, not {text}")
+        return value
+
+    return parse
+
+
+# The INTEGER columns' range: limits, windows and tokens per minute.
+positive_int = bounded_int(bounds.INT4_MAX)
+
+
+def grace_seconds(text: str) -> float:
+    """An argparse type: seconds from 0 to ``bounds.MAX_GRACE_SECONDS``."""
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above zero, not {text}")
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not 0 <= value <= bounds.MAX_GRACE_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be 0-{bounds.MAX_GRACE_SECONDS}, not {text}")
     return value
 
 

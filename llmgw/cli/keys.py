@@ -14,12 +14,13 @@ import orjson
 from llmgw.cli.common import (
     CommandError,
     environment_help,
+    grace_seconds,
     positive_int,
     prepare_database,
     run_with_connection,
 )
 from llmgw.config import load_settings
-from llmgw.storage import api_keys
+from llmgw.storage import api_keys, bounds
 from llmgw.storage.api_keys import ApiKeyRecord, DuplicateKeyPrefix, IssuedKey, KeyNotFound
 
 __all__ = ["register"]
@@ -107,7 +108,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     rotate.add_argument("key", metavar="KEY", help=_REFERENCE_HELP)
     rotate.add_argument(
         "--grace-seconds",
-        type=float,
+        type=grace_seconds,
         default=0,
         help="keep the old key working this long (default 0: it stops at once)",
     )
@@ -131,6 +132,9 @@ def _future_timestamp(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"expected an RFC 3339 time, got {text!r}") from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"give a time zone, e.g. {text}Z")
+    problem = bounds.time_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"the time {problem}")
     if value <= datetime.now(UTC):
         raise argparse.ArgumentTypeError(f"{text} is not in the future")
     return value

@@ -14,6 +14,7 @@ from llmgw.admin.api import REPORT_COLUMNS, report_csv, report_query
 from llmgw.cli.common import (
     EXIT_CONFIG,
     CommandError,
+    bounded_int,
     environment_help,
     positive_int,
     prepare_database,
@@ -21,6 +22,7 @@ from llmgw.cli.common import (
 )
 from llmgw.config import load_settings
 from llmgw.errors import InvalidRequest
+from llmgw.storage import bounds
 from llmgw.storage.rollup import REPORT_GROUPINGS, usage_report
 from llmgw.storage.usage import prune_usage, read_dead_letters
 
@@ -44,7 +46,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     prune = actions.add_parser("prune", help="delete usage rows older than a number of days")
     prune.add_argument(
         "--older-than-days",
-        type=positive_int,
+        type=bounded_int(bounds.MAX_RETENTION_DAYS),
         required=True,
         help="delete rows recorded more than this many days ago",
     )

@@ -2,25 +2,37 @@
 
 All provider I/O goes through one shared ``aiohttp.ClientSession`` and one retry loop; transport
 exceptions are translated to gateway errors in ``_transport_errors`` and nowhere else.
+
+A complete answer is read incrementally and given up once it passes ``max_response_bytes``, counted
+after decompression, so neither a huge body nor a small compression bomb can exhaust memory. A
+401/403 is the provider refusing the gateway's own key (the caller's is never forwarded): it
+becomes a 502 ``upstream_auth_failed`` naming the provider, and the provider's body (which would
+blame the caller's key) is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from llmgw.errors import UpstreamTimeout, UpstreamUnavailable
+from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.retry import RETRYABLE_STATUSES, RetryPolicy
 
-__all__ = ["EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
+
+log = logging.getLogger(__name__)
 
 _JSON = "application/json"
+DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+_CREDENTIAL_REFUSALS = frozenset({401, 403})
+_READ_CHUNK = 64 * 1024
 # aiohttp rounds timeouts of 5 s and more up to the next whole second of loop time (uvloop's clock
 # is in whole milliseconds, so 5.0 s left is exactly 5.0): a 5 s deadline became 6 s. No rounding.
 EXACT_TIMEOUTS = math.inf
@@ -36,6 +48,25 @@ def _transport_errors(provider: str) -> Iterator[None]:
         raise UpstreamUnavailable(
             f"{provider} could not be reached ({type(exc).__name__})."
         ) from exc
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int, provider: str) -> bytes:
+    """The (decompressed) body, or a 502 as soon as it grows past ``limit`` bytes."""
+    declared = response.content_length
+    chunks: list[bytes] = []
+    size = 0
+    if declared is None or declared <= limit:
+        async for chunk in response.content.iter_chunked(_READ_CHUNK):
+            size += len(chunk)
+            if size > limit:
+                break
+            chunks.append(chunk)
+        else:
+            return b"".join(chunks)
+    raise UpstreamUnavailable(
+        f"{provider} answered with more than {limit} bytes (UPSTREAM_MAX_RESPONSE_BYTES).",
+        code="upstream_response_too_large",
+    )
 
 
 def _answer(response: aiohttp.ClientResponse, body: bytes, retries: int) -> UpstreamResponse:
@@ -89,8 +120,11 @@ class OpenAICompatibleProvider:
         idle_timeout: float,
         call_timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.name = name
+        self._max_response_bytes = max_response_bytes
+        self._has_key = bool(api_key)
         self._base_url = base_url.rstrip("/")
         parts = urlsplit(self._base_url)
         self.server_address = parts.hostname or ""
@@ -165,17 +199,36 @@ class OpenAICompatibleProvider:
             await asyncio.sleep(wait)
             retries += 1
 
-    async def _complete(self, path: str, call: UpstreamCall) -> UpstreamResponse:
-        response, retries = await self._post_with_retries(path, call, accept=_JSON, streaming=False)
+    async def _read_answer(
+        self, response: aiohttp.ClientResponse, retries: int
+    ) -> UpstreamResponse:
+        """Read and release ``response``; raise for anything but a success."""
         try:
+            self._check_credentials_accepted(response.status)
             with _transport_errors(self.name):
-                body = await response.read()
+                body = await _read_bounded(response, self._max_response_bytes, self.name)
         finally:
-            response.release()
+            response.release()  # a connection with an unread remainder is closed, not reused
         result = _answer(response, body, retries)
         if response.status >= 300:
             raise UpstreamHTTPError(result)
         return result
+
+    def _check_credentials_accepted(self, status: int) -> None:
+        if status not in _CREDENTIAL_REFUSALS:
+            return
+        # Only the gateway's own credentials reach the provider, so this is never the caller's
+        # fault; a keyless provider (a local Ollama) that wants one is the same configuration gap.
+        whose = "refused the gateway's API key" if self._has_key else "requires an API key"
+        log.warning("provider %s %s (HTTP %d); check its configured key", self.name, whose, status)
+        raise UpstreamAuthFailed(
+            f"The provider {self.name} {whose} (HTTP {status}). This is the gateway's "
+            "configuration, not your key; tell the gateway's operator."
+        )
+
+    async def _complete(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        response, retries = await self._post_with_retries(path, call, accept=_JSON, streaming=False)
+        return await self._read_answer(response, retries)
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         return await self._complete("/chat/completions", call)
@@ -188,12 +241,7 @@ class OpenAICompatibleProvider:
             "/chat/completions", call, accept="text/event-stream", streaming=True
         )
         if response.status != 200:
-            try:
-                with _transport_errors(self.name):
-                    body = await response.read()
-            finally:
-                response.release()
-            raise UpstreamHTTPError(_answer(response, body, retries))
+            raise UpstreamHTTPError(await self._read_answer(response, retries))
         return _AiohttpChatStream(response, retries, self.name)
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
@@ -202,11 +250,7 @@ class OpenAICompatibleProvider:
             total=max(self._deadline(deadline) - loop.time(), 0.001), ceil_threshold=EXACT_TIMEOUTS
         )
         with _transport_errors(self.name):
-            async with self._session.get(
+            response = await self._session.get(
                 self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
-            ) as response:
-                body = await response.read()
-        result = _answer(response, body, retries=0)
-        if response.status >= 300:
-            raise UpstreamHTTPError(result)
-        return result
+            )
+        return await self._read_answer(response, retries=0)

@@ -107,6 +107,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         idle_timeout=spec.timeout_seconds or settings.request_timeout_seconds,
         call_timeout=spec.timeout_seconds,
         headers=spec.headers,
+        max_response_bytes=settings.upstream_max_response_bytes,
     )
 
 

@@ -3,7 +3,9 @@
 asyncpg's Pool spends ~90 µs of CPU on each acquire/release pair (timeouts, reset hooks, holder
 bookkeeping), more than the statement itself. Here a connection is taken from a list and handed
 back, nothing else. Connections are opened lazily up to ``size``; a broken one is dropped and
-its slot reopened by the next caller, so a database restart heals without a gateway restart.
+its slot reopened by the next caller, so a database restart heals without a gateway restart. Each
+statement, connecting and waiting for a connection included, is bounded by ``timeout``, and retried
+once on a fresh connection when the one it got had died while idle.
 """
 
 from __future__ import annotations
@@ -15,15 +17,23 @@ from typing import Any
 
 import asyncpg
 
+from llmgw.storage.database import DATABASE_TIMEOUT_SECONDS, retry_on_dead_connection
+
 __all__ = ["HotConnections"]
 
 
 class HotConnections:
     def __init__(
-        self, database_url: str, *, size: int = 4, server_settings: Mapping[str, str] | None = None
+        self,
+        database_url: str,
+        *,
+        size: int = 4,
+        server_settings: Mapping[str, str] | None = None,
+        timeout: float = DATABASE_TIMEOUT_SECONDS,
     ) -> None:
         self._url = database_url
         self._size = size
+        self._timeout = timeout
         self._server_settings = dict(server_settings or {})
         self._idle: list[asyncpg.Connection] = []
         self._open = 0
@@ -34,6 +44,9 @@ class HotConnections:
         self._closed = False
 
     async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        return await retry_on_dead_connection(lambda: self._fetchrow(query, *args), self._timeout)
+
+    async def _fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
         connection = await self._acquire()
         try:
             record: asyncpg.Record | None = await connection.fetchrow(query, *args)
@@ -41,7 +54,8 @@ class HotConnections:
             self._release(connection)  # the server refused the statement; the session is fine
             raise
         except BaseException:
-            # Cancelled or cut off mid-statement: the session's state is unknown, so drop it.
+            # Cancelled, timed out or cut off mid-statement: the session's state is unknown, so
+            # drop it (terminate: a stalled server is not waited for).
             connection.terminate()
             self._release_slot(None)
             raise
@@ -55,8 +69,11 @@ class HotConnections:
             await connection.close()
 
     async def _acquire(self) -> asyncpg.Connection:
-        if self._idle:
-            return self._idle.pop()
+        while self._idle:
+            idle = self._idle.pop()
+            if not idle.is_closed():
+                return idle
+            self._open -= 1  # the server closed it while it sat here (a restart)
         if self._open >= self._size:
             waiter: asyncio.Future[asyncpg.Connection | None] = (
                 asyncio.get_running_loop().create_future()
@@ -74,7 +91,7 @@ class HotConnections:
             self._open += 1
         try:
             connection: asyncpg.Connection = await asyncpg.connect(
-                self._url, timeout=5.0, server_settings=self._server_settings
+                self._url, timeout=self._timeout, server_settings=self._server_settings
             )
         except BaseException:
             self._release_slot(None)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import asyncpg
 
 from llmgw.accounting.usage import UsageRecord
-from llmgw.storage.database import DATABASE_DOWN_ERRORS
+from llmgw.storage.database import BACKGROUND_WRITE_TIMEOUT_SECONDS, DATABASE_DOWN_ERRORS
 from llmgw.storage.usage import dead_letter_json, set_aside, write_batch
 
 __all__ = ["UsageLedger"]
@@ -99,7 +99,11 @@ class UsageLedger:
                 # Parts still to write, the next one last; a refused part is replaced by its halves.
                 parts = [[self._queue.popleft() for _ in range(count)]]
                 try:
-                    async with self._pool.acquire() as connection:
+                    # Not the request path's bound: a batch cut off after it committed would be
+                    # queued again and written twice.
+                    async with self._pool.acquire(
+                        timeout=BACKGROUND_WRITE_TIMEOUT_SECONDS
+                    ) as connection:
                         await self._write(connection, parts)
                 except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
                     self._put_back(parts)

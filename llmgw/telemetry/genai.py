@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw.accounting.usage import Usage, UsageRecord
 from llmgw.telemetry import semconv as sc
+from llmgw.telemetry.model_names import metric_model_name, remember_answered
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment
@@ -231,7 +232,7 @@ class ChatObservation:
         else:
             assert self.last_chunk_at is not None
             self.instruments.time_per_output_chunk.record(
-                now - self.last_chunk_at, self.metric_attributes
+                now - self.last_chunk_at, self._bounded_metric_attributes(answered=True)
             )
         self.last_chunk_at = now
 
@@ -258,6 +259,17 @@ class ChatObservation:
 
     # Ending ------------------------------------------------------------------------------------
 
+    def _bounded_metric_attributes(self, *, answered: bool) -> dict[str, Any]:
+        """The metric attributes with model names only the gateway knows (see model_names)."""
+        requested = self.metric_attributes[sc.GEN_AI_REQUEST_MODEL]
+        if answered:
+            remember_answered(requested)
+            remember_answered(self.response_model)
+        bounded = {**self.metric_attributes, sc.GEN_AI_REQUEST_MODEL: metric_model_name(requested)}
+        if self.response_model is not None:
+            bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(self.response_model)
+        return bounded
+
     def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
         if self.finished:
             return
@@ -265,9 +277,7 @@ class ChatObservation:
         now = time.perf_counter()
         duration = now - self.started
         span = self.tracer_span
-        metric_attributes = self.metric_attributes
-        if self.response_model is not None:
-            metric_attributes[sc.GEN_AI_RESPONSE_MODEL] = self.response_model
+        metric_attributes = self._bounded_metric_attributes(answered=status < 400)
         span_attributes: dict[str, Any] = {
             sc.LLMGW_RETRY_COUNT: self.retries,
             sc.HTTP_RESPONSE_STATUS_CODE: status,
