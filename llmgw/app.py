@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 import asyncpg
 from aiohttp import web
@@ -11,6 +12,7 @@ from llmgw import app_keys
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
 from llmgw.api.models import MODELS_CACHE, ModelListCache
+from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
 from llmgw.middleware import (
@@ -27,6 +29,7 @@ from llmgw.ratelimit.postgres import PostgresRateLimiter
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.storage.responses import ResponseStore
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -75,7 +78,11 @@ def create_app(
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(policy, ledger)
+        responses = app[RESPONSE_STORE] = ResponseStore(
+            pool, retention=timedelta(days=settings.responses_retention_days)
+        )
         yield
+        await responses.close()
         await ledger.close()  # after the server stopped: every finished request is written
         await limiter.close()
         await authenticator.close()

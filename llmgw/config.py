@@ -73,6 +73,16 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
     EnvVar("REQUEST_TIMEOUT_SECONDS", "120", "upper bound on one upstream call, in seconds"),
     EnvVar("REQUEST_BODY_LIMIT_BYTES", "1048576", "largest accepted request body"),
+    EnvVar(
+        "AUDIO_UPLOAD_LIMIT_BYTES",
+        "26214400",
+        "largest accepted /v1/audio/transcriptions upload (multipart body)",
+    ),
+    EnvVar(
+        "RESPONSES_RETENTION_DAYS",
+        "30",
+        "days a stored /v1/responses answer stays retrievable (previous_response_id, GET)",
+    ),
     EnvVar("OTEL_SERVICE_NAME", "llm-gateway", "service.name of spans and metrics"),
     EnvVar(
         "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -114,6 +124,8 @@ class Settings:
     venice_max_retries: int = 2
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
+    audio_upload_limit_bytes: int = 26_214_400
+    responses_retention_days: int = 30
     otel_service_name: str = "llm-gateway"
     otel_exporter_otlp_endpoint: str | None = None
     capture_genai_content: bool = False
@@ -191,6 +203,12 @@ def load_settings(
         ),
         request_body_limit_bytes=reader.get(
             "REQUEST_BODY_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        audio_upload_limit_bytes=reader.get(
+            "AUDIO_UPLOAD_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        responses_retention_days=reader.get(
+            "RESPONSES_RETENTION_DAYS", _parse_int(1, 36500), "a number of days, 1-36500"
         ),
         otel_service_name=reader.get("OTEL_SERVICE_NAME", _parse_non_empty, "a non-empty name"),
         otel_exporter_otlp_endpoint=reader.optional(

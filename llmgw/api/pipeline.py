@@ -21,14 +21,29 @@ from opentelemetry import propagate, trace
 from llmgw import app_keys
 from llmgw.accounting.usage import parse_usage
 from llmgw.api.body import read_json_object
+from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
-from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.base import (
+    ChatStream,
+    Provider,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+)
 from llmgw.streaming.relay import relay_stream
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
-__all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
+__all__ = [
+    "CLIENT_CLOSED_REQUEST",
+    "Answer",
+    "Operation",
+    "UpstreamRequest",
+    "forward_upstream_error",
+    "observed_call",
+    "proxy",
+]
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -41,6 +56,12 @@ class Operation:
     name: str  # gen_ai.operation.name, and the first word of the span name
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
+    # Another API served through the provider's: the body is translated before it is sent, the
+    # answer after it came back.
+    codec: ApiCodec | None = None
+    open_stream: Callable[[Provider, UpstreamCall], Awaitable[ChatStream]] = lambda provider, call: (
+        provider.stream_chat_completion(call)
+    )
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -56,44 +77,80 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
-    await request.app[app_keys.POLICY].admit(key, model)
-    route = request.app[app_keys.PROVIDERS].resolve(model)
+    caller_body = body
+    if operation.codec is not None:
+        body = operation.codec.to_chat(body)
+        raw = orjson.dumps(body)
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
-    hide_usage_chunk = stream and not _caller_asked_for_usage(body)
+    hide_usage_chunk = stream and operation.codec is None and not _caller_asked_for_usage(body)
     if hide_usage_chunk:
         options = body.get("stream_options")
         body["stream_options"] = {
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
+        raw = orjson.dumps(body)
+    answer: Answer = (
+        functools.partial(_stream, request, operation, hide_usage_chunk)
+        if stream
+        else functools.partial(_complete, operation, caller_body)
+    )
+    return await observed_call(
+        request,
+        key,
+        UpstreamRequest(operation.name, model, stream, body, raw),
+        answer,
+    )
+
+
+# How an operation calls the route it was given and answers the client.
+Answer = Callable[[Provider, UpstreamCall, ChatObservation], Awaitable[web.StreamResponse]]
+
+
+@attrs.frozen
+class UpstreamRequest:
+    """What an operation sends once its body is read and checked."""
+
+    operation: str  # gen_ai.operation.name
+    model: str
+    stream: bool
+    fields: dict[str, Any]  # the request's fields, for the span's request attributes
+    body: bytes  # what is sent
+    content_type: str = "application/json"
+    encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
+
+
+async def observed_call(
+    request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest, answer: Answer
+) -> web.StreamResponse:
+    """Admit, route, observe and call: what every operation shares once its body is read."""
+    await request.app[app_keys.POLICY].admit(key, upstream.model)
+    route = request.app[app_keys.PROVIDERS].resolve(upstream.model)
     telemetry = request.app[app_keys.TELEMETRY]
     observation = ChatObservation.start(
         telemetry.tracer,
         telemetry.instruments,
-        operation=operation.name,
+        operation=upstream.operation,
         provider_name=route.name,
         server_address=route.server_address,
         server_port=route.server_port,
         provider_reports_cost=route.reports_cost,
-        body=body,
-        model=model,
-        stream=stream,
+        body=upstream.fields,
+        model=upstream.model,
+        stream=upstream.stream,
         capture_content=telemetry.capture_content,
         request_id=request[app_keys.REQUEST_ID],
         key_id=key.id,
         subject_id=key.subject_id,
         record_sink=request.app[app_keys.USAGE],
     )
-    call = _upstream_call(
-        request, orjson.dumps(body) if hide_usage_chunk else raw, model, observation
+    call = attrs.evolve(
+        _upstream_call(request, upstream.body, upstream.model, observation),
+        content_type=upstream.content_type,
+        encode_for_model=upstream.encode_for_model,
     )
-    answer: Callable[[], Awaitable[web.StreamResponse]] = (
-        functools.partial(_stream, request, route, call, observation, hide_usage_chunk)
-        if stream
-        else functools.partial(_complete, operation, route, call, observation)
-    )
-    return await _observe_upstream(observation, answer)
+    return await _observe_upstream(observation, functools.partial(answer, route, call, observation))
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -119,18 +176,23 @@ def _upstream_call(
 
 async def _stream(
     request: web.Request,
+    operation: Operation,
+    hide_usage_chunk: bool,
     provider: Provider,
     call: UpstreamCall,
     observation: ChatObservation,
-    hide_usage_chunk: bool,
 ) -> web.StreamResponse:
-    upstream = await provider.stream_chat_completion(call)
+    upstream = await operation.open_stream(provider, call)
     observation.retries = upstream.retries
     return await relay_stream(request, upstream, observation, hide_usage_chunk=hide_usage_chunk)
 
 
 async def _complete(
-    operation: Operation, provider: Provider, call: UpstreamCall, observation: ChatObservation
+    operation: Operation,
+    caller_body: dict[str, Any],
+    provider: Provider,
+    call: UpstreamCall,
+    observation: ChatObservation,
 ) -> web.StreamResponse:
     result = await operation.complete(provider, call)
     observation.retries = result.retries
@@ -150,6 +212,9 @@ async def _complete(
     observation.note_document(document)
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
     observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    if operation.codec is not None:
+        answer = operation.codec.from_chat(document, request=caller_body)
+        return web.Response(status=result.status, body=answer, content_type="application/json")
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}
     )

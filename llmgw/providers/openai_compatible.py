@@ -49,6 +49,7 @@ class _AiohttpChatStream:
         self._response = response
         self.retries = retries
         self._provider = provider
+        self.content_type = response.headers.get("Content-Type", "application/octet-stream")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -84,8 +85,10 @@ class OpenAICompatibleProvider:
         idle_timeout: float,
         call_timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
+        speaks_responses: bool = False,
     ) -> None:
         self.name = name
+        self.speaks_responses = speaks_responses
         self._base_url = base_url.rstrip("/")
         parts = urlsplit(self._base_url)
         self.server_address = parts.hostname or ""
@@ -112,7 +115,7 @@ class OpenAICompatibleProvider:
         # Built afresh: nothing the client sent (its Authorization above all) is forwarded.
         return {
             **self._auth_headers,
-            "Content-Type": _JSON,
+            "Content-Type": call.content_type,
             "Accept": accept,
             **call.trace_headers,
         }
@@ -177,10 +180,16 @@ class OpenAICompatibleProvider:
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         return await self._complete("/embeddings", call)
 
+    async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        return await self._complete(path, call)
+
     async def stream_chat_completion(self, call: UpstreamCall) -> _AiohttpChatStream:
-        response, retries = await self._post_with_retries(
-            "/chat/completions", call, accept="text/event-stream", streaming=True
-        )
+        return await self.forward_stream("/chat/completions", call, accept="text/event-stream")
+
+    async def forward_stream(
+        self, path: str, call: UpstreamCall, *, accept: str
+    ) -> _AiohttpChatStream:
+        response, retries = await self._post_with_retries(path, call, accept=accept, streaming=True)
         if response.status != 200:
             try:
                 with _transport_errors(self.name):

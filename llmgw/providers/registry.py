@@ -92,6 +92,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         idle_timeout=spec.timeout_seconds or settings.request_timeout_seconds,
         call_timeout=spec.timeout_seconds,
         headers=spec.headers,
+        speaks_responses=spec.responses == "native",
     )
 
 

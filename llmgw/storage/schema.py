@@ -11,6 +11,7 @@ __all__ = [
     "api_key_token_windows",
     "api_keys",
     "metadata",
+    "responses",
     "subject_monthly_spend",
     "subjects",
     "usage_events",
@@ -159,7 +160,11 @@ usage_events = sa.Table(
     sa.CheckConstraint(
         "time_to_first_chunk_ms IS NULL OR time_to_first_chunk_ms >= 0", name="time_to_first_chunk"
     ),
-    sa.CheckConstraint("operation IN ('chat', 'embeddings')", name="operation"),
+    sa.CheckConstraint(
+        "operation IN ('chat', 'embeddings', 'image_generation', 'text_to_speech', "
+        "'speech_to_text')",
+        name="operation",
+    ),
 )
 
 admin_audit = sa.Table(
@@ -176,4 +181,26 @@ admin_audit = sa.Table(
     sa.Column("after", JSONB(), nullable=True),
     sa.CheckConstraint("actor <> ''", name="actor_not_empty"),
     sa.CheckConstraint("action <> ''", name="action_not_empty"),
+)
+
+# The Responses API's stored responses (migration 0006): what a previous_response_id continues.
+responses = sa.Table(
+    "responses",
+    metadata,
+    sa.Column("id", sa.Text(), primary_key=True),
+    sa.Column(
+        "api_key_id",
+        UUID(as_uuid=True),
+        sa.ForeignKey("api_keys.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    # Every input item of the conversation up to this response (instructions excluded).
+    sa.Column("input_items", JSONB(), nullable=False),
+    sa.Column("response", JSONB(), nullable=False),  # the Response object, output included
+    sa.Index("ix_responses_expires_at", "expires_at"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
 )
