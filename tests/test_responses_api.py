@@ -1,0 +1,242 @@
+"""POST/GET/DELETE /v1/responses through the official openai SDK, against a provider that serves
+Responses itself (the fake Venice's /responses) and one that only speaks chat (the fake OpenAI)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+
+from llmgw import app_keys
+from llmgw.provider_config import ProviderSpec
+from tests.conftest import Gateway
+from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI
+from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, Behaviour, FakeVenice
+
+VENICE_TEXT = "Hello from fake Venice!"
+OPENAI_TEXT = "Hello from fake OpenAI!"
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+        "strict": True,
+    }
+]
+
+
+@pytest.fixture
+async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+class Upstream:
+    """Which provider a test runs against, and how to read what it was sent."""
+
+    def __init__(self, gateway: Gateway, kind: str, fake_openai: FakeOpenAI) -> None:
+        self.gateway = gateway
+        self.kind = kind
+        self.fake_openai = fake_openai
+
+    @property
+    def reply(self) -> str:
+        return VENICE_TEXT if self.kind == "native" else OPENAI_TEXT
+
+    def sent(self) -> list[Any]:
+        """The bodies the provider received for Responses calls, in order."""
+        if self.kind == "native":
+            return [r.json for r in self.gateway.fake.received if r.path == "/api/v1/responses"]
+        return [r.json for r in self.fake_openai.calls("/v1/chat/completions")]
+
+
+@pytest.fixture(params=["native", "chat-only"])
+async def upstream(
+    request: Any, start_gateway: Any, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> Upstream:
+    if request.param == "native":
+        spec = ProviderSpec(
+            name="venice",
+            kind="venice",
+            base_url=fake_venice.base_url,
+            api_key=FAKE_VENICE_KEY,
+            responses="native",
+        )
+    else:
+        spec = ProviderSpec(
+            name="openai",
+            kind="openai-compatible",
+            base_url=fake_openai.base_url,
+            api_key=FAKE_OPENAI_KEY,
+        )
+    gateway: Gateway = await start_gateway(providers=(spec,))
+    return Upstream(gateway, request.param, fake_openai)
+
+
+async def client_for(upstream: Upstream, **key_settings: Any) -> openai.AsyncOpenAI:
+    return upstream.gateway.client(await upstream.gateway.create_key(**key_settings))
+
+
+async def ledger_rows(gateway: Gateway) -> list[Any]:
+    assert await gateway.server.app[app_keys.LEDGER].flush()
+    return await gateway.db.fetch("SELECT * FROM usage_events ORDER BY id")
+
+
+async def test_create_answers_text_with_usage_and_get_returns_it(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    response = await client.responses.create(
+        model="m-1", input="Say hello", instructions="Be brief.", max_output_tokens=64
+    )
+    assert response.output_text == upstream.reply
+    assert response.status == "completed"
+    assert response.id.startswith("resp_")
+    assert response.usage is not None and response.usage.output_tokens > 0
+    assert response.usage.input_tokens > 0
+
+    sent = upstream.sent()[-1]
+    if upstream.kind == "native":
+        # Venice has no 'instructions' or 'store': they arrive as a developer message, and left out.
+        assert sent["input"][0] == {"type": "message", "role": "developer", "content": "Be brief."}
+        assert "instructions" not in sent and "store" not in sent
+    else:
+        assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert sent["max_completion_tokens"] == 64
+
+    fetched = await client.responses.retrieve(response.id)
+    assert fetched.id == response.id and fetched.output_text == upstream.reply
+    rows = await ledger_rows(upstream.gateway)
+    assert len(rows) == 1
+    assert (rows[0]["operation"], rows[0]["status"]) == ("chat", 200)
+    assert rows[0]["output_tokens"] == response.usage.output_tokens
+
+
+async def test_function_calling_over_two_turns_with_previous_response_id(
+    upstream: Upstream,
+) -> None:
+    client = await client_for(upstream)
+    first = await client.responses.create(
+        model="m-1", input="What is 4 + 6?", tools=TOOLS, instructions="Use the tools."
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert (call.name, call.arguments) == ("add", TOOL_ARGUMENTS)
+
+    second = await client.responses.create(
+        model="m-1",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "10"}],
+        tools=TOOLS,
+    )
+    assert second.output_text == upstream.reply
+    assert second.previous_response_id == first.id
+
+    sent = upstream.sent()[-1]
+    if upstream.kind == "native":
+        kinds = [item.get("type", "message") for item in sent["input"]]
+        # The first turn's input and call, then this turn's result; not the old instructions.
+        assert kinds == ["message", "function_call", "function_call_output"]
+        assert sent["input"][0]["content"] == "What is 4 + 6?"
+        assert sent["tools"][0]["function"]["name"] == "add"  # Venice's nested tool shape
+    else:
+        roles = [message["role"] for message in sent["messages"]]
+        assert roles == ["user", "assistant", "tool"]
+        assert sent["messages"][1]["tool_calls"][0]["id"] == call.call_id
+        assert sent["messages"][2] == {
+            "role": "tool",
+            "tool_call_id": call.call_id,
+            "content": "10",
+        }
+
+
+async def test_unknown_or_foreign_previous_response_id_is_refused(upstream: Upstream) -> None:
+    owner = await client_for(upstream, name="owner")
+    other = await client_for(upstream, name="other")
+    made = await owner.responses.create(model="m-1", input="hi")
+    before = len(upstream.sent())
+    for client, previous in ((owner, "resp_unknown"), (other, made.id)):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(model="m-1", input="again", previous_response_id=previous)
+        error = caught.value.body
+        assert isinstance(error, dict)
+        assert error["code"] == "previous_response_not_found"
+        assert error["param"] == "previous_response_id"
+        assert previous in error["message"]
+    assert len(upstream.sent()) == before  # refused before any provider call
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.delete(made.id)
+    await owner.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        await owner.responses.retrieve(made.id)
+
+
+async def test_store_false_keeps_nothing(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    response = await client.responses.create(model="m-1", input="hi", store=False)
+    assert response.output_text == upstream.reply
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.create(model="m-1", input="again", previous_response_id=response.id)
+
+
+async def test_expired_responses_are_not_found(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    response = await client.responses.create(model="m-1", input="hi")
+    await client.responses.retrieve(response.id)
+    await upstream.gateway.db.execute(
+        "UPDATE responses SET created_at = now() - interval '2 days', "
+        "expires_at = now() - interval '1 day'"
+    )
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="m-1", input="again", previous_response_id=response.id)
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "previous_response_not_found"
+
+
+async def test_hosted_tools_are_refused_for_a_chat_only_provider(
+    start_gateway: Any, fake_openai: FakeOpenAI
+) -> None:
+    spec = ProviderSpec(
+        name="openai",
+        kind="openai-compatible",
+        base_url=fake_openai.base_url,
+        api_key=FAKE_OPENAI_KEY,
+    )
+    gateway: Gateway = await start_gateway(providers=(spec,))
+    client = gateway.client(await gateway.create_key())
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools[0]"
+    assert fake_openai.calls("/v1/chat/completions") == []
+
+
+async def test_provider_errors_take_openai_shape_with_the_provider_message(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(status=429, retry_after="7"))
+    client = gateway.client(api_key)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.responses.create(model="qwen3-5-9b", input="hi")
+    assert caught.value.response.headers["retry-after"] == "7"
+    assert caught.value.body == {
+        "message": "Rate limit exceeded",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.responses.create(model="venice-nonexistent-x", input="hi")
+    assert isinstance(missing.value.body, dict)
+    assert "Specified model not found" in missing.value.body["message"]
