@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import openai
+import orjson
 import pytest
 
 from llmgw import app_keys
@@ -240,3 +242,92 @@ async def test_provider_errors_take_openai_shape_with_the_provider_message(
         await client.responses.create(model="venice-nonexistent-x", input="hi")
     assert isinstance(missing.value.body, dict)
     assert "Specified model not found" in missing.value.body["message"]
+
+
+async def test_stream_text_has_the_full_event_sequence_and_is_stored(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    async with client.responses.stream(model="m-1", input="Say hello") as stream:
+        events = [event async for event in stream]
+        final = await stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert {"response.output_item.added", "response.content_part.added"} <= set(kinds)
+    assert {"response.output_text.done", "response.output_item.done"} <= set(kinds)
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == upstream.reply
+    assert final.usage is not None and final.usage.output_tokens > 0
+    assert events[0].response.id == final.id
+    stored = await client.responses.retrieve(final.id)
+    assert stored.output_text == upstream.reply
+
+    rows = await ledger_rows(upstream.gateway)
+    assert [(r["operation"], r["stream"], r["status"]) for r in rows] == [("chat", True, 200)]
+    # Usage from the provider's final figures (response.completed for a native provider).
+    assert rows[0]["output_tokens"] == final.usage.output_tokens
+    assert rows[0]["input_tokens"] == final.usage.input_tokens
+
+
+async def test_streamed_function_calling_over_two_turns(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    async with client.responses.stream(model="m-1", input="4 + 6?", tools=TOOLS) as stream:
+        events = [event async for event in stream]
+        first = await stream.get_final_response()
+    call = next(item for item in first.output if item.type == "function_call")
+    assert (call.name, call.arguments) == ("add", TOOL_ARGUMENTS)
+    arguments = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    assert arguments == TOOL_ARGUMENTS
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert done[-1].item.type == "function_call" and done[-1].item.arguments == TOOL_ARGUMENTS
+
+    async with client.responses.stream(
+        model="m-1",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "10"}],
+        tools=TOOLS,
+    ) as stream:
+        second = await stream.get_final_response()
+    assert second.output_text == upstream.reply
+
+
+async def test_stream_frames_carry_event_lines(upstream: Upstream) -> None:
+    key = await upstream.gateway.create_key()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            upstream.gateway.url("/v1/responses"),
+            json={"model": "m-1", "input": "hi", "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response:
+            assert response.content_type == "text/event-stream"
+            raw = (await response.read()).decode()
+    frames = [frame for frame in raw.split("\n\n") if frame]
+    assert frames[0].startswith("event: response.created\ndata: {")
+    for frame in frames:
+        event_line, data_line = frame.split("\n")
+        assert orjson.loads(data_line.removeprefix("data: "))["type"] == event_line.removeprefix(
+            "event: "
+        )
+    assert "[DONE]" not in raw
+
+
+async def test_a_stream_broken_by_the_provider_ends_with_error_and_response_failed(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(error_event_after_chunks=2))
+    client = gateway.client(api_key)
+    stream = await client.responses.create(model="qwen3-5-9b", input="hi", stream=True)
+    events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error.code == "server_error"
+    # The text that did arrive is closed properly before the failure.
+    assert "response.output_item.done" in kinds
+    rows = await ledger_rows(gateway)
+    assert [(r["status"], r["error_type"]) for r in rows] == [(200, "upstream_stream_error")]

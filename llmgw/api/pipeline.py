@@ -19,6 +19,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
+from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.accounting.usage import parse_usage
 from llmgw.api.body import read_json_object
 from llmgw.api.codec import ApiCodec
@@ -92,7 +93,7 @@ async def proxy(
         }
         raw = orjson.dumps(body)
     answer: Answer = (
-        functools.partial(_stream, request, operation, hide_usage_chunk)
+        functools.partial(_stream, request, operation, hide_usage_chunk, caller_body, body)
         if stream
         else functools.partial(_complete, operation, caller_body)
     )
@@ -178,13 +179,24 @@ async def _stream(
     request: web.Request,
     operation: Operation,
     hide_usage_chunk: bool,
+    caller_body: dict[str, Any],
+    body: dict[str, Any],
     provider: Provider,
     call: UpstreamCall,
     observation: ChatObservation,
 ) -> web.StreamResponse:
+    translator = (
+        None
+        if operation.codec is None
+        else operation.codec.stream_translator(
+            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+        )
+    )
     upstream = await operation.open_stream(provider, call)
     observation.retries = upstream.retries
-    return await relay_stream(request, upstream, observation, hide_usage_chunk=hide_usage_chunk)
+    return await relay_stream(
+        request, upstream, observation, hide_usage_chunk=hide_usage_chunk, translator=translator
+    )
 
 
 async def _complete(

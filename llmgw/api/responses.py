@@ -193,14 +193,18 @@ class _NativeEvents:
         return b""
 
     def error(self, error: GatewayError) -> bytes:
-        payload = {
-            "type": "error",
-            "sequence_number": self._sequence,
-            "code": error.code,
-            "message": error.message,
-            "param": error.param,
-        }
-        return _event("error", payload)
+        """``error`` then ``response.failed``: Codex ends a turn only on a terminal event."""
+        failed = self._codec.as_ours({"status": "failed"}, self._request)
+        failed["error"] = {"code": "server_error", "message": error.message}
+        events = (
+            ("error", {"code": error.code, "message": error.message, "param": error.param}),
+            ("response.failed", {"response": failed}),
+        )
+        framed = []
+        for kind, fields in events:
+            framed.append(_event(kind, {"type": kind, "sequence_number": self._sequence, **fields}))
+            self._sequence += 1
+        return b"".join(framed)
 
 
 def _event(kind: str, payload: dict[str, Any]) -> bytes:

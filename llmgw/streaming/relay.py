@@ -146,6 +146,10 @@ async def relay_stream(
             )
             if out:
                 await response.write(out)
+            if translator is not None and observer.failed:
+                raise UpstreamUnavailable(
+                    "The provider reported an error in the stream.", code="upstream_stream_error"
+                )
             if observer.garbled:
                 raise UpstreamUnavailable(
                     "The provider sent stream data that is not JSON; the stream was ended.",
@@ -180,15 +184,14 @@ async def relay_stream(
 def _translate(
     events: list[bytes], observer: _EventObserver, translator: StreamTranslator
 ) -> bytes:
-    """The translator's events for these provider events; an upstream error event ends the stream."""
+    """The translator's events for these provider events, up to an upstream error event (the
+    caller then ends the stream, after sending what came before the error)."""
     out = []
     for event in events:
         if not observer.forward(event):
             continue
         if observer.failed:
-            raise UpstreamUnavailable(
-                "The provider reported an error in the stream.", code="upstream_stream_error"
-            )
+            break
         if observer.document is not None:
             out.append(translator.feed(observer.document))
     return b"".join(out)
