@@ -4,6 +4,7 @@ Responses itself (the fake Venice's /responses) and one that only speaks chat (t
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,7 @@ import orjson
 import pytest
 
 from llmgw import app_keys
-from llmgw.provider_config import ProviderSpec
+from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
 from tests.conftest import Gateway
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI
 from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, Behaviour, FakeVenice
@@ -331,3 +332,21 @@ async def test_a_stream_broken_by_the_provider_ends_with_error_and_response_fail
     assert "response.output_item.done" in kinds
     rows = await ledger_rows(gateway)
     assert [(r["status"], r["error_type"]) for r in rows] == [(200, "upstream_stream_error")]
+
+
+def test_the_responses_mode_of_a_provider_is_validated(tmp_path: Path) -> None:
+    def spec(value: str) -> str:
+        return (
+            '[[providers]]\nname = "v"\nkind = "venice"\nbase_url = "http://127.0.0.1:1/api/v1"\n'
+            f"responses = {value}\n"
+        )
+
+    path = tmp_path / "llmgw.toml"
+    path.write_text(spec('"native"'))
+    assert load_provider_config(path, {}).providers[0].responses == "native"
+    path.write_text(spec('"sometimes"'))
+    with pytest.raises(ProviderConfigError) as caught:
+        load_provider_config(path, {})
+    assert str(caught.value).endswith(
+        'providers[0].responses: expected "translate" or "native", got "sometimes"'
+    )

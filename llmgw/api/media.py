@@ -143,13 +143,17 @@ def _multipart(fields: dict[str, str], upload: _Upload, boundary: str) -> bytes:
     parts: list[bytes] = []
     for name, value in fields.items():
         parts.append(
-            f'--{boundary}\r\nContent-Disposition: form-data; name="{_quoted(name)}"\r\n\r\n'.encode()
-            + value.encode()
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{_quoted(name)}"\r\n\r\n'.encode(
+                "utf-8", errors="replace"
+            )
+            + value.encode("utf-8", errors="replace")
             + b"\r\n"
         )
     parts.append(
         f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
-        f'filename="{_quoted(upload.filename)}"\r\nContent-Type: {upload.file_type}\r\n\r\n'.encode()
+        f'filename="{_quoted(upload.filename)}"\r\nContent-Type: {upload.file_type}\r\n\r\n'.encode(
+            "utf-8", errors="replace"
+        )
         + upload.file
         + b"\r\n"
     )
