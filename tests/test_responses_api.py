@@ -73,14 +73,18 @@ async def upstream(
             responses="native",
         )
     else:
-        spec = ProviderSpec(
-            name="openai",
-            kind="openai-compatible",
-            base_url=fake_openai.base_url,
-            api_key=FAKE_OPENAI_KEY,
-        )
+        spec = chat_only(fake_openai)
     gateway: Gateway = await start_gateway(providers=(spec,))
     return Upstream(gateway, request.param, fake_openai)
+
+
+def chat_only(fake_openai: FakeOpenAI) -> ProviderSpec:
+    return ProviderSpec(
+        name="openai",
+        kind="openai-compatible",
+        base_url=fake_openai.base_url,
+        api_key=FAKE_OPENAI_KEY,
+    )
 
 
 async def client_for(upstream: Upstream, **key_settings: Any) -> openai.AsyncOpenAI:
@@ -211,13 +215,7 @@ async def test_expired_responses_are_not_found(upstream: Upstream) -> None:
 async def test_hosted_tools_are_refused_for_a_chat_only_provider(
     start_gateway: Any, fake_openai: FakeOpenAI
 ) -> None:
-    spec = ProviderSpec(
-        name="openai",
-        kind="openai-compatible",
-        base_url=fake_openai.base_url,
-        api_key=FAKE_OPENAI_KEY,
-    )
-    gateway: Gateway = await start_gateway(providers=(spec,))
+    gateway: Gateway = await start_gateway(providers=(chat_only(fake_openai),))
     client = gateway.client(await gateway.create_key())
     with pytest.raises(openai.BadRequestError) as caught:
         await client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import attrs
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgw import app_keys
 from llmgw.api.body import read_json_object
@@ -192,7 +193,7 @@ async def _read_upload(request: web.Request, limit: int) -> _Upload:
                 file_type = part.headers.get("Content-Type", file_type)
             elif part.name:
                 fields[part.name] = data.decode("utf-8", errors="replace")
-    except (ValueError, AssertionError, RuntimeError) as exc:
+    except (ValueError, AssertionError, RuntimeError, HttpProcessingError) as exc:
         raise InvalidRequest(f"The multipart body is malformed ({type(exc).__name__}).") from None
     if file is None:
         raise InvalidRequest("'file' is required: the audio to transcribe.", param="file")

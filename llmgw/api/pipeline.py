@@ -1,9 +1,12 @@
-"""The one pipeline every proxied operation (chat, embeddings) goes through.
+"""The one pipeline every proxied operation (chat, embeddings, responses, media) goes through.
 
-    read the body → validate → route the model → open the observation → call the route → answer
+    read the body → validate (→ translate) → admit → route the model → open the observation
+    → call the route → answer (→ translate back)
 
 The key and the route are both known right after ``resolve``; the observation finishes exactly once,
-whatever the outcome. An :class:`Operation` says what differs between operations.
+whatever the outcome. An :class:`Operation` says what differs between JSON operations; an operation
+whose body is not JSON (an upload) or whose answer is not (audio) reads its own body and joins at
+:func:`observed_call`.
 """
 
 from __future__ import annotations

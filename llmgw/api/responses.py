@@ -81,16 +81,21 @@ class _StoringTranslator:
         return self._inner.error(error)
 
 
-class TranslatedResponses:
-    """The ApiCodec of Responses over chat completions, for one request."""
+class _ResponsesCodec:
+    """What a Responses codec knows of its one request: the history it continues, where the
+    answer is saved, and the id it gets."""
 
     def __init__(
         self, history: list[dict[str, Any]], save: _Saver, ids: translation.ResponseIds
     ) -> None:
         self._history = history
-        self._save = save
+        self.save = save
         self._ids = ids
         self._response_id = ids.new_id("resp")
+
+
+class TranslatedResponses(_ResponsesCodec):
+    """The ApiCodec of Responses over chat completions, for one request."""
 
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return translation.to_chat(body, self._history)
@@ -99,7 +104,7 @@ class TranslatedResponses:
         response = translation.from_chat(
             completion, request=request, response_id=self._response_id, ids=self._ids
         )
-        self._save(response)
+        self.save(response)
         return orjson.dumps(response)
 
     def stream_translator(
@@ -111,20 +116,12 @@ class TranslatedResponses:
             ids=self._ids,
             estimated_input_tokens=estimated_input_tokens,
         )
-        return _StoringTranslator(inner, self._save)
+        return _StoringTranslator(inner, self.save)
 
 
-class NativeResponses:
+class NativeResponses(_ResponsesCodec):
     """The ApiCodec of a provider that serves Responses itself: the request keeps its shape (with
     the stored history folded in), the answer gets the gateway's id so it can be continued here."""
-
-    def __init__(
-        self, history: list[dict[str, Any]], save: _Saver, ids: translation.ResponseIds
-    ) -> None:
-        self._history = history
-        self.save = save
-        self._ids = ids
-        self._response_id = ids.new_id("resp")
 
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return translation.native_request(body, self._history)

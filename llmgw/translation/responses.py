@@ -338,10 +338,18 @@ def native_request(body: dict[str, Any], history: Sequence[dict[str, Any]] = ())
         if key not in _NATIVE_DROPPED and value is not None
     }
     native["input"] = items
-    if body.get("tools"):
-        native["tools"] = _chat_tools(body["tools"])
-    if body.get("tool_choice") is not None:
-        native["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        # Flat function tools in Venice's nested shape; its own tools (web_search...) as they are.
+        native["tools"] = [
+            _chat_tools([tool])[0]
+            if isinstance(tool, dict) and tool.get("type") in ("function", "custom")
+            else tool
+            for tool in tools
+        ]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        native["tool_choice"] = _chat_tool_choice(choice)
     return native
 
 

@@ -220,7 +220,7 @@ def test_native_request_folds_in_history_and_instructions_in_venice_shapes() -> 
         "model": "m",
         "instructions": "Be brief.",
         "input": "again",
-        "tools": [WEATHER_TOOL],
+        "tools": [WEATHER_TOOL, {"type": "web_search"}],
         "tool_choice": {"type": "function", "name": "get_weather"},
         "store": True,
         "previous_response_id": "resp_1",
