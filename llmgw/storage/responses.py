@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -35,6 +36,8 @@ SELECT input_items::text, response::text FROM responses
 WHERE id = $1 AND api_key_id = $2 AND expires_at > now()
 """
 _DELETE = "DELETE FROM responses WHERE id = $1 AND api_key_id = $2 AND expires_at > now()"
+# The ids the gateway hands out; anything else (a NUL byte, say) is known not to exist.
+_RESPONSE_ID = re.compile(r"resp_[0-9a-f]{32}")
 
 
 @attrs.frozen
@@ -92,6 +95,8 @@ class ResponseStore:
 
     async def load(self, response_id: str, key_id: uuid.UUID) -> StoredResponse | None:
         """The response if ``key_id`` made it and it has not expired; None otherwise."""
+        if not _RESPONSE_ID.fullmatch(response_id):
+            return None
         await self._written(response_id)
         with database_errors():
             async with self._pool.acquire() as connection:
@@ -101,6 +106,8 @@ class ResponseStore:
         return StoredResponse(orjson.loads(row[0]), orjson.loads(row[1]))
 
     async def delete(self, response_id: str, key_id: uuid.UUID) -> bool:
+        if not _RESPONSE_ID.fullmatch(response_id):
+            return False
         await self._written(response_id)
         with database_errors():
             async with self._pool.acquire() as connection:
