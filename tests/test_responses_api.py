@@ -3,6 +3,9 @@ Responses itself (the fake Venice's /responses) and one that only speaks chat (t
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provid
 from tests.conftest import Gateway
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI
 from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, Behaviour, FakeVenice
+from tests.processes import clean_env
 
 VENICE_TEXT = "Hello from fake Venice!"
 OPENAI_TEXT = "Hello from fake OpenAI!"
@@ -348,3 +352,27 @@ def test_the_responses_mode_of_a_provider_is_validated(tmp_path: Path) -> None:
     assert str(caught.value).endswith(
         'providers[0].responses: expected "translate" or "native", got "sometimes"'
     )
+
+
+async def test_prune_deletes_only_expired_responses(upstream: Upstream, database_url: str) -> None:
+    client = await client_for(upstream)
+    kept = await client.responses.create(model="m-1", input="keep me")
+    gone = await client.responses.create(model="m-1", input="prune me")
+    await client.responses.retrieve(gone.id)  # both are written by now
+    await upstream.gateway.db.execute(
+        "UPDATE responses SET created_at = now() - interval '2 days', "
+        "expires_at = now() - interval '1 day' WHERE id = $1",
+        gone.id,
+    )
+    pruned = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmgw", "responses", "prune"],
+        env=clean_env(DATABASE_URL=database_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.strip() == "deleted 1 expired responses"
+    assert await upstream.gateway.db.fetchval("SELECT array_agg(id) FROM responses") == [kept.id]
