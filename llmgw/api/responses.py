@@ -9,7 +9,6 @@ providers like Venice are stateless and would silently ignore the field.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import attrs
@@ -58,29 +57,6 @@ class _Saver:
             self._store.save(self._key.id, response, self._input_items)
 
 
-class _StoringTranslator:
-    """A stream translator that hands the final Response to the saver once the stream ended."""
-
-    def __init__(self, inner: ResponsesStreamTranslator, save: _Saver) -> None:
-        self._inner = inner
-        self._save = save
-
-    def start(self) -> bytes:
-        return self._inner.start()
-
-    def feed(self, chunk: dict[str, Any]) -> bytes:
-        return self._inner.feed(chunk)
-
-    def finish(self) -> bytes:
-        events = self._inner.finish()
-        assert self._inner.response is not None
-        self._save(self._inner.response)
-        return events
-
-    def error(self, error: GatewayError) -> bytes:
-        return self._inner.error(error)
-
-
 class _ResponsesCodec:
     """What a Responses codec knows of its one request: the history it continues, where the
     answer is saved, and the id it gets."""
@@ -110,13 +86,13 @@ class TranslatedResponses(_ResponsesCodec):
     def stream_translator(
         self, *, request: dict[str, Any], estimated_input_tokens: int
     ) -> StreamTranslator:
-        inner = ResponsesStreamTranslator(
+        return ResponsesStreamTranslator(
             request,
             response_id=self._response_id,
             ids=self._ids,
             estimated_input_tokens=estimated_input_tokens,
+            on_finish=self.save,
         )
-        return _StoringTranslator(inner, self.save)
 
 
 class NativeResponses(_ResponsesCodec):
@@ -176,10 +152,7 @@ class _NativeEvents:
         if kind in self._LIFECYCLE and isinstance(chunk.get("response"), dict):
             response = self._codec.as_ours(chunk["response"], self._request)
             chunk = {**chunk, "response": response}
-            if kind != "response.failed" and kind not in (
-                "response.created",
-                "response.in_progress",
-            ):
+            if kind in ("response.completed", "response.incomplete"):
                 self._codec.save(response)
         sequence = chunk.get("sequence_number")
         if isinstance(sequence, int):
@@ -247,7 +220,7 @@ async def create_response(request: web.Request, key: AuthenticatedKey) -> web.St
     store = request.app[RESPONSE_STORE]
     history = await _history(store, key, body)
     save = _Saver(store, key, body, history)
-    ids = translation.ResponseIds(clock=time.time)
+    ids = translation.ResponseIds()
     if request.app[app_keys.PROVIDERS].resolve(model).speaks_responses:
         operation = attrs.evolve(_NATIVE, codec=NativeResponses(history, save, ids))
     else:

@@ -17,6 +17,7 @@ Every event carries ``type`` and a ``sequence_number`` counting from 0, and is f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -58,7 +59,9 @@ class ResponsesStreamTranslator:
         response_id: str,
         ids: ResponseIds | None = None,
         estimated_input_tokens: int = 0,
+        on_finish: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        self._on_finish = on_finish  # told the final Response of a stream that completed
         self._ids = ids or ResponseIds()
         self._request = request
         self._custom = custom_tool_names(request)
@@ -116,6 +119,8 @@ class ResponsesStreamTranslator:
             "usage": usage,
         }
         self.response = response
+        if self._on_finish is not None:
+            self._on_finish(response)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return events + self._event(kind, response=response)
 
