@@ -16,9 +16,17 @@ import openai
 import pytest
 
 from llmgw import app_keys
+from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
-from tests.fake_venice import PNG_1X1_B64, TRANSCRIPT, Behaviour, speech_audio
+from tests.fake_venice import (
+    FAKE_VENICE_KEY,
+    PNG_1X1_B64,
+    TRANSCRIPT,
+    Behaviour,
+    FakeVenice,
+    speech_audio,
+)
 
 AUDIO = b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(range(256)) * 8
 
@@ -214,3 +222,18 @@ async def test_speech_cut_off_mid_stream_is_recorded_as_failed(
     await asyncio.sleep(0.5)
     span = gateway.telemetry.span("text_to_speech tts-kokoro")
     assert span.attributes[sc.LLMGW_STREAM_OUTCOME] == "cancelled"
+
+
+async def test_an_alias_reaches_each_deployment_with_its_own_model(
+    start_gateway: Any, fake_venice: FakeVenice
+) -> None:
+    venice = ProviderSpec(
+        name="venice", kind="venice", base_url=fake_venice.base_url, api_key=FAKE_VENICE_KEY
+    )
+    alias = ModelAlias("stt", (DeploymentSpec("venice", "openai/whisper-large-v3"),))
+    gateway: Gateway = await start_gateway(providers=(venice,), model_aliases=(alias,))
+    client = gateway.client(await gateway.create_key(allowed_models=("stt",)))
+    result = await client.audio.transcriptions.create(model="stt", file=("a.wav", AUDIO))
+    assert result.text == TRANSCRIPT
+    # The multipart body was re-encoded for the deployment's model.
+    assert gateway.fake.received[-1].json["model"] == "openai/whisper-large-v3"

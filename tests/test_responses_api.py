@@ -148,6 +148,12 @@ async def test_function_calling_over_two_turns_with_previous_response_id(
     )
     assert second.output_text == upstream.reply
     assert second.previous_response_id == first.id
+    items = await client.responses.input_items.list(second.id)
+    assert [item.type for item in items.data] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
 
     sent = upstream.sent()[-1]
     if upstream.kind == "native":
