@@ -1138,7 +1138,10 @@ class FakeVenice:
         await response.prepare(request)
         pacer = _Pacer(response, behaviour.chunk_delay)
         size = -(-len(audio) // SPEECH_CHUNKS)
-        for start in range(0, len(audio), size):
+        for sent, start in enumerate(range(0, len(audio), size)):
+            if sent == behaviour.drop_after_chunks:
+                _hang_up(request)
+                return response
             await pacer.send(audio[start : start + size])
         return response
 

@@ -237,3 +237,29 @@ async def test_an_alias_reaches_each_deployment_with_its_own_model(
     assert result.text == TRANSCRIPT
     # The multipart body was re-encoded for the deployment's model.
     assert gateway.fake.received[-1].json["model"] == "openai/whisper-large-v3"
+
+
+async def test_speech_the_provider_breaks_off_is_cut_short_and_recorded_as_failed(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=2))
+    received = b""
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/audio/speech"),
+            json={"model": "tts-kokoro", "voice": "af_sky", "input": "Hello there"},
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+        assert response.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for data in response.content.iter_any():
+                received += data
+    # What arrived is a strict prefix: the client can tell the audio is incomplete.
+    assert speech_audio("Hello there").startswith(received)
+    assert len(received) < len(speech_audio("Hello there"))
+    span = gateway.telemetry.span("text_to_speech tts-kokoro")
+    assert span.attributes[sc.LLMGW_STREAM_OUTCOME] == "failed"
+    rows = await ledger_rows(gateway)
+    assert [(r["operation"], r["error_type"]) for r in rows] == [
+        ("text_to_speech", "upstream_stream_interrupted")
+    ]

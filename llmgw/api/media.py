@@ -9,6 +9,7 @@ than REQUEST_BODY_LIMIT_BYTES, and re-encoded for the provider.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from typing import Any
 
@@ -81,12 +82,7 @@ async def create_speech(request: web.Request, key: AuthenticatedKey) -> web.Stre
     model = _require_model(body)
     _require_text(body, "input")
     upstream = UpstreamRequest(sc.OPERATION_TEXT_TO_SPEECH, model, True, body, raw)
-    return await observed_call(
-        request,
-        key,
-        upstream,
-        lambda route, call, observation: _relay_audio(request, route, call, observation),
-    )
+    return await observed_call(request, key, upstream, functools.partial(_relay_audio, request))
 
 
 async def _relay_audio(
