@@ -4,7 +4,6 @@ ledger rows for every new route (Responses included)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 import uuid
@@ -18,7 +17,7 @@ import pytest
 from llmgw import app_keys
 from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
 from llmgw.telemetry import semconv as sc
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_venice import (
     FAKE_VENICE_KEY,
     PNG_1X1_B64,
@@ -219,9 +218,9 @@ async def test_speech_cut_off_mid_stream_is_recorded_as_failed(
     ) as response:
         async for _ in response.iter_bytes():
             break  # the client hangs up after the first chunk
-    await asyncio.sleep(0.5)
-    span = gateway.telemetry.span("text_to_speech tts-kokoro")
-    assert span.attributes[sc.LLMGW_STREAM_OUTCOME] == "cancelled"
+    name = "text_to_speech tts-kokoro"
+    await eventually(lambda: any(s.name == name for s in gateway.telemetry.finished_spans()))
+    assert gateway.telemetry.span(name).attributes[sc.LLMGW_STREAM_OUTCOME] == "cancelled"
 
 
 async def test_an_alias_reaches_each_deployment_with_its_own_model(

@@ -190,6 +190,8 @@ async def test_unknown_or_foreign_previous_response_id_is_refused(upstream: Upst
     with pytest.raises(openai.NotFoundError):
         await other.responses.retrieve(made.id)
     with pytest.raises(openai.NotFoundError):
+        await owner.responses.retrieve("resp_\x00")  # no id the gateway makes; not a 500
+    with pytest.raises(openai.NotFoundError):
         await other.responses.delete(made.id)
     await owner.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):
