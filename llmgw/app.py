@@ -11,6 +11,7 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
@@ -106,7 +107,7 @@ def create_app(
     app.middlewares.extend(
         [
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
-            error_middleware(),
+            error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
                 # The admin API checks its own token; with none set its routes do not exist (404).

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.api import chat, embeddings, health, media, models, openapi, responses
+from llmgw.api import chat, embeddings, health, media, messages, models, openapi, responses
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import AuthenticationFailed
 
@@ -37,6 +37,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", openapi.openapi_handler(public_paths=PUBLIC_PATHS))
     app.router.add_post("/v1/chat/completions", protected(chat.chat_completions))
     app.router.add_post("/v1/embeddings", protected(embeddings.create_embeddings))
+    app.router.add_post(messages.MESSAGES_PATH, protected(messages.create_message))
+    app.router.add_post(messages.MESSAGES_PATH + "/count_tokens", protected(messages.count_tokens))
     app.router.add_get("/v1/models", protected(models.list_models))
     app.router.add_post("/v1/responses", protected(responses.create_response))
     app.router.add_get("/v1/responses/{response_id}", protected(responses.get_response))

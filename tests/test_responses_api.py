@@ -245,9 +245,8 @@ async def test_provider_errors_take_openai_shape_with_the_provider_message(
     assert caught.value.response.headers["retry-after"] == "7"
     assert caught.value.body == {
         "message": "Rate limit exceeded",
-        "type": "invalid_request_error",
-        "param": None,
-        "code": None,
+        "type": "upstream_error",
+        "code": "provider_error",
     }
     with pytest.raises(openai.NotFoundError) as missing:
         await client.responses.create(model="venice-nonexistent-x", input="hi")

@@ -27,7 +27,7 @@ from llmgw.accounting.usage import parse_usage
 from llmgw.api.body import read_json_object
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
-from llmgw.errors import GatewayError, UpstreamUnavailable
+from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,
     Provider,
@@ -60,12 +60,13 @@ class Operation:
     name: str  # gen_ai.operation.name, and the first word of the span name
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
-    # Another API served through the provider's: the body is translated before it is sent, the
-    # answer after it came back.
+    # Another API served through chat completions (or a provider's own dialect of it): the
+    # request, answers and errors translated.
     codec: ApiCodec | None = None
     open_stream: Callable[[Provider, UpstreamCall], Awaitable[ChatStream]] = lambda provider, call: (
         provider.stream_chat_completion(call)
     )
+    sends_chat: bool = True  # False: the provider is sent another API's body (no stream_options)
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -87,7 +88,7 @@ async def proxy(
         raw = orjson.dumps(body)
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
-    hide_usage_chunk = stream and operation.codec is None and not _caller_asked_for_usage(body)
+    hide_usage_chunk = stream and operation.sends_chat and not _caller_asked_for_usage(body)
     if hide_usage_chunk:
         options = body.get("stream_options")
         body["stream_options"] = {
@@ -100,12 +101,10 @@ async def proxy(
         if stream
         else functools.partial(_complete, operation, caller_body)
     )
-    return await observed_call(
-        request,
-        key,
-        UpstreamRequest(operation.name, model, stream, body, raw),
-        answer,
+    upstream = UpstreamRequest(
+        operation.name, model, stream, body, raw, translate_errors=operation.codec is not None
     )
+    return await observed_call(request, key, upstream, answer)
 
 
 # How an operation calls the route it was given and answers the client.
@@ -123,6 +122,7 @@ class UpstreamRequest:
     body: bytes  # what is sent
     content_type: str = "application/json"
     encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
+    translate_errors: bool = False  # provider errors in the route's own shape (ProviderError)
 
 
 async def observed_call(
@@ -154,7 +154,11 @@ async def observed_call(
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
     )
-    return await _observe_upstream(observation, functools.partial(answer, route, call, observation))
+    return await _observe_upstream(
+        observation,
+        functools.partial(answer, route, call, observation),
+        translate_errors=upstream.translate_errors,
+    )
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -236,9 +240,16 @@ async def _complete(
 
 
 async def _observe_upstream(
-    observation: ChatObservation, call: Callable[[], Awaitable[web.StreamResponse]]
+    observation: ChatObservation,
+    call: Callable[[], Awaitable[web.StreamResponse]],
+    *,
+    translate_errors: bool,
 ) -> web.StreamResponse:
-    """Run ``call``; finish the observation on any failure it raises (success finishes itself)."""
+    """Run ``call``; finish the observation on any failure it raises (success finishes itself).
+
+    A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the
+    error middleware renders in the route's own error shape.
+    """
     try:
         return await call()
     except UpstreamHTTPError as exc:
@@ -246,6 +257,11 @@ async def _observe_upstream(
         observation.finish(
             status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
         )
+        if translate_errors:
+            response = exc.response
+            raise ProviderError.from_answer(
+                response.status, response.body, retry_after=response.retry_after
+            ) from None
         return forward_upstream_error(exc.response)
     except GatewayError as exc:
         observation.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)

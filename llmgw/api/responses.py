@@ -193,6 +193,7 @@ _NATIVE = Operation(
     open_stream=lambda provider, call: provider.forward_stream(
         "/responses", call, accept="text/event-stream"
     ),
+    sends_chat=False,
 )
 
 
@@ -225,31 +226,7 @@ async def create_response(request: web.Request, key: AuthenticatedKey) -> web.St
         operation = attrs.evolve(_NATIVE, codec=NativeResponses(history, save, ids))
     else:
         operation = attrs.evolve(_TRANSLATED, codec=TranslatedResponses(history, save, ids))
-    response = await proxy(request, key, operation)
-    if isinstance(response, web.Response) and response.status >= 400:
-        return _as_openai_error(response)
-    return response
-
-
-def _as_openai_error(response: web.Response) -> web.Response:
-    """A provider's error in OpenAI's shape (Venice sends ``{"error": "<text>"}``), status kept."""
-    try:
-        document = orjson.loads(response.body) if isinstance(response.body, bytes) else None
-    except orjson.JSONDecodeError:
-        document = None
-    error = document.get("error") if isinstance(document, dict) else None
-    if isinstance(error, dict):
-        return response
-    message = error if isinstance(error, str) else f"The provider answered {response.status}."
-    kind = "server_error" if response.status >= 500 else "invalid_request_error"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
-    return web.Response(
-        status=response.status,
-        body=orjson.dumps(body),
-        content_type="application/json",
-        headers=headers,
-    )
+    return await proxy(request, key, operation)
 
 
 async def _stored(request: web.Request, key: AuthenticatedKey) -> tuple[str, StoredResponse]:
