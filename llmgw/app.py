@@ -75,7 +75,11 @@ def create_app(
         await limiter.start()
         app[app_keys.RATE_LIMITER] = limiter
         policy = app[app_keys.POLICY] = PolicyGuard(pool)
-        ledger = UsageLedger(pool, on_drop=telemetry.instruments.usage_ledger_dropped.add)
+        ledger = UsageLedger(
+            pool,
+            on_drop=telemetry.instruments.usage_ledger_dropped.add,
+            on_dead_letter=telemetry.instruments.usage_ledger_dead_letters.add,
+        )
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(policy, ledger)

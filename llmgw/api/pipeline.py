@@ -24,7 +24,7 @@ from opentelemetry import propagate, trace
 from llmgw import app_keys
 from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.accounting.usage import parse_usage
-from llmgw.api.body import read_json_object
+from llmgw.api.body import read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
@@ -129,6 +129,7 @@ async def observed_call(
     request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest, answer: Answer
 ) -> web.StreamResponse:
     """Admit, route, observe and call: what every operation shares once its body is read."""
+    refuse_control_characters(upstream.model)
     await request.app[app_keys.POLICY].admit(key, upstream.model)
     route = request.app[app_keys.PROVIDERS].resolve(upstream.model)
     telemetry = request.app[app_keys.TELEMETRY]
