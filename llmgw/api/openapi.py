@@ -219,12 +219,16 @@ _SCHEMA_COMPONENTS: dict[str, Any] = {
     },
     "TranscriptionRequest": {
         "type": "object",
+        "description": (
+            "Form fields are text whatever they hold, so only their presence is checked: a model "
+            "and a file part."
+        ),
         "required": ["model", "file"],
         "properties": {
-            "model": _ref("NonBlankString"),
-            "file": {"type": "string", "format": "binary"},
-            "language": {"type": "string"},
-            "response_format": {"type": "string"},
+            "model": {"description": "A model id (a text field)."},
+            "file": {"description": "The audio (a file part)."},
+            "language": {"description": _PASSED_THROUGH},
+            "response_format": {"description": _PASSED_THROUGH},
         },
     },
     "Transcription": {
