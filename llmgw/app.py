@@ -31,6 +31,7 @@ from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.responses import ResponseStore
+from llmgw.streaming import supervisor
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -104,6 +105,14 @@ def create_app(
         app[app_keys.TELEMETRY].providers.shutdown()
 
     app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    supervisor.install(  # after the cleanup contexts above: its drains end before they close
+        app,
+        supervisor.StreamSupervisor(
+            max_seconds=settings.stream_max_seconds,
+            max_event_bytes=settings.upstream_max_event_bytes,
+            shutdown_grace_seconds=settings.shutdown_grace_seconds,
+        ),
+    )
     add_routes(app)
     if settings.admin_token is not None:
         app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))

@@ -97,6 +97,12 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("LLMGW_DATA_DIR", None, "where the embedded database lives (default: user data dir)"),
     EnvVar("LLMGW_AUTO_MIGRATE", "false", "true = serve migrates an external database to head"),
     EnvVar("SHUTDOWN_GRACE_SECONDS", "30", "time in-flight requests get to finish on SIGTERM"),
+    EnvVar("STREAM_MAX_SECONDS", "600", "longest a streamed answer may last, in seconds"),
+    EnvVar(
+        "UPSTREAM_MAX_EVENT_BYTES",
+        "1048576",
+        "largest single event of a provider's stream (and JSON answer to a stream)",
+    ),
     EnvVar("RATE_LIMIT_BACKEND", "postgres", "where rate-limit windows live: postgres or redis"),
     EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
     EnvVar("LLMGW_PROMETHEUS", "false", "true = also serve metrics at GET /metrics"),
@@ -132,6 +138,8 @@ class Settings:
     data_dir: Path = attrs.field(factory=lambda: default_data_dir())
     auto_migrate: bool = False
     shutdown_grace_seconds: float = 30.0
+    stream_max_seconds: float = 600.0
+    upstream_max_event_bytes: int = 1_048_576
     rate_limit_backend: str = "postgres"
     redis_url: str | None = attrs.field(default=None, repr=False)
     prometheus: bool = False
@@ -219,6 +227,12 @@ def load_settings(
         auto_migrate=reader.get("LLMGW_AUTO_MIGRATE", _parse_bool, "true or false"),
         shutdown_grace_seconds=reader.get(
             "SHUTDOWN_GRACE_SECONDS", _parse_non_negative_float, "a number of seconds >= 0"
+        ),
+        stream_max_seconds=reader.get(
+            "STREAM_MAX_SECONDS", _parse_positive_float, "a positive number of seconds"
+        ),
+        upstream_max_event_bytes=reader.get(
+            "UPSTREAM_MAX_EVENT_BYTES", _parse_int(1024, 1 << 30), "an integer 1024-1073741824"
         ),
         rate_limit_backend=backend,
         redis_url=redis_url,

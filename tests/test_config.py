@@ -24,6 +24,10 @@ BAD_VALUES = [
     ("CAPTURE_GENAI_CONTENT", "maybe"),
     ("LLMGW_AUTO_MIGRATE", "2"),
     ("SHUTDOWN_GRACE_SECONDS", "-5"),
+    ("STREAM_MAX_SECONDS", "0"),
+    ("STREAM_MAX_SECONDS", "inf"),
+    ("UPSTREAM_MAX_EVENT_BYTES", "1MiB"),
+    ("UPSTREAM_MAX_EVENT_BYTES", "10"),
     ("RATE_LIMIT_BACKEND", "memcached"),
     ("LLMGW_PROMETHEUS", "yes please"),
     ("LOG_LEVEL", "LOUD"),
@@ -62,6 +66,13 @@ def test_defaults_match_the_reference_design() -> None:
     assert settings.venice_max_retries == 2
     assert settings.capture_genai_content is False
     assert settings.auto_migrate is False
+    assert settings.stream_max_seconds == 600
+    assert settings.upstream_max_event_bytes == 1_048_576
+
+
+def test_stream_bounds_are_read_from_the_environment() -> None:
+    settings = load_settings({"STREAM_MAX_SECONDS": "2.5", "UPSTREAM_MAX_EVENT_BYTES": "4096"})
+    assert (settings.stream_max_seconds, settings.upstream_max_event_bytes) == (2.5, 4096)
 
 
 @pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
@@ -105,5 +116,7 @@ def test_help_teaches_every_variable() -> None:
         "VENICE_API_KEY",
         "LLMGW_DATA_DIR",
         "SHUTDOWN_GRACE_SECONDS",
+        "STREAM_MAX_SECONDS",
+        "UPSTREAM_MAX_EVENT_BYTES",
     ):
         assert variable in result.stdout

@@ -24,8 +24,9 @@ from llmgw.api.pipeline import (
     CLIENT_CLOSED_REQUEST,
     Operation,
     UpstreamRequest,
-    observed_call,
+    observe_upstream,
     proxy,
+    start_call,
 )
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import (
@@ -35,7 +36,7 @@ from llmgw.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
-from llmgw.providers.base import Provider, UpstreamCall
+from llmgw.providers.base import Provider, UpstreamCall, UpstreamStream
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
@@ -82,17 +83,28 @@ async def create_speech(request: web.Request, key: AuthenticatedKey) -> web.Stre
     model = _require_model(body)
     _require_text(body, "input")
     upstream = UpstreamRequest(sc.OPERATION_TEXT_TO_SPEECH, model, True, body, raw)
-    return await observed_call(request, key, upstream, functools.partial(_relay_audio, request))
+    route, call, observation = await start_call(request, key, upstream)
+    opened = await observe_upstream(
+        observation,
+        functools.partial(route.forward_stream, "/audio/speech", call, accept="*/*"),
+        translate_errors=False,
+    )
+    if isinstance(opened, web.StreamResponse):
+        return opened  # the provider's error, forwarded
+    observation.retries = opened.retries
+    return await _relay_audio(request, opened, observation)
 
 
 async def _relay_audio(
-    request: web.Request, provider: Provider, call: UpstreamCall, observation: ChatObservation
+    request: web.Request, upstream: UpstreamStream, observation: ChatObservation
 ) -> web.StreamResponse:
     """The provider's audio, written to the client chunk by chunk as it arrives."""
-    upstream = await provider.forward_stream("/audio/speech", call, accept="*/*")
-    observation.retries = upstream.retries
     response = web.StreamResponse(
-        status=200, headers={"Content-Type": upstream.content_type, "Cache-Control": "no-cache"}
+        status=200,
+        headers={
+            "Content-Type": upstream.content_type or "application/octet-stream",
+            "Cache-Control": "no-cache",
+        },
     )
     outcome, status = Outcome.CANCELLED, CLIENT_CLOSED_REQUEST
     error_type: str | None = "cancelled"
@@ -216,7 +228,12 @@ async def create_transcription(request: web.Request, key: AuthenticatedKey) -> w
         content_type=_FORM_TYPE,
         encode_for_model=upload.encode,
     )
-    return await observed_call(request, key, upstream, _transcribe)
+    route, call, observation = await start_call(request, key, upstream)
+    return await observe_upstream(
+        observation,
+        functools.partial(_transcribe, route, call, observation),
+        translate_errors=False,
+    )
 
 
 async def _transcribe(

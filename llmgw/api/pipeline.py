@@ -1,12 +1,13 @@
-"""The one pipeline every proxied operation (chat, embeddings, responses, media) goes through.
+"""The one pipeline every proxied operation (chat, embeddings, messages, responses, media) goes
+through.
 
     read the body → validate (→ translate) → admit → route the model → open the observation
     → call the route → answer (→ translate back)
 
 The key and the route are both known right after ``resolve``; the observation finishes exactly once,
 whatever the outcome. An :class:`Operation` says what differs between JSON operations; an operation
-whose body is not JSON (an upload) or whose answer is not (audio) reads its own body and joins at
-:func:`observed_call`.
+whose body is not JSON (an upload) or whose answer is not (audio) reads its own body, starts with
+:func:`start_call` and calls the provider through :func:`observe_upstream`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import orjson
@@ -36,21 +37,21 @@ from llmgw.providers.base import (
     UpstreamResponse,
 )
 from llmgw.streaming.relay import relay_stream
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
-    "Answer",
     "Operation",
     "UpstreamRequest",
     "forward_upstream_error",
-    "observed_call",
+    "observe_upstream",
     "proxy",
+    "start_call",
 ]
 
-# Status recorded for a request whose client went away before the answer (nginx's convention).
-CLIENT_CLOSED_REQUEST = 499
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -82,10 +83,9 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
-    caller_body = body
-    if operation.codec is not None:
-        body = operation.codec.to_chat(body)
-        raw = orjson.dumps(body)
+    caller_body, codec = body, operation.codec
+    if codec is not None:
+        body = codec.to_chat(body)
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
     hide_usage_chunk = stream and operation.sends_chat and not _caller_asked_for_usage(body)
@@ -95,20 +95,41 @@ async def proxy(
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
-        raw = orjson.dumps(body)
-    answer: Answer = (
-        functools.partial(_stream, request, operation, hide_usage_chunk, caller_body, body)
-        if stream
-        else functools.partial(_complete, operation, caller_body)
+    sent = orjson.dumps(body) if hide_usage_chunk or codec is not None else raw
+    route, call, observation = await start_call(
+        request, key, UpstreamRequest(operation.name, model, stream, body, sent)
     )
-    upstream = UpstreamRequest(
-        operation.name, model, stream, body, raw, translate_errors=operation.codec is not None
+    translator = (
+        codec.stream_translator(
+            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+        )
+        if codec is not None and stream
+        else None
     )
-    return await observed_call(request, key, upstream, answer)
-
-
-# How an operation calls the route it was given and answers the client.
-Answer = Callable[[Provider, UpstreamCall, ChatObservation], Awaitable[web.StreamResponse]]
+    translate_errors = codec is not None
+    if not stream:
+        return await observe_upstream(
+            observation,
+            functools.partial(_complete, operation, route, call, observation, caller_body),
+            translate_errors=translate_errors,
+        )
+    opened = await observe_upstream(
+        observation,
+        functools.partial(operation.open_stream, route, call),
+        translate_errors=translate_errors,
+    )
+    if isinstance(opened, web.StreamResponse):
+        return opened  # the provider's error, forwarded
+    observation.retries = opened.retries
+    # From here the relay tells how the stream ended, once, possibly after the caller left.
+    return await relay_stream(
+        request,
+        opened,
+        observation,
+        hide_usage_chunk=hide_usage_chunk,
+        on_end=functools.partial(_finish_stream, observation),
+        translator=translator,
+    )
 
 
 @attrs.frozen
@@ -122,13 +143,13 @@ class UpstreamRequest:
     body: bytes  # what is sent
     content_type: str = "application/json"
     encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
-    translate_errors: bool = False  # provider errors in the route's own shape (ProviderError)
 
 
-async def observed_call(
-    request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest, answer: Answer
-) -> web.StreamResponse:
-    """Admit, route, observe and call: what every operation shares once its body is read."""
+async def start_call(
+    request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest
+) -> tuple[Provider, UpstreamCall, ChatObservation]:
+    """Admit, route and open the observation: what every operation shares once its body is read.
+    Returns the route, the call to send it, and the observation (which the caller finishes)."""
     refuse_control_characters(upstream.model)
     await request.app[app_keys.POLICY].admit(key, upstream.model)
     route = request.app[app_keys.PROVIDERS].resolve(upstream.model)
@@ -155,11 +176,7 @@ async def observed_call(
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
     )
-    return await _observe_upstream(
-        observation,
-        functools.partial(answer, route, call, observation),
-        translate_errors=upstream.translate_errors,
-    )
+    return route, call, observation
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -183,36 +200,19 @@ def _upstream_call(
     )
 
 
-async def _stream(
-    request: web.Request,
-    operation: Operation,
-    hide_usage_chunk: bool,
-    caller_body: dict[str, Any],
-    body: dict[str, Any],
-    provider: Provider,
-    call: UpstreamCall,
-    observation: ChatObservation,
-) -> web.StreamResponse:
-    translator = (
-        None
-        if operation.codec is None
-        else operation.codec.stream_translator(
-            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
-        )
-    )
-    upstream = await operation.open_stream(provider, call)
-    observation.retries = upstream.retries
-    return await relay_stream(
-        request, upstream, observation, hide_usage_chunk=hide_usage_chunk, translator=translator
+def _finish_stream(observation: ChatObservation, summary: StreamSummary) -> None:
+    observation.usage = summary.usage
+    observation.finish(
+        status=summary.status, outcome=summary.outcome, error_type=summary.error_type
     )
 
 
 async def _complete(
     operation: Operation,
-    caller_body: dict[str, Any],
     provider: Provider,
     call: UpstreamCall,
     observation: ChatObservation,
+    caller_body: dict[str, Any],
 ) -> web.StreamResponse:
     result = await operation.complete(provider, call)
     observation.retries = result.retries
@@ -240,12 +240,12 @@ async def _complete(
     )
 
 
-async def _observe_upstream(
+async def observe_upstream(
     observation: ChatObservation,
-    call: Callable[[], Awaitable[web.StreamResponse]],
+    call: Callable[[], Awaitable[T]],
     *,
     translate_errors: bool,
-) -> web.StreamResponse:
+) -> T | web.Response:
     """Run ``call``; finish the observation on any failure it raises (success finishes itself).
 
     A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the

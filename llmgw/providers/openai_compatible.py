@@ -49,7 +49,7 @@ class _AiohttpChatStream:
         self._response = response
         self.retries = retries
         self._provider = provider
-        self.content_type = response.headers.get("Content-Type", "application/octet-stream")
+        self.content_type = response.headers.get("Content-Type", "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
