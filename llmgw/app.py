@@ -10,12 +10,14 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.accounting.sink import UsageAccounting
-from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
+from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -47,6 +49,10 @@ def _rate_limiter(settings: Settings, pool: asyncpg.Pool, database_url: str) -> 
         assert settings.redis_url is not None  # load_settings requires it for this backend
         return RedisRateLimiter(settings.redis_url)
     return PostgresRateLimiter(pool, database_url)
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    return web.Response(status=308, headers={"Location": CONSOLE_PREFIX + "/"})
 
 
 def create_app(
@@ -94,10 +100,15 @@ def create_app(
         await authenticator.close()
         await pool.close()
 
+    generations = RequestGenerations()
+
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
+        app[RELOADER] = reloader
         yield
+        await reloader.close()
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:
@@ -115,16 +126,20 @@ def create_app(
     )
     add_routes(app)
     if settings.admin_token is not None:
-        app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))
+        app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token)))
+        app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
+        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token))
 
     app.middlewares.extend(
         [
+            generations.middleware,
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
-                # The admin API checks its own token; with none set its routes do not exist (404).
-                public_prefixes=(ADMIN_PREFIX + "/",),
+                # The admin API and the console check their own token or session; with no admin
+                # token set their routes do not exist (404).
+                public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
                 instruments=telemetry.instruments,
             ),
             rate_limit_middleware(instruments=telemetry.instruments),

@@ -2,7 +2,7 @@
 (image generation, text to speech, speech to text) in the usage ledger.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0007
 Create Date: 2026-12-01
 """
 
@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 from alembic import op
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
