@@ -26,6 +26,7 @@ __all__ = [
     "ConfigError",
     "EnvVar",
     "Settings",
+    "load_bind_addr",
     "load_settings",
     "parse_workers",
 ]
@@ -172,7 +173,7 @@ def load_settings(
     """Read and validate every variable; raise ConfigError naming the first bad one."""
     env = os.environ if environ is None else environ
     reader = _Reader(env)
-    host, port = reader.get("BIND_ADDR", _parse_bind_addr, "HOST:PORT, e.g. 0.0.0.0:3000")
+    host, port = load_bind_addr(env)
     venice_key = reader.optional("VENICE_API_KEY", _parse_non_empty, "a non-empty API key")
     config_path = reader.optional("LLMGW_CONFIG", _parse_path, "a TOML file path")
     if require_venice_key and venice_key is None and config_path is None:
@@ -257,6 +258,12 @@ def load_settings(
         providers=providers,
         model_aliases=model_aliases,
     )
+
+
+def load_bind_addr(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """BIND_ADDR alone, for commands that talk to a running gateway (``llmgw smoke``)."""
+    env = os.environ if environ is None else environ
+    return _Reader(env).get("BIND_ADDR", _parse_bind_addr, "HOST:PORT, e.g. 0.0.0.0:3000")
 
 
 @attrs.frozen

@@ -1,23 +1,11 @@
-"""Run nginx from the system packages as the load balancer in front of gateway processes.
+"""Run nginx from the system packages, with the shipped docker/nginx.conf, in front of gateways.
 
-Each test writes its own ``nginx.conf`` into a temporary directory (pid file, logs and temp paths
-included) and runs ``nginx -c <conf> -p <dir>`` in the foreground as a child process.
-
-The configuration is the one the README recommends for replicas:
-
-- ``proxy_buffering off`` so server-sent events reach the client as each one is written;
-- ``proxy_http_version 1.1`` with ``Connection ""`` (no hop-by-hop ``close`` towards the replicas);
-- a request a replica never answered goes to the next replica. For ``GET`` routes that is
-  ``proxy_next_upstream error timeout http_502 http_503``. For the ``POST`` routes that call the
-  provider it is ``error non_idempotent`` only: the connection was refused, or reset or closed
-  before any response header. A replica stopping on SIGTERM finishes every request it has started,
-  so what it resets or closes at that moment (a connection still in its accept queue, or accepted
-  but not yet read) was never processed, and re-sending it is safe. Without ``non_idempotent``
-  nginx answers those few requests 502 during every rolling restart under load (the tests saw about
-  one in 15,000). The price: a replica that crashes (SIGKILL, OOM) after calling the provider but
-  before answering has that request re-sent, as a client retrying the 502 would do anyway;
-- no upstream ``keepalive`` pool: every proxied request opens its own connection, so a replica
-  that stops listening never gets a request on a connection it is already closing.
+Each test renders docker/nginx.conf for this machine (``render_shipped_config``: loopback ports
+instead of compose service names, its pid, logs and temp paths in a temporary directory) and runs
+``nginx -c <conf> -p <dir>`` in the foreground as a child process. Everything that decides what a
+client sees during a restart is the shipped file's own: the keep-alive pool, ``proxy_next_upstream``
+and its tries, ``max_fails``/``fail_timeout``, the timeouts and ``proxy_buffering off``. So the
+replica tests (tests/test_replicas.py) prove the configuration compose runs.
 """
 
 from __future__ import annotations
@@ -34,15 +22,18 @@ from pathlib import Path
 import attrs
 import pytest
 
-__all__ = ["Nginx", "find_nginx", "require_nginx", "start_nginx"]
+from tests.processes import REPO_ROOT
+
+__all__ = ["Nginx", "find_nginx", "render_shipped_config", "require_nginx", "start_nginx"]
 
 _CANDIDATES = ("nginx", "/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 INSTALL_HINT = "apt-get install nginx-light (or nginx); .ci/run installs it when missing"
 
-# One access-log line per proxied request: which replica(s) served it, for the tests to read.
-_ACCESS_FORMAT = (
-    'log_format replicas \'$msec $request_id "$request" $status '
-    "upstream=$upstream_addr upstream_status=$upstream_status rid=$http_x_request_id';"
+# A line of the shipped access log (log_format upstreamlog): which replica(s) served a request.
+_ACCESS_LINE = re.compile(
+    r"\S+ \"(?P<request>[^\"]*)\" (?P<status>\d+) \d+ request_id=(?P<rid>\S*) "
+    r"upstream=(?P<upstream>.*) upstream_status=(?P<upstream_status>.*) request_time=\S+ "
+    r"upstream_time=.*$"
 )
 
 
@@ -84,16 +75,12 @@ class Nginx:
         return self.directory / "access.log"
 
     def access_entries(self) -> list[dict[str, str]]:
-        """Parsed access-log lines (fields: msec, status, upstream, upstream_status, rid)."""
-        entries = []
-        pattern = re.compile(
-            r"(?P<msec>\S+) \S+ \"(?P<request>[^\"]*)\" (?P<status>\d+) "
-            r"upstream=(?P<upstream>.*) upstream_status=(?P<upstream_status>.*) rid=(?P<rid>\S*)$"
-        )
+        """Parsed access-log lines (fields: request, status, rid, upstream, upstream_status)."""
+        entries: list[dict[str, str]] = []
         if not self.access_log.exists():
             return entries
         for line in self.access_log.read_text().splitlines():
-            match = pattern.match(line)
+            match = _ACCESS_LINE.match(line)
             if match is not None:
                 entries.append(match.groupdict())
         return entries
@@ -108,59 +95,52 @@ class Nginx:
                 self.process.wait()
 
 
-def _config(directory: Path, port: int, upstream_ports: Sequence[int]) -> str:
-    servers = "\n".join(
-        f"        server 127.0.0.1:{upstream} max_fails=1 fail_timeout=10s;"
-        for upstream in upstream_ports
+SHIPPED_CONFIG = REPO_ROOT / "docker" / "nginx.conf"
+
+# The shipped upstream's servers are compose service names, resolved by Docker's DNS.
+_SHIPPED_SERVER = re.compile(
+    r"^[ \t]*server[ \t]+gateway-\d+:\d+[ \t]+resolve\b(?P<params>[^;]*);\n", re.M
+)
+
+
+def _replace_once(text: str, pattern: str, replacement: str) -> str:
+    """Replace the one match of ``pattern``; fail when docker/nginx.conf no longer has it."""
+    rendered, count = re.subn(pattern, lambda _: replacement, text, flags=re.M)
+    assert count == 1, f"docker/nginx.conf: expected one match of {pattern!r}, found {count}"
+    return rendered
+
+
+def render_shipped_config(directory: Path, port: int, upstream_ports: Sequence[int]) -> str:
+    """docker/nginx.conf as it would run here: only what is specific to Docker is changed.
+
+    The replicas are 127.0.0.1 ports instead of compose service names (with the shipped servers'
+    parameters: max_fails, fail_timeout...), Docker's resolver goes, nginx listens on ``port`` on
+    loopback, stays in the foreground, and keeps its pid, logs and temp files in ``directory``.
+    Every proxying directive, timeout, retry rule and the keep-alive pool are the shipped ones.
+    """
+    text = SHIPPED_CONFIG.read_text()
+    found = {match["params"].strip() for match in _SHIPPED_SERVER.finditer(text)}
+    assert len(found) == 1, f"docker/nginx.conf: the replicas' server lines differ: {found}"
+    (params,) = found
+    servers = "".join(
+        f"        server 127.0.0.1:{upstream} {params};\n" for upstream in upstream_ports
     )
+    shipped_servers = f"(?:{_SHIPPED_SERVER.pattern})+"
+    text = _replace_once(text, shipped_servers, servers)
+    text = _replace_once(text, r"^[ \t]*resolver[ \t][^;]*;\n", "")
+    text = _replace_once(text, r"^error_log[ \t][^;]*;", f"error_log {directory}/error.log notice;")
+    text = _replace_once(
+        text, r"access_log /dev/stdout (?=\w+;)", f"access_log {directory}/access.log "
+    )
+    text = _replace_once(text, r"listen 8080;", f"listen 127.0.0.1:{port};")
+    temp_paths = "".join(
+        f"    {kind}_temp_path {directory}/{kind};\n"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    text = _replace_once(text, r"^http \{\n", "http {\n" + temp_paths)
     # Workers of a root master drop to 'nobody', which cannot write into the test's temp dirs.
-    user = "user root;" if os.geteuid() == 0 else ""
-    return f"""
-{user}
-daemon off;
-worker_processes 1;
-pid {directory}/nginx.pid;
-error_log {directory}/error.log notice;
-events {{ worker_connections 1024; }}
-http {{
-    {_ACCESS_FORMAT}
-    access_log {directory}/access.log replicas;
-    client_body_temp_path {directory}/client_body;
-    proxy_temp_path {directory}/proxy;
-    fastcgi_temp_path {directory}/fastcgi;
-    uwsgi_temp_path {directory}/uwsgi;
-    scgi_temp_path {directory}/scgi;
-
-    upstream llmgw {{
-{servers}
-    }}
-
-    server {{
-        listen 127.0.0.1:{port};
-        client_max_body_size 2m;
-
-        proxy_http_version 1.1;
-        proxy_set_header Connection "";
-        proxy_set_header Host $host;
-        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-        proxy_buffering off;
-        proxy_read_timeout 300s;
-        proxy_next_upstream_tries {len(upstream_ports)};
-
-        # Completions and embeddings: retried on another replica only when the one tried never
-        # answered (refused, or reset/closed before the response header); see the module docstring.
-        location ~ ^/v1/(chat/completions|embeddings)$ {{
-            proxy_pass http://llmgw;
-            proxy_next_upstream error non_idempotent;
-        }}
-
-        location / {{
-            proxy_pass http://llmgw;
-            proxy_next_upstream error timeout http_502 http_503;
-        }}
-    }}
-}}
-"""
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return f"{user}daemon off;\npid {directory}/nginx.pid;\n{text}"
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes], error_log: Path) -> None:
@@ -179,11 +159,11 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], error_log: Path
 
 
 def start_nginx(directory: Path, port: int, upstream_ports: Sequence[int]) -> Nginx:
-    """Start nginx on ``port`` balancing over the replicas on ``upstream_ports``."""
+    """Start nginx with the shipped configuration on ``port``, over the replicas on ``upstream_ports``."""
     binary = require_nginx()
     directory.mkdir(parents=True, exist_ok=True)
     conf = directory / "nginx.conf"
-    conf.write_text(_config(directory, port, upstream_ports))
+    conf.write_text(render_shipped_config(directory, port, upstream_ports))
     process = subprocess.Popen(
         [binary, "-c", str(conf), "-p", str(directory), "-e", str(directory / "error.log")],
         stdout=subprocess.DEVNULL,

@@ -29,6 +29,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_llmgw(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m llmgw ARGS`` to completion, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def wait_for_http(
     url: str, *, timeout: float = 30.0, process: subprocess.Popen[str] | None = None
 ) -> None:

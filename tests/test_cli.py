@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -14,17 +12,7 @@ import asyncpg
 from llmgw.auth.keys import hash_key
 from llmgw.storage import migrations
 from tests.processes import clean_env, free_port, start_gateway, stop
-
-
-def llmgw(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmgw", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+from tests.processes import run_llmgw as llmgw
 
 
 async def test_keys_create_list_revoke_rotate(database_url: str, db: asyncpg.Connection) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.config import ConfigError, load_settings
+from tests.processes import run_llmgw
 
 BAD_VALUES = [
     ("BIND_ADDR", "nonsense"),
@@ -35,19 +36,6 @@ BAD_VALUES = [
     ("LLMGW_WORKERS", "257"),
     ("LLMGW_WORKERS", "many"),
 ]
-
-
-def run_llmgw(
-    *args: str, env: dict[str, str], timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmgw", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:

@@ -33,6 +33,7 @@ from alembic.script import ScriptDirectory
 from llmgw.auth.keys import validate_key_text
 from llmgw.cli import build_parser
 from llmgw.config import ENVIRONMENT_VARIABLES, Settings, load_settings
+from tests.artifact.install import BUILD_INPUTS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -617,6 +618,27 @@ def test_dockerfile_builds_a_wheel_and_installs_only_the_wheel():
             )
 
 
+def test_builder_stage_copies_what_the_wheel_check_builds_from():
+    copied = set()
+    for instruction, sources, _ in context_copies():
+        if instruction.stage == 0:
+            for source in sources:
+                matched = list(ROOT.glob(source)) if "*" in source else [ROOT / source]
+                copied |= {path.relative_to(ROOT).as_posix() for path in matched}
+    assert copied - {"docker/constraints.txt"} == set(BUILD_INPUTS)
+
+
+def test_runtime_stage_installs_the_wheel_with_pinned_dependencies():
+    runs = [i.args for i in final_stage() if i.keyword == "RUN" and "pip install" in i.args]
+    assert len(runs) == 1
+    assert "--constraint /wheels/constraints.txt" in runs[0]
+    assert "[speed]" in runs[0] and "[test" not in runs[0] and "dev]" not in runs[0]
+    builder = [(sources, dest) for i, sources, dest in context_copies() if i.stage == 0]
+    assert (["docker/constraints.txt"], "/wheels/constraints.txt") in builder
+    for line in (ROOT / "docker" / "constraints.txt").read_text().splitlines():
+        assert line.startswith("#") or re.fullmatch(r"[A-Za-z0-9_.-]+==[\w.+-]+", line), line
+
+
 def test_dockerfile_copies_exist_and_reach_the_build():
     for instruction, sources, _ in context_copies():
         matched = []
@@ -744,6 +766,26 @@ def test_nginx_balances_both_gateways_on_their_bind_port():
     assert ports == {DEFAULT_BIND_PORT} == {3000}
     assert servers == {f"{name}:{DEFAULT_BIND_PORT}" for name in GATEWAYS}
     assert int(directive_args(upstreams[0], "keepalive")[0]) > 0
+
+
+def test_nginx_never_takes_a_restarting_replica_out_of_rotation():
+    # With max_fails above 0 a replica that was refused once stays out for fail_timeout even after
+    # it is back; restarting the next one within that time leaves none (tests/test_replicas.py's
+    # rolling restart saw 66 of 1,195 requests fail so with max_fails=1 fail_timeout=5s).
+    upstream = next(nginx_config().all("upstream"))
+    for server in upstream.all("server"):
+        params = dict(arg.partition("=")[::2] for arg in server.args[1:] if "=" in arg)
+        assert params.get("max_fails") == "0", server.args
+
+
+def test_nginx_resends_what_a_replica_never_answered():
+    location = proxied_location()
+    conditions = set(directive_args(location, "proxy_next_upstream"))
+    # non_idempotent: with keep-alive, a POST sent on a connection the replica was closing is
+    # otherwise answered 502 (the issue counted 4 in 19,720 across two restarts).
+    assert {"error", "timeout", "non_idempotent"} <= conditions
+    tries = int(directive_args(location, "proxy_next_upstream_tries")[0])
+    assert tries > len(GATEWAYS), "one try more than replicas: a pooled connection may be dead"
 
 
 def test_nginx_relays_server_sent_events_unbuffered():

@@ -16,7 +16,7 @@ from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import clean_env
-from tests.test_cli import llmgw
+from tests.processes import run_llmgw as llmgw
 from tests.test_policy_and_ledger import COST, chat, flush, send_many
 from tests.usage_records import unsanitized, usage_record
 

@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from llmgw.console.app import CONSOLE_PREFIX
+
 __all__ = ["build_document", "openapi_handler"]
 
 _JSON = "application/json"
@@ -584,6 +586,10 @@ def _path_parameters(path: str) -> list[dict[str, Any]]:
 
 def _routes(app: web.Application) -> Iterator[tuple[str, str]]:
     for resource in app.router.resources():
+        if resource.canonical.startswith(CONSOLE_PREFIX):
+            # The console's pages are for browsers, and its /console/api is the admin API
+            # (documented under /admin/v1) behind a session cookie: not for API clients.
+            continue
         sub_app = resource.get_info().get("app")
         if isinstance(sub_app, web.Application):
             # add_subapp() has already prefixed the sub-application's own resources.

@@ -103,12 +103,22 @@ def _unreachable(exc: BaseException) -> str:
     )
 
 
+# The server answered and refused: unknown database or role, wrong password, no access. Only
+# the operator can fix that, so it is a configuration error (exit 2). The server's message names
+# the database or role, never the password.
+_REFUSED_ERRORS = (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError)
+
+
 def run_with_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
     async def run() -> T:
         try:
             connection = await asyncpg.connect(url, timeout=10)
         except DATABASE_DOWN_ERRORS as exc:
             raise CommandError(_unreachable(exc)) from None
+        except _REFUSED_ERRORS as exc:
+            raise CommandError(
+                f"the database refused the connection: {exc}; check DATABASE_URL", EXIT_CONFIG
+            ) from None
         try:
             return await work(connection)
         finally:

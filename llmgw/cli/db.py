@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from llmgw.cli.common import CommandError, environment_help, run_with_connection
+from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, run_with_connection
 from llmgw.config import load_settings
 from llmgw.storage import revisions
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
@@ -46,9 +46,14 @@ def _url() -> str:
 
 def _migrate(action: str, revision: str) -> int:
     # Imported here: Alembic and SQLAlchemy are for this command, not for every llmgw process.
+    from alembic.util import CommandError as AlembicCommandError
+
     from llmgw.storage import migrations
 
     url = _url()
+    # Connect once without Alembic first, so an unreachable or refusing database is reported as
+    # every other command reports it, not as SQLAlchemy's wrapped exception.
+    run_with_connection(url, revisions.current_revision)
     try:
         if action == "upgrade":
             migrations.upgrade(url, revision)
@@ -56,6 +61,8 @@ def _migrate(action: str, revision: str) -> int:
             migrations.downgrade(url, revision)
     except DATABASE_DOWN_ERRORS as exc:
         raise CommandError(f"cannot reach the database ({type(exc).__name__})") from None
+    except AlembicCommandError as exc:  # an unknown or ambiguous revision
+        raise CommandError(f"db {action} {revision}: {exc}", EXIT_CONFIG) from None
     print(f"database {action}d to {revision}")
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -48,7 +48,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     create.add_argument(
-        "--name", required=True, help="who or what the key is for, e.g. 'billing-service'"
+        "--name",
+        required=True,
+        type=_name,
+        help="who or what the key is for, e.g. 'billing-service'",
     )
     create.add_argument(
         "--subject-id", type=uuid.UUID, help="UUID of the team/user the key belongs to"
@@ -74,9 +77,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     create.add_argument(
         "--expires-at",
-        type=_timestamp,
+        type=_future_timestamp,
         metavar="RFC3339",
-        help="when the key stops working, e.g. 2027-01-31T00:00:00Z",
+        help="when the key stops working (in the future), e.g. 2027-01-31T00:00:00Z",
     )
     create.add_argument(
         "--tokens-per-minute", type=positive_int, help="tokens the key may use per minute"
@@ -94,14 +97,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     listing.set_defaults(run=_list)
 
     revoke = actions.add_parser("revoke", help="deactivate a key at once, on every replica")
-    revoke.add_argument("key", metavar="ID_OR_PREFIX", help="the key's id or 12-character prefix")
+    revoke.add_argument("key", metavar="KEY", help=_REFERENCE_HELP)
     revoke.add_argument("--json", action="store_true", help="print JSON instead of text")
     revoke.set_defaults(run=_revoke)
 
     rotate = actions.add_parser(
         "rotate", help="issue a replacement with the same settings and revoke the old key"
     )
-    rotate.add_argument("key", metavar="ID_OR_PREFIX", help="the key's id or 12-character prefix")
+    rotate.add_argument("key", metavar="KEY", help=_REFERENCE_HELP)
     rotate.add_argument(
         "--grace-seconds",
         type=float,
@@ -112,13 +115,24 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     rotate.set_defaults(run=_rotate)
 
 
-def _timestamp(text: str) -> datetime:
+_REFERENCE_HELP = "the key's id, its 12-character prefix, or the whole key"
+
+
+def _name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _future_timestamp(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an RFC 3339 time, got {text!r}") from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"give a time zone, e.g. {text}Z")
+    if value <= datetime.now(UTC):
+        raise argparse.ArgumentTypeError(f"{text} is not in the future")
     return value
 
 
@@ -174,7 +188,17 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps([_record_json(r) for r in records], default=str).decode())
         return 0
-    header = ("ID", "PREFIX", "NAME", "SUBJECT", "LIMIT", "ACTIVE", "CREATED", "LAST USED")
+    header = (
+        "ID",
+        "PREFIX",
+        "NAME",
+        "SUBJECT",
+        "LIMIT",
+        "ACTIVE",
+        "EXPIRES",
+        "CREATED",
+        "LAST USED",
+    )
     rows = [
         (
             str(r.id),
@@ -183,6 +207,7 @@ def _list(args: argparse.Namespace) -> int:
             str(r.subject_id or "-"),
             f"{r.rate_limit_requests}/{r.rate_limit_window_seconds}s",
             "yes" if r.is_active else "no",
+            r.expires_at.isoformat(timespec="seconds") if r.expires_at else "never",
             r.created_at.isoformat(timespec="seconds"),
             r.last_used_at.isoformat(timespec="seconds") if r.last_used_at else "never",
         )

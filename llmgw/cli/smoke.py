@@ -12,9 +12,10 @@ import aiohttp
 import attrs
 import orjson
 
+from llmgw.config import load_bind_addr
 from llmgw.streaming.sse import SSEScanner, event_data
 
-__all__ = ["register"]
+__all__ = ["default_base_url", "register"]
 
 
 @attrs.frozen
@@ -44,15 +45,20 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "Check a running gateway end to end: one non-streamed and one streamed chat completion. "
             "Prints status, latency, time to first chunk and tokens; exits 1 if either fails."
         ),
-        epilog="environment variables:\n  LLMGW_API_KEY  default for --key",
+        epilog=(
+            "environment variables:\n"
+            "  LLMGW_KEY  default for --key\n"
+            "  BIND_ADDR  where the gateway listens, for the default --base-url"
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     smoke.add_argument(
         "--base-url",
-        default="http://127.0.0.1:3000/v1",
-        help="gateway API root (default %(default)s)",
+        help="gateway API root (default: http://HOST:PORT/v1 from BIND_ADDR, 127.0.0.1:3000)",
     )
-    smoke.add_argument("--key", default=os.environ.get("LLMGW_API_KEY"), help="an llmgw key")
+    smoke.add_argument(
+        "--key", default=os.environ.get("LLMGW_KEY"), help="an llmgw key (default: $LLMGW_KEY)"
+    )
     smoke.add_argument("--model", default="llama-3.2-3b", help="model to ask (default %(default)s)")
     smoke.set_defaults(run=_smoke)
 
@@ -113,11 +119,21 @@ async def _run(base_url: str, key: str | None, model: str) -> list[SmokeResult]:
         return [await _plain(session, url, body), await _streamed(session, url, body)]
 
 
+def default_base_url(bind: tuple[str, int]) -> str:
+    """The API root of a gateway listening on ``bind``; a wildcard address is asked on loopback."""
+    host, port = bind
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1"
+
+
 def _smoke(args: argparse.Namespace) -> int:
+    base_url = args.base_url or default_base_url(load_bind_addr())
     try:
-        results = asyncio.run(_run(args.base_url, args.key, args.model))
+        results = asyncio.run(_run(base_url, args.key, args.model))
     except aiohttp.ClientError as exc:
-        print(f"smoke: cannot reach {args.base_url}: {type(exc).__name__}")
+        print(f"smoke: cannot reach {base_url}: {type(exc).__name__}")
         return 1
     for result in results:
         print(result.line())

@@ -5,6 +5,7 @@ Only a key's 12-character prefix and its SHA-256 digest are stored; the plaintex
 
 from __future__ import annotations
 
+import hmac
 import uuid
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,13 @@ from typing import Any
 import asyncpg
 import attrs
 
-from llmgw.auth.keys import generate_key, hash_key, key_prefix, validate_key_text
+from llmgw.auth.keys import (
+    PREFIX_LENGTH,
+    generate_key,
+    hash_key,
+    key_prefix,
+    validate_key_text,
+)
 
 __all__ = [
     "ApiKeyRecord",
@@ -155,16 +162,18 @@ async def list_keys(
     return [ApiKeyRecord.from_row(row) for row in rows]
 
 
-def _id_or_prefix(reference: str) -> tuple[str, Any]:
-    try:
-        return "id = $1", uuid.UUID(reference)
-    except ValueError:
-        return "prefix = $1", reference
-
-
 async def find_key(conn: asyncpg.Connection, reference: str) -> ApiKeyRecord:
-    """Find a key by its id (UUID) or its 12-character prefix."""
-    condition, value = _id_or_prefix(reference)
+    """Find a key by its id (UUID), its 12-character prefix, or the whole key."""
+    value: uuid.UUID | str
+    try:
+        condition, value = "id = $1", uuid.UUID(reference)
+    except ValueError:
+        condition, value = "prefix = $1", key_prefix(reference)
+        if len(reference) > PREFIX_LENGTH:
+            # A whole key must be that key, not only share its prefix. Never echo it: a secret.
+            digest = await conn.fetchval("SELECT key_hash FROM api_keys WHERE prefix = $1", value)
+            if digest is None or not hmac.compare_digest(digest, hash_key(reference)):
+                raise KeyNotFound(f"no key matches the key given (prefix {value!r})") from None
     row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM api_keys WHERE {condition}", value)
     if row is None:
         raise KeyNotFound(f"no key has id or prefix {reference!r}; 'llmgw keys list' shows them")

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import NoOpTracerProvider
 
 from llmgw import __version__
-from llmgw.config import Settings
+from llmgw.config import ConfigError, Settings
 
 __all__ = ["SHUTDOWN_SECONDS", "TelemetryProviders", "build_providers", "build_resource"]
 
@@ -139,17 +139,25 @@ def _exemplar_settings() -> dict[str, Any]:
 
 def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
     # The exporters read the standard OTEL_EXPORTER_OTLP_* variables (endpoint, headers, timeouts).
-    protocol = os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-    )
+    variable = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    if variable not in os.environ:
+        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = os.environ.get(variable, "")
     if protocol.strip().lower() == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
-
+        # Imported only when asked for: gRPC is an extra (grpcio is large and compiled).
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcMetricExporter,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+        except ImportError:
+            raise ConfigError(
+                variable,
+                protocol,
+                "http/protobuf, or install the gRPC exporter with pip install 'llmgw[grpc]'",
+            ) from None
         return GrpcSpanExporter(), GrpcMetricExporter()
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
