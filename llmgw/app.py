@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 import asyncpg
 from aiohttp import web
@@ -14,6 +15,7 @@ from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
+from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
@@ -34,6 +36,7 @@ from llmgw.ratelimit.postgres import PostgresRateLimiter
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.storage.responses import ResponseStore
 from llmgw.streaming import supervisor
 from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.runtime import Telemetry
@@ -106,7 +109,11 @@ def create_app(
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(policy, ledger)
+        responses = app[RESPONSE_STORE] = ResponseStore(
+            pool, retention=timedelta(days=settings.responses_retention_days)
+        )
         yield
+        await responses.close()
         await ledger.close()  # after the server stopped: every finished request is written
         await limiter.close()
         await authenticator.close()

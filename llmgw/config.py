@@ -81,6 +81,16 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "33554432",
         "largest provider answer read, after decompression; over it: 502",
     ),
+    EnvVar(
+        "AUDIO_UPLOAD_LIMIT_BYTES",
+        "26214400",
+        "largest accepted /v1/audio/transcriptions upload (multipart body)",
+    ),
+    EnvVar(
+        "RESPONSES_RETENTION_DAYS",
+        "30",
+        "days a stored /v1/responses answer stays retrievable (previous_response_id, GET)",
+    ),
     EnvVar("OTEL_SERVICE_NAME", "llm-gateway", "service.name of spans and metrics"),
     EnvVar(
         "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -134,6 +144,8 @@ class Settings:
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
     upstream_max_response_bytes: int = 32 * 1024 * 1024
+    audio_upload_limit_bytes: int = 26_214_400
+    responses_retention_days: int = 30
     otel_service_name: str = "llm-gateway"
     otel_exporter_otlp_endpoint: str | None = None
     capture_genai_content: bool = False
@@ -217,6 +229,12 @@ def load_settings(
         ),
         upstream_max_response_bytes=reader.get(
             "UPSTREAM_MAX_RESPONSE_BYTES", _parse_int(1024, 1 << 40), "an integer >= 1024 (bytes)"
+        ),
+        audio_upload_limit_bytes=reader.get(
+            "AUDIO_UPLOAD_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        responses_retention_days=reader.get(
+            "RESPONSES_RETENTION_DAYS", _parse_int(1, 36500), "a number of days, 1-36500"
         ),
         otel_service_name=reader.get("OTEL_SERVICE_NAME", _parse_non_empty, "a non-empty name"),
         otel_exporter_otlp_endpoint=reader.optional(

@@ -8,6 +8,8 @@
     timeout_seconds = 30             # optional; default REQUEST_TIMEOUT_SECONDS
     max_retries = 1                  # optional; default VENICE_MAX_RETRIES
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
+    responses = "native"             # optional: it serves POST /responses itself; default
+                                     # "translate" (Responses requests become chat completions)
 
     [[models]]
     alias = "fast"                   # what callers send as "model"
@@ -39,11 +41,14 @@ __all__ = [
     "ProviderKind",
     "ProviderSpec",
     "ProvidersConfig",
+    "ResponsesMode",
     "load_provider_config",
 ]
 
 ProviderKind = Literal["venice", "openai-compatible"]
 PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
+ResponsesMode = Literal["translate", "native"]
+RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
 
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -71,6 +76,7 @@ class ProviderSpec:
     timeout_seconds: float | None = None  # None: REQUEST_TIMEOUT_SECONDS
     max_retries: int | None = None  # None: VENICE_MAX_RETRIES
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
 
 
 @attrs.frozen
@@ -198,6 +204,10 @@ class _Parser:
         for header, value in headers.items():
             if not isinstance(value, str):
                 self.fail(f"{where}.headers.{header}", "expected a string")
+        responses = self.optional(table, where, "responses", str) or "translate"
+        if responses not in RESPONSES_MODES:
+            expected = " or ".join(_show(m) for m in RESPONSES_MODES)
+            self.fail(f"{where}.responses", f"expected {expected}, got {_show(responses)}")
         return ProviderSpec(
             name=name,
             kind=cast(ProviderKind, kind),
@@ -207,6 +217,7 @@ class _Parser:
             timeout_seconds=None if timeout is None else float(timeout),
             max_retries=retries,
             headers=dict(headers),
+            responses=cast(ResponsesMode, responses),
         )
 
     def model_alias(

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.api import chat, embeddings, health, messages, models, openapi
+from llmgw.api import chat, embeddings, health, media, messages, models, openapi, responses
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import AuthenticationFailed
 
@@ -40,3 +40,12 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(messages.MESSAGES_PATH, protected(messages.create_message))
     app.router.add_post(messages.MESSAGES_PATH + "/count_tokens", protected(messages.count_tokens))
     app.router.add_get("/v1/models", protected(models.list_models))
+    app.router.add_post("/v1/responses", protected(responses.create_response))
+    app.router.add_get("/v1/responses/{response_id}", protected(responses.get_response))
+    app.router.add_delete("/v1/responses/{response_id}", protected(responses.delete_response))
+    app.router.add_get(
+        "/v1/responses/{response_id}/input_items", protected(responses.list_input_items)
+    )
+    app.router.add_post("/v1/images/generations", protected(media.create_image))
+    app.router.add_post("/v1/audio/speech", protected(media.create_speech))
+    app.router.add_post("/v1/audio/transcriptions", protected(media.create_transcription))

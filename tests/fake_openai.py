@@ -2,7 +2,8 @@
 configure a gateway with several providers from a TOML file.
 
 A real aiohttp server on 127.0.0.1 serving ``/v1/chat/completions`` (JSON, and SSE with a final
-usage chunk when ``stream_options.include_usage``), ``/v1/models`` and ``/v1/embeddings``. Tests
+usage chunk when ``stream_options.include_usage``; with ``tools`` it calls the first one unless the
+last message is a tool result), ``/v1/models`` and ``/v1/embeddings``. Tests
 script failures with :meth:`FakeOpenAI.fail_next` and read what it was sent in ``received``.
 """
 
@@ -91,26 +92,42 @@ class FakeOpenAI:
             return body
         completion_id = "chatcmpl-" + os.urandom(12).hex()
         base = {"id": completion_id, "created": int(time.time()), "model": body["model"]}
-        pieces = split_reply(self.reply, self.chunks)
+        call = _tool_call(body)
+        pieces = split_reply(
+            self.reply if call is None else call["function"]["arguments"], self.chunks
+        )
         prompt = count_prompt_tokens(body.get("messages"))
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": len(pieces),
             "total_tokens": prompt + len(pieces),
         }
+        finish_reason = "stop" if call is None else "tool_calls"
         if body.get("stream") is not True:
-            message = {"role": "assistant", "content": self.reply}
-            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            message: dict[str, Any] = {"role": "assistant", "content": self.reply}
+            if call is not None:
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": finish_reason}
             document = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
             return web.json_response(document)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         chunk = {**base, "object": "chat.completion.chunk"}
-        deltas = [{"role": "assistant", "content": ""}] + [{"content": p} for p in pieces]
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        if call is None:
+            deltas += [{"content": p} for p in pieces]
+        else:
+            named = {
+                **call,
+                "index": 0,
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            deltas.append({"tool_calls": [named]})
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
         for delta in deltas:
             choice = {"index": 0, "delta": delta, "finish_reason": None}
             await response.write(_event({**chunk, "choices": [choice]}))
-        finish = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        finish = {"index": 0, "delta": {}, "finish_reason": finish_reason}
         await response.write(_event({**chunk, "choices": [finish]}))
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
@@ -131,6 +148,22 @@ class FakeOpenAI:
             for model in FAKE_OPENAI_MODELS
         ]
         return web.json_response({"object": "list", "data": data})
+
+
+def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A call of the first tool, unless the conversation already ends with a tool's result."""
+    tools, messages = body.get("tools"), body.get("messages")
+    if not isinstance(tools, list) or not tools or not isinstance(messages, list):
+        return None
+    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
+        return None
+    name = tools[0].get("function", {}).get("name", "tool")
+    arguments = '{"a": 4, "b": 6}'
+    return {
+        "id": "call_" + os.urandom(8).hex(),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -632,6 +632,213 @@ def _embeddings_body(body: dict[str, Any]) -> bytes:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Responses (alpha, stateless), images and audio (swagger /responses, /images/generations,
+# /audio/speech, /audio/transcriptions)
+
+# ResponsesRequest's fields: no instructions, text, store, previous_response_id, metadata, ...
+RESPONSES_FIELDS = frozenset(
+    {
+        "model", "input", "include", "max_output_tokens", "temperature", "top_p", "reasoning",
+        "tools", "tool_choice", "web_search", "stream", "fallbacks", "venice_parameters",
+    }
+)  # fmt: skip
+# A 1x1 transparent PNG: what the fake "generates".
+PNG_1X1_B64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
+)
+SPEECH_CHUNKS = 4
+TRANSCRIPT = "Hello from fake Venice transcription."
+
+
+def speech_audio(text: str) -> bytes:
+    """The fake 'MP3' for ``text``: an ID3 header and bytes derived from the text."""
+    return b"ID3\x04\x00\x00\x00\x00\x00\x00" + text.encode() * 64
+
+
+def _responses_rejection(body: Any) -> _Rejection | None:
+    rejection = _body_rejection(body)
+    if rejection is not None:
+        return rejection
+    if unknown := sorted(body.keys() - RESPONSES_FIELDS):
+        keys = ", ".join(f"'{key}'" for key in unknown)
+        return 400, detailed_error_body(
+            None, f"Unrecognized key(s) in object: {keys}", "unrecognized_keys"
+        )
+    if not isinstance(body.get("input"), str | list):
+        return 400, detailed_error_body("input", "Required", "invalid_type")
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        # [SW] documents nested, chat-style function tools only.
+        if isinstance(tool, dict) and tool.get("type") == "function" and "function" not in tool:
+            return 400, detailed_error_body("tools", "Required: function", "invalid_type")
+    return _model_rejection(body["model"])
+
+
+def _responses_words(inputs: Any) -> int:
+    if isinstance(inputs, str):
+        return max(1, len(inputs.split()))
+    words = 0
+    for item in inputs:
+        if isinstance(item, dict):
+            words += _count_words(item.get("content")) + _count_words(item.get("output"))
+    return max(1, words)
+
+
+def responses_output(body: dict[str, Any], reply: str) -> list[dict[str, Any]]:
+    """A function call when tools are offered and the last item is not a tool result, else text."""
+    inputs = body["input"]
+    last = inputs[-1] if isinstance(inputs, list) and inputs else {}
+    tool_name = _first_tool_name(body.get("tools"))
+    suffix = os.urandom(12).hex()
+    if tool_name is not None and last.get("type") != "function_call_output":
+        return [
+            {
+                "type": "function_call",
+                "id": "fc_" + suffix,
+                "call_id": "call_" + suffix,
+                "name": tool_name,
+                "arguments": TOOL_ARGUMENTS,
+                "status": "completed",
+            }
+        ]
+    content = [{"type": "output_text", "text": reply, "annotations": []}]
+    return [
+        {
+            "type": "message",
+            "id": "msg_" + suffix,
+            "status": "completed",
+            "role": "assistant",
+            "content": content,
+        }
+    ]
+
+
+def responses_body(body: dict[str, Any], reply: str) -> dict[str, Any]:
+    output = responses_output(body, reply)
+    prompt = _responses_words(body["input"])
+    completion = (
+        sum(
+            len(split_reply(part["text"], 5)) for item in output for part in item.get("content", [])
+        )
+        or 1
+    )
+    return {
+        "id": "resp_" + os.urandom(16).hex(),
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": body["model"],
+        "status": "completed",
+        "output": output,
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+def responses_events(response: dict[str, Any]) -> list[bytes]:
+    """The stream of ``response``: data-only frames and a final [DONE], as Venice sends them."""
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
+    ]
+    for index, item in enumerate(response["output"]):
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "content": []},
+                }
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            events.append(
+                {"type": "response.content_part.added", **where, "content_index": 0, "part": part}
+            )
+            for piece in split_reply(text, 5):
+                events.append(
+                    {
+                        "type": "response.output_text.delta",
+                        **where,
+                        "content_index": 0,
+                        "delta": piece,
+                    }
+                )
+            events.append(
+                {"type": "response.output_text.done", **where, "content_index": 0, "text": text}
+            )
+            events.append(
+                {
+                    "type": "response.content_part.done",
+                    **where,
+                    "content_index": 0,
+                    "part": item["content"][0],
+                }
+            )
+        else:
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "arguments": ""},
+                }
+            )
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    **where,
+                    "delta": item["arguments"],
+                }
+            )
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "arguments": item["arguments"],
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append({"type": "response.completed", "response": response})
+    framed = [_sse({**event, "sequence_number": number}) for number, event in enumerate(events)]
+    return [*framed, _DONE_EVENT]
+
+
+def _image_rejection(body: Any) -> _Rejection | None:
+    rejection = _body_rejection(body)
+    if rejection is not None:
+        return rejection
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not 1 <= len(prompt) <= 1500:
+        return 400, detailed_error_body("prompt", "Required", "invalid_type")
+    return _model_rejection(body["model"])
+
+
+def image_body(body: dict[str, Any]) -> bytes:
+    image = (
+        {"url": "data:image/png;base64," + PNG_1X1_B64}
+        if body.get("response_format") == "url"
+        else {"b64_json": PNG_1X1_B64}
+    )
+    return orjson.dumps({"created": int(time.time()), "data": [image]})
+
+
+def _speech_rejection(body: Any) -> _Rejection | None:
+    rejection = _body_rejection(body)
+    if rejection is not None:
+        return rejection
+    text = body.get("input")
+    if not isinstance(text, str) or not 1 <= len(text) <= 4096:
+        return 400, detailed_error_body("input", "Required", "invalid_type")
+    return _model_rejection(body["model"])
+
+
 _STATIC_HEADERS: dict[str, str] = {
     "x-venice-version": VENICE_VERSION,
     "x-ratelimit-limit-requests": "500",
@@ -726,6 +933,10 @@ class FakeVenice:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/api/v1/chat/completions", self._chat)
         app.router.add_post("/api/v1/embeddings", self._embeddings)
+        app.router.add_post("/api/v1/responses", self._responses)
+        app.router.add_post("/api/v1/images/generations", self._images)
+        app.router.add_post("/api/v1/audio/speech", self._speech)
+        app.router.add_post("/api/v1/audio/transcriptions", self._transcriptions)
         app.router.add_get("/api/v1/models", self._models)
         app.router.add_route("*", "/{tail:.*}", self._unknown_route)
         # handler_cancellation: a client that goes away must cancel a stalled or sleeping
@@ -977,6 +1188,86 @@ class FakeVenice:
             message = f"Invalid enum value. Expected {' | '.join(sorted(_MODEL_TYPES))}"
             return self._reject((400, detailed_error_body("type", message, "invalid_enum_value")))
         return web.Response(body=body, headers=self._headers(JSON_CONTENT_TYPE))
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, _responses_rejection)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, behaviour = admitted
+        document = responses_body(body, self.reply)
+        if body.get("stream") is not True:
+            headers = self._headers(JSON_CONTENT_TYPE, behaviour, body["model"])
+            return await self._send_json(request, behaviour, orjson.dumps(document), headers)
+        response = web.StreamResponse(
+            headers=self._headers(SSE_CONTENT_TYPE, behaviour, body["model"])
+        )
+        await response.prepare(request)
+        pacer = _Pacer(response, behaviour)
+        for event in responses_events(document):
+            await pacer.send(event)
+        return response
+
+    async def _images(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, _image_rejection)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, behaviour = admitted
+        headers = self._headers(JSON_CONTENT_TYPE, behaviour, body["model"])
+        return await self._send_json(request, behaviour, image_body(body), headers)
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, _speech_rejection)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, behaviour = admitted
+        audio = speech_audio(body["input"])
+        response = web.StreamResponse(headers=self._headers("audio/mpeg", behaviour, body["model"]))
+        await response.prepare(request)
+        pacer = _Pacer(response, behaviour)
+        size = -(-len(audio) // SPEECH_CHUNKS)
+        for sent, start in enumerate(range(0, len(audio), size)):
+            if sent == behaviour.drop_after_chunks:
+                _hang_up(request)
+                return response
+            await pacer.send(audio[start : start + size])
+        return response
+
+    async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
+        rejection = _auth_rejection(request.headers.get("Authorization"))
+        if rejection is not None:
+            await request.read()
+            return self._reject(rejection)
+        if request.content_type != "multipart/form-data":
+            await request.read()
+            return self._reject((415, venice_error_body(415)))
+        fields: dict[str, str] = {}
+        audio = b""
+        async for part in await request.multipart():  # type: ignore[union-attr]
+            data = await part.read()
+            if part.name == "file":
+                audio = bytes(data)
+            elif part.name:
+                fields[part.name] = bytes(data).decode()
+        if self.record_requests:
+            headers = {name.lower(): value for name, value in request.headers.items()}
+            recorded = {**fields, "file_size": len(audio)}
+            self.received.append(ReceivedRequest(request.method, request.path, headers, recorded))
+        if not audio:
+            return self._reject((422, orjson.dumps({"error": "Audio file is empty"})))
+        behaviour = self._next_behaviour()
+        model = fields.get("model", "nvidia/parakeet-tdt-0.6b-v3")
+        if behaviour.status != 200:
+            error = behaviour.error_body or venice_error_body(behaviour.status, model)
+            headers = self._headers(JSON_CONTENT_TYPE, behaviour, model)
+            return web.Response(status=behaviour.status, body=error, headers=headers)
+        if fields.get("response_format") == "text":
+            return web.Response(
+                body=TRANSCRIPT.encode(), headers=self._headers("text/plain; charset=utf-8")
+            )
+        document = {"text": TRANSCRIPT, "duration": round(len(audio) / 16000, 3)}
+        return web.Response(
+            body=orjson.dumps(document), headers=self._headers(JSON_CONTENT_TYPE, model=model)
+        )
 
     async def _unknown_route(self, request: web.Request) -> web.Response:
         await self._receive(request)

@@ -258,3 +258,70 @@ async def test_embeddings_honour_dimensions(
     assert answer["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
     bad = await session.post(url, json={**body, "input": [1, 2]}, headers=AUTH)
     assert bad.status == 400
+
+
+# Responses, images and audio (swagger /responses, /images/generations, /audio/*) -----------------
+
+
+async def post_raw(fake: FakeVenice, path: str, **kwargs: Any) -> tuple[int, str, bytes]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(fake.base_url + path, headers=AUTH, **kwargs) as response,
+    ):
+        return response.status, response.content_type, await response.read()
+
+
+async def test_responses_is_stateless_and_strict_about_its_fields(fake: FakeVenice) -> None:
+    status, _, body = await post_raw(
+        fake, "/responses", json={"model": "m", "input": "hi", "instructions": "x", "store": True}
+    )
+    assert status == 400
+    assert b"Unrecognized key(s) in object: 'instructions', 'store'" in body
+    flat_tool = {"type": "function", "name": "add", "parameters": {}}
+    status, _, _ = await post_raw(
+        fake, "/responses", json={"model": "m", "input": "hi", "tools": [flat_tool]}
+    )
+    assert status == 400  # Venice documents nested, chat-style function tools only
+    status, _, body = await post_raw(fake, "/responses", json={"model": "m", "input": "hi"})
+    assert status == 200
+    document = orjson.loads(body)
+    assert document["object"] == "response" and document["status"] == "completed"
+    assert document["output"][0]["content"][0]["text"] == fake.reply
+    assert set(document["usage"]) >= {"input_tokens", "output_tokens", "total_tokens"}
+
+
+async def test_responses_stream_is_data_only_and_ends_with_done(fake: FakeVenice) -> None:
+    status, content_type, body = await post_raw(
+        fake, "/responses", json={"model": "m", "input": "hi", "stream": True}
+    )
+    assert (status, content_type) == (200, "text/event-stream")
+    payloads = sse_payloads(body.decode())
+    assert payloads[-1] == "[DONE]"
+    kinds = [payload["type"] for payload in payloads[:-1]]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert [p["sequence_number"] for p in payloads[:-1]] == list(range(len(kinds)))
+
+
+async def test_images_speech_and_transcriptions(fake: FakeVenice) -> None:
+    status, _, body = await post_raw(fake, "/images/generations", json={"model": "m"})
+    assert status == 400  # prompt is required
+    status, _, body = await post_raw(
+        fake,
+        "/images/generations",
+        json={"model": "m", "prompt": "a cat", "response_format": "url"},
+    )
+    assert status == 200 and orjson.loads(body)["data"][0]["url"].startswith("data:image/png")
+    status, content_type, body = await post_raw(
+        fake, "/audio/speech", json={"model": "tts-kokoro", "input": "hi"}
+    )
+    assert (status, content_type) == (200, "audio/mpeg") and body.startswith(b"ID3")
+    status, _, _ = await post_raw(fake, "/audio/transcriptions", json={"model": "m"})
+    assert status == 415
+    empty = aiohttp.FormData()
+    empty.add_field("file", b"", filename="a.wav")
+    status, _, _ = await post_raw(fake, "/audio/transcriptions", data=empty)
+    assert status == 422  # zero-length audio
+    form = aiohttp.FormData({"response_format": "text"})
+    form.add_field("file", b"RIFF....", filename="a.wav")
+    status, content_type, body = await post_raw(fake, "/audio/transcriptions", data=form)
+    assert (status, content_type) == (200, "text/plain") and body.decode().startswith("Hello")

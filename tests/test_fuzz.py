@@ -140,6 +140,16 @@ def http(target: Target) -> Iterator[requests.Session]:
         yield session
 
 
+# Routes whose provider errors reach the client as the provider sent them (Responses wraps them).
+_PASSED_THROUGH_ERRORS = (
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/images/generations",
+    "/v1/audio/speech",
+    "/v1/audio/transcriptions",
+)
+
+
 def check_answer(
     status: int, headers: Mapping[str, Any], body: bytes, elapsed: float, *, path: str = ""
 ) -> None:
@@ -173,7 +183,7 @@ def check_answer(
         assert error["code"] is None or isinstance(error["code"], str)
     else:
         # Venice's own error, passed through as Venice sent it (a 4xx from the provider).
-        assert path in ("/v1/chat/completions", "/v1/embeddings"), (path, document)
+        assert path in _PASSED_THROUGH_ERRORS, (path, document)
 
 
 # ---------------------------------------------------------------------------------------------

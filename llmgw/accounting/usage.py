@@ -70,19 +70,29 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
-    """Usage from a response or chunk object; None when it carries none. Cost only if reported."""
+    """Usage from a response, chunk or Responses event; None when it carries none. Cost only if
+    reported."""
+    response = document.get("response")
+    if "usage" not in document and isinstance(response, dict):
+        document = response  # a Responses stream event: usage rides on its Response object
     usage = document.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt_details = _dict(usage.get("prompt_tokens_details"))
-    completion_details = _dict(usage.get("completion_tokens_details"))
+    # Chat completions name the counts prompt/completion; the Responses API input/output.
+    responses = "prompt_tokens" not in usage and "input_tokens" in usage
+    prompt_details = _dict(
+        usage.get("input_tokens_details" if responses else "prompt_tokens_details")
+    )
+    completion_details = _dict(
+        usage.get("output_tokens_details" if responses else "completion_tokens_details")
+    )
     cost = _dict(document.get("cost")) if with_cost else {}
     cache_read = _int(prompt_details.get("cached_tokens"))
     if cache_read is None:
         cache_read = _int(usage.get("cache_read_input_tokens"))
     return Usage(
-        input_tokens=_int(usage.get("prompt_tokens")),
-        output_tokens=_int(usage.get("completion_tokens")),
+        input_tokens=_int(usage.get("input_tokens" if responses else "prompt_tokens")),
+        output_tokens=_int(usage.get("output_tokens" if responses else "completion_tokens")),
         cache_read_input_tokens=cache_read,
         cache_creation_input_tokens=_int(prompt_details.get("cache_creation_input_tokens")),
         reasoning_output_tokens=_int(completion_details.get("reasoning_tokens")),

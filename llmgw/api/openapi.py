@@ -130,6 +130,113 @@ _SCHEMA_COMPONENTS: dict[str, Any] = {
             "usage": {"type": "object"},
         },
     },
+    "ResponseRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": _ref("NonBlankString"),
+            "input": {
+                "description": "A string, or a list of input items (messages, function calls and "
+                "their outputs).",
+                "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}],
+            },
+            "instructions": {"type": ["string", "null"]},
+            "stream": {"type": ["boolean", "null"]},
+            "store": {"type": ["boolean", "null"]},
+            "background": {"type": ["boolean", "null"], "enum": [False, None]},
+            "previous_response_id": {
+                "type": ["string", "null"],
+                "description": "A response this key stored; unknown or expired ids get a 400.",
+            },
+            "tools": {"description": "Function and custom tools (translated providers)."},
+            "tool_choice": {"description": "none, auto, required or a tool."},
+            "max_output_tokens": {"description": _PASSED_THROUGH},
+            "temperature": {"description": _PASSED_THROUGH},
+            "top_p": {"description": _PASSED_THROUGH},
+            "text": {"description": "format (json_object, json_schema) and verbosity."},
+            "reasoning": {"description": "effort (and summary, for native providers)."},
+            "metadata": {"description": "Echoed in the response."},
+        },
+    },
+    "Response": {
+        "type": "object",
+        "description": "A Response object (OpenAI's shape), as made or stored by the gateway.",
+        "required": ["id", "object", "status", "output"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string"},
+            "status": {"type": "string"},
+            "output": {"type": "array"},
+            "usage": {"type": ["object", "null"]},
+        },
+    },
+    "ResponseDeleted": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string"},
+            "deleted": {"type": "boolean"},
+        },
+    },
+    "ResponseItemList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"type": "string"}, "data": {"type": "array"}},
+    },
+    "ResponseStreamEvent": {
+        "type": "object",
+        "description": (
+            "One server-sent event: 'event: <type>' and data, a JSON object with type and "
+            "sequence_number (response.created ... response.completed)."
+        ),
+        "required": ["data"],
+        "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    },
+    "ImageRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": _ref("NonBlankString"),
+            "prompt": {"type": "string", "minLength": 1},
+            "n": {"description": _PASSED_THROUGH},
+            "size": {"description": _PASSED_THROUGH},
+            "response_format": {"description": _PASSED_THROUGH},
+        },
+    },
+    "ImageList": {
+        "type": "object",
+        "properties": {"created": {"type": "integer"}, "data": {"type": "array"}},
+    },
+    "SpeechRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": _ref("NonBlankString"),
+            "input": {"type": "string", "minLength": 1},
+            "voice": {"description": _PASSED_THROUGH},
+            "response_format": {"description": _PASSED_THROUGH},
+            "speed": {"description": _PASSED_THROUGH},
+        },
+    },
+    "TranscriptionRequest": {
+        "type": "object",
+        "description": (
+            "Form fields are text whatever they hold, so only their presence is checked: a model "
+            "and a file part."
+        ),
+        "required": ["model", "file"],
+        "properties": {
+            "model": {"description": "A model id (a text field)."},
+            "file": {"description": "The audio (a file part)."},
+            "language": {"description": _PASSED_THROUGH},
+            "response_format": {"description": _PASSED_THROUGH},
+        },
+    },
+    "Transcription": {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+    },
     "AnthropicError": {
         "type": "object",
         "description": "Every error on the Anthropic Messages routes, the provider's included.",
@@ -230,8 +337,8 @@ _ERROR_DESCRIPTIONS: dict[int, str] = {
     403: "The key may not use this model.",
     404: "Not found.",
     408: "The request body did not arrive within REQUEST_TIMEOUT_SECONDS.",
-    413: "The body is larger than REQUEST_BODY_LIMIT_BYTES.",
-    415: "The body is not JSON (Content-Type).",
+    413: "The body is larger than REQUEST_BODY_LIMIT_BYTES (uploads: AUDIO_UPLOAD_LIMIT_BYTES).",
+    415: "The body is not JSON (Content-Type), or not multipart/form-data for uploads.",
     429: "The key's rate limit is reached; Retry-After says when to retry.",
     502: "The provider could not be reached or answered with something unusable.",
     503: "The gateway's database is unreachable; retry shortly.",
@@ -332,6 +439,87 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "The provider's model list (cached briefly).",
         "responses": {
             "200": _json_answer("The models.", _ref("ModelList")),
+            **_proxied_errors(),
+        },
+    },
+    ("post", "/v1/responses"): {
+        "operationId": "createResponse",
+        "summary": "OpenAI Responses API, as JSON or as server-sent events.",
+        "requestBody": _body("ResponseRequest"),
+        "responses": {
+            "200": {
+                "description": "The response; with stream=true, server-sent events.",
+                "content": {
+                    _JSON: {"schema": _ref("Response")},
+                    "text/event-stream": {"schema": _ref("ResponseStreamEvent")},
+                },
+            },
+            **_proxied_errors(),
+        },
+    },
+    ("get", "/v1/responses/{response_id}"): {
+        "operationId": "getResponse",
+        "summary": "A response this key stored.",
+        "responses": {
+            "200": _json_answer("The response.", _ref("Response")),
+            "404": _error(404),
+            "503": _error(503),
+        },
+    },
+    ("delete", "/v1/responses/{response_id}"): {
+        "operationId": "deleteResponse",
+        "summary": "Delete a response this key stored.",
+        "responses": {
+            "200": _json_answer("Deleted.", _ref("ResponseDeleted")),
+            "404": _error(404),
+            "503": _error(503),
+        },
+    },
+    ("get", "/v1/responses/{response_id}/input_items"): {
+        "operationId": "listResponseInputItems",
+        "summary": "The input items of a response this key stored.",
+        "responses": {
+            "200": _json_answer("The items.", _ref("ResponseItemList")),
+            "404": _error(404),
+            "503": _error(503),
+        },
+    },
+    ("post", "/v1/images/generations"): {
+        "operationId": "createImage",
+        "summary": "OpenAI image generation.",
+        "requestBody": _body("ImageRequest"),
+        "responses": {
+            "200": _json_answer("The images.", _ref("ImageList")),
+            **_proxied_errors(),
+        },
+    },
+    ("post", "/v1/audio/speech"): {
+        "operationId": "createSpeech",
+        "summary": "Text to speech; the audio is streamed as the provider generates it.",
+        "requestBody": _body("SpeechRequest"),
+        "responses": {
+            "200": {
+                "description": "The audio (audio/mpeg unless response_format says otherwise).",
+                "content": {"audio/*": {"schema": {"type": "string", "format": "binary"}}},
+            },
+            **_proxied_errors(),
+        },
+    },
+    ("post", "/v1/audio/transcriptions"): {
+        "operationId": "createTranscription",
+        "summary": "Speech to text from a multipart upload (AUDIO_UPLOAD_LIMIT_BYTES).",
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": _ref("TranscriptionRequest")}},
+        },
+        "responses": {
+            "200": {
+                "description": "The transcript: JSON, or text with response_format=text.",
+                "content": {
+                    _JSON: {"schema": _ref("Transcription")},
+                    "text/plain": {"schema": {"type": "string"}},
+                },
+            },
             **_proxied_errors(),
         },
     },

@@ -1,9 +1,13 @@
-"""The one pipeline every proxied operation (chat, embeddings) goes through.
+"""The one pipeline every proxied operation (chat, embeddings, messages, responses, media) goes
+through.
 
-    read the body → validate → route the model → open the observation → call the route → answer
+    read the body → validate (→ translate) → admit → route the model → open the observation
+    → call the route → answer (→ translate back)
 
 The key and the route are both known right after ``resolve``; the observation finishes exactly once,
-whatever the outcome. An :class:`Operation` says what differs between operations.
+whatever the outcome. An :class:`Operation` says what differs between JSON operations; an operation
+whose body is not JSON (an upload) or whose answer is not (audio) reads its own body, starts with
+:func:`start_call` and calls the provider through :func:`observe_upstream`.
 """
 
 from __future__ import annotations
@@ -37,7 +41,15 @@ from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
-__all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
+__all__ = [
+    "CLIENT_CLOSED_REQUEST",
+    "Operation",
+    "UpstreamRequest",
+    "forward_upstream_error",
+    "observe_upstream",
+    "proxy",
+    "start_call",
+]
 
 T = TypeVar("T")
 
@@ -49,8 +61,13 @@ class Operation:
     name: str  # gen_ai.operation.name, and the first word of the span name
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
-    # Another API served through chat completions: the request, answers and errors translated.
+    # Another API served through chat completions (or a provider's own dialect of it): the
+    # request, answers and errors translated.
     codec: ApiCodec | None = None
+    open_stream: Callable[[Provider, UpstreamCall], Awaitable[ChatStream]] = lambda provider, call: (
+        provider.stream_chat_completion(call)
+    )
+    sends_chat: bool = True  # False: the provider is sent another API's body (no stream_options)
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -66,44 +83,21 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
-    refuse_control_characters(model)
     caller_body, codec = body, operation.codec
     if codec is not None:
         body = codec.to_chat(body)
-    await request.app[app_keys.POLICY].admit(key, model)
-    route = request.app[app_keys.PROVIDERS].resolve(model)
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
-    hide_usage_chunk = stream and not _caller_asked_for_usage(body)
+    hide_usage_chunk = stream and operation.sends_chat and not _caller_asked_for_usage(body)
     if hide_usage_chunk:
         options = body.get("stream_options")
         body["stream_options"] = {
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
-    telemetry = request.app[app_keys.TELEMETRY]
-    observation = ChatObservation.start(
-        telemetry.tracer,
-        telemetry.instruments,
-        operation=operation.name,
-        provider_name=route.name,
-        server_address=route.server_address,
-        server_port=route.server_port,
-        provider_reports_cost=route.reports_cost,
-        body=body,
-        model=model,
-        stream=stream,
-        capture_content=telemetry.capture_content,
-        request_id=request[app_keys.REQUEST_ID],
-        key_id=key.id,
-        subject_id=key.subject_id,
-        record_sink=request.app[app_keys.USAGE],
-    )
-    call = _upstream_call(
-        request,
-        orjson.dumps(body) if hide_usage_chunk or codec is not None else raw,
-        model,
-        observation,
+    sent = orjson.dumps(body) if hide_usage_chunk or codec is not None else raw
+    route, call, observation = await start_call(
+        request, key, UpstreamRequest(operation.name, model, stream, body, sent)
     )
     translator = (
         codec.stream_translator(
@@ -114,13 +108,15 @@ async def proxy(
     )
     translate_errors = codec is not None
     if not stream:
-        return await _observe_upstream(
+        return await observe_upstream(
             observation,
             functools.partial(_complete, operation, route, call, observation, caller_body),
             translate_errors=translate_errors,
         )
-    opened = await _observe_upstream(
-        observation, functools.partial(_open_stream, route, call), translate_errors=translate_errors
+    opened = await observe_upstream(
+        observation,
+        functools.partial(operation.open_stream, route, call),
+        translate_errors=translate_errors,
     )
     if isinstance(opened, web.StreamResponse):
         return opened  # the provider's error, forwarded
@@ -134,6 +130,53 @@ async def proxy(
         on_end=functools.partial(_finish_stream, observation),
         translator=translator,
     )
+
+
+@attrs.frozen
+class UpstreamRequest:
+    """What an operation sends once its body is read and checked."""
+
+    operation: str  # gen_ai.operation.name
+    model: str
+    stream: bool
+    fields: dict[str, Any]  # the request's fields, for the span's request attributes
+    body: bytes  # what is sent
+    content_type: str = "application/json"
+    encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
+
+
+async def start_call(
+    request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest
+) -> tuple[Provider, UpstreamCall, ChatObservation]:
+    """Admit, route and open the observation: what every operation shares once its body is read.
+    Returns the route, the call to send it, and the observation (which the caller finishes)."""
+    refuse_control_characters(upstream.model)
+    await request.app[app_keys.POLICY].admit(key, upstream.model)
+    route = request.app[app_keys.PROVIDERS].resolve(upstream.model)
+    telemetry = request.app[app_keys.TELEMETRY]
+    observation = ChatObservation.start(
+        telemetry.tracer,
+        telemetry.instruments,
+        operation=upstream.operation,
+        provider_name=route.name,
+        server_address=route.server_address,
+        server_port=route.server_port,
+        provider_reports_cost=route.reports_cost,
+        body=upstream.fields,
+        model=upstream.model,
+        stream=upstream.stream,
+        capture_content=telemetry.capture_content,
+        request_id=request[app_keys.REQUEST_ID],
+        key_id=key.id,
+        subject_id=key.subject_id,
+        record_sink=request.app[app_keys.USAGE],
+    )
+    call = attrs.evolve(
+        _upstream_call(request, upstream.body, upstream.model, observation),
+        content_type=upstream.content_type,
+        encode_for_model=upstream.encode_for_model,
+    )
+    return route, call, observation
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -155,10 +198,6 @@ def _upstream_call(
         model=model,
         on_deployment=observation.deployment_tried,
     )
-
-
-async def _open_stream(provider: Provider, call: UpstreamCall) -> ChatStream:
-    return await provider.stream_chat_completion(call)
 
 
 def _finish_stream(observation: ChatObservation, summary: StreamSummary) -> None:
@@ -201,7 +240,7 @@ async def _complete(
     )
 
 
-async def _observe_upstream(
+async def observe_upstream(
     observation: ChatObservation,
     call: Callable[[], Awaitable[T]],
     *,

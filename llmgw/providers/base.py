@@ -15,12 +15,13 @@ __all__ = [
     "UpstreamCall",
     "UpstreamHTTPError",
     "UpstreamResponse",
+    "UpstreamStream",
 ]
 
 
 @attrs.frozen(slots=True)
 class UpstreamCall:
-    """One upstream operation: the JSON body to send and the limits it runs under."""
+    """One upstream operation: the body to send (JSON unless said) and the limits it runs under."""
 
     body: bytes
     deadline: float  # event-loop time by which the whole call, retries included, must be answered
@@ -28,11 +29,16 @@ class UpstreamCall:
     model: str | None = None  # the body's "model", when known
     # Told before each deployment a route tries, with how many it has tried by then (1, 2, ...).
     on_deployment: Callable[[Deployment, int], None] | None = attrs.field(default=None, eq=False)
+    content_type: str = "application/json"
+    # The body asking for another model, for bodies that are not JSON (a multipart upload).
+    encode_for_model: Callable[[str], bytes] | None = attrs.field(default=None, eq=False)
 
     def with_model(self, model: str) -> UpstreamCall:
         """The same call asking for ``model``: the body is re-encoded only when the model differs."""
         if model == self.model:
             return self
+        if self.encode_for_model is not None:
+            return attrs.evolve(self, body=self.encode_for_model(model), model=model)
         document = orjson.loads(self.body)
         document["model"] = model
         return attrs.evolve(self, body=orjson.dumps(document), model=model)
@@ -68,11 +74,18 @@ class ChatStream(Protocol):
     async def close(self) -> None: ...
 
 
+class UpstreamStream(ChatStream, Protocol):
+    """Any open 200 answer read as it arrives (events or audio), with the provider's type."""
+
+    content_type: str
+
+
 class Provider(Protocol):
     name: str
     server_address: str
     server_port: int
     reports_cost: bool
+    speaks_responses: bool  # serves POST /responses itself (else it is translated to chat)
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         """A non-streamed completion. Raises UpstreamHTTPError for a non-2xx answer after retries."""
@@ -83,6 +96,14 @@ class Provider(Protocol):
         ...
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse: ...
+
+    async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        """POST ``call`` to ``path`` (``/images/generations``) and read the whole answer."""
+        ...
+
+    async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
+        """POST ``call`` to ``path`` and return the 200 answer unread, to relay as it arrives."""
+        ...
 
     async def list_models(self, deadline: float) -> UpstreamResponse: ...
 

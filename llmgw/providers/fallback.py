@@ -20,6 +20,7 @@ from llmgw.providers.base import (
     UpstreamCall,
     UpstreamHTTPError,
     UpstreamResponse,
+    UpstreamStream,
 )
 from llmgw.providers.retry import RETRYABLE_STATUSES
 
@@ -40,6 +41,8 @@ class FallbackChain:
         self.server_address = first.server_address
         self.server_port = first.server_port
         self.reports_cost = first.reports_cost
+        # Native only when every deployment is: a fallback must be able to take the same body.
+        self.speaks_responses = all(d.provider.speaks_responses for d in self.deployments)
 
     async def _first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
@@ -66,6 +69,12 @@ class FallbackChain:
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         return await self._first_answer(call, lambda p, c: p.embeddings(c))
+
+    async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        return await self._first_answer(call, lambda p, c: p.forward(path, c))
+
+    async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
+        return await self._first_answer(call, lambda p, c: p.forward_stream(path, c, accept=accept))
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         return await self.deployments[0].provider.list_models(deadline)

@@ -121,8 +121,10 @@ class OpenAICompatibleProvider:
         call_timeout: float | None = None,
         headers: Mapping[str, str] | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        speaks_responses: bool = False,
     ) -> None:
         self.name = name
+        self.speaks_responses = speaks_responses
         self._max_response_bytes = max_response_bytes
         self._has_key = bool(api_key)
         self._base_url = base_url.rstrip("/")
@@ -151,7 +153,7 @@ class OpenAICompatibleProvider:
         # Built afresh: nothing the client sent (its Authorization above all) is forwarded.
         return {
             **self._auth_headers,
-            "Content-Type": _JSON,
+            "Content-Type": call.content_type,
             "Accept": accept,
             **call.trace_headers,
         }
@@ -236,10 +238,16 @@ class OpenAICompatibleProvider:
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         return await self._complete("/embeddings", call)
 
+    async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        return await self._complete(path, call)
+
     async def stream_chat_completion(self, call: UpstreamCall) -> _AiohttpChatStream:
-        response, retries = await self._post_with_retries(
-            "/chat/completions", call, accept="text/event-stream", streaming=True
-        )
+        return await self.forward_stream("/chat/completions", call, accept="text/event-stream")
+
+    async def forward_stream(
+        self, path: str, call: UpstreamCall, *, accept: str
+    ) -> _AiohttpChatStream:
+        response, retries = await self._post_with_retries(path, call, accept=accept, streaming=True)
         if response.status != 200:
             raise UpstreamHTTPError(await self._read_answer(response, retries))
         return _AiohttpChatStream(response, retries, self.name)

@@ -108,6 +108,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         call_timeout=spec.timeout_seconds,
         headers=spec.headers,
         max_response_bytes=settings.upstream_max_response_bytes,
+        speaks_responses=spec.responses == "native",
     )
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "api_keys",
     "console_sessions",
     "metadata",
+    "responses",
     "subject_monthly_spend",
     "subjects",
     "usage_dead_letters",
@@ -168,7 +169,11 @@ usage_events = sa.Table(
     sa.CheckConstraint(
         "time_to_first_chunk_ms IS NULL OR time_to_first_chunk_ms >= 0", name="time_to_first_chunk"
     ),
-    sa.CheckConstraint("operation IN ('chat', 'embeddings')", name="operation"),
+    sa.CheckConstraint(
+        "operation IN ('chat', 'embeddings', 'image_generation', 'text_to_speech', "
+        "'speech_to_text')",
+        name="operation",
+    ),
     sa.CheckConstraint("usage_source IN ('reported', 'estimated')", name="usage_source"),
     sa.CheckConstraint(
         "array_position(flags, '') IS NULL AND array_position(flags, NULL) IS NULL",
@@ -245,5 +250,27 @@ console_sessions = sa.Table(
     ),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
+)
+
+# The Responses API's stored responses (migration 0006): what a previous_response_id continues.
+responses = sa.Table(
+    "responses",
+    metadata,
+    sa.Column("id", sa.Text(), primary_key=True),
+    sa.Column(
+        "api_key_id",
+        UUID(as_uuid=True),
+        sa.ForeignKey("api_keys.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    # Every input item of the conversation up to this response (instructions excluded).
+    sa.Column("input_items", JSONB(), nullable=False),
+    sa.Column("response", JSONB(), nullable=False),  # the Response object, output included
+    sa.Index("ix_responses_expires_at", "expires_at"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
 )

@@ -146,16 +146,18 @@ class _Relay:
                     if self.translator is None:
                         out.append(_complete_crlf(event) if observer.done else event)
                     elif observer.upstream_error:
-                        raise UpstreamUnavailable(
-                            "The provider reported an error in the stream.",
-                            code="upstream_stream_error",
-                        )
+                        break  # after what came before it reached the caller (below)
                     elif observer.document is not None:
                         out.append(self.translator.feed(observer.document))
                     if observer.done:
                         break
                 if out:
                     await response.write(b"".join(out))
+                if self.translator is not None and observer.upstream_error:
+                    raise UpstreamUnavailable(
+                        "The provider reported an error in the stream.",
+                        code="upstream_stream_error",
+                    )
                 if observer.garbled:
                     raise UpstreamUnavailable(
                         "The provider sent stream data that is not JSON; the stream was ended.",

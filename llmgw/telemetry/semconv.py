@@ -55,6 +55,10 @@ LLMGW_DEPLOYMENTS_TRIED: Final = "llmgw.deployments_tried"
 # Values
 OPERATION_CHAT: Final = "chat"
 OPERATION_EMBEDDINGS: Final = "embeddings"
+# v1.41.0 names no operation for these; llmgw's own values (also the ledger's operation column).
+OPERATION_IMAGE_GENERATION: Final = "image_generation"
+OPERATION_TEXT_TO_SPEECH: Final = "text_to_speech"
+OPERATION_SPEECH_TO_TEXT: Final = "speech_to_text"
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
 

@@ -1,0 +1,248 @@
+"""Images and audio: POST /v1/images/generations, /v1/audio/speech and /v1/audio/transcriptions.
+
+Forwarded to the route's provider like chat completions are (keys, limits, allowlists, telemetry,
+a ledger row each); only their bodies differ. Speech is relayed to the client as the provider sends
+it, never buffered; a transcription upload is multipart, bounded by AUDIO_UPLOAD_LIMIT_BYTES rather
+than REQUEST_BODY_LIMIT_BYTES, and re-encoded for the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from typing import Any
+
+import aiohttp
+import attrs
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from llmgw import app_keys
+from llmgw.api.body import read_json_object
+from llmgw.api.pipeline import (
+    CLIENT_CLOSED_REQUEST,
+    Operation,
+    UpstreamRequest,
+    observe_upstream,
+    proxy,
+    start_call,
+)
+from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.errors import (
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
+from llmgw.providers.base import Provider, UpstreamCall, UpstreamStream
+from llmgw.telemetry import semconv as sc
+from llmgw.telemetry.genai import ChatObservation, Outcome
+
+__all__ = ["create_image", "create_speech", "create_transcription"]
+
+_READ_SIZE = 64 * 1024
+
+
+def _require_model(fields: dict[str, Any]) -> str:
+    model = fields.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidRequest("'model' must be a non-empty string.", param="model")
+    return model
+
+
+def _require_text(fields: dict[str, Any], name: str) -> None:
+    value = fields.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"'{name}' must be a non-empty string.", param=name)
+
+
+def _validate_image(body: dict[str, Any]) -> tuple[str, bool]:
+    model = _require_model(body)
+    _require_text(body, "prompt")
+    return model, False
+
+
+IMAGES = Operation(
+    name=sc.OPERATION_IMAGE_GENERATION,
+    validate=_validate_image,
+    complete=lambda provider, call: provider.forward("/images/generations", call),
+)
+
+
+async def create_image(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
+    return await proxy(request, key, IMAGES)
+
+
+# Speech ----------------------------------------------------------------------------------------
+
+
+async def create_speech(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
+    raw, body = await read_json_object(request)
+    model = _require_model(body)
+    _require_text(body, "input")
+    upstream = UpstreamRequest(sc.OPERATION_TEXT_TO_SPEECH, model, True, body, raw)
+    route, call, observation = await start_call(request, key, upstream)
+    opened = await observe_upstream(
+        observation,
+        functools.partial(route.forward_stream, "/audio/speech", call, accept="*/*"),
+        translate_errors=False,
+    )
+    if isinstance(opened, web.StreamResponse):
+        return opened  # the provider's error, forwarded
+    observation.retries = opened.retries
+    return await _relay_audio(request, opened, observation)
+
+
+async def _relay_audio(
+    request: web.Request, upstream: UpstreamStream, observation: ChatObservation
+) -> web.StreamResponse:
+    """The provider's audio, written to the client chunk by chunk as it arrives."""
+    response = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": upstream.content_type or "application/octet-stream",
+            "Cache-Control": "no-cache",
+        },
+    )
+    outcome, status = Outcome.CANCELLED, CLIENT_CLOSED_REQUEST
+    error_type: str | None = "cancelled"
+    try:
+        await response.prepare(request)
+        async for data in upstream.chunks():
+            observation.chunk_arrived()
+            await response.write(data)
+        await response.write_eof()
+        outcome, error_type, status = Outcome.COMPLETED, None, 200
+    except GatewayError as error:
+        # Audio has no error frame: the connection is cut so the client sees a truncated body.
+        outcome, error_type, status = Outcome.FAILED, error.error_kind, 200
+        if request.transport is not None:
+            request.transport.abort()
+    finally:
+        await upstream.close()
+        observation.finish(status=status, outcome=outcome, error_type=error_type)
+    return response
+
+
+# Transcriptions --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Upload:
+    fields: dict[str, str]
+    file: bytes
+    filename: str
+    file_type: str
+
+    def encode(self, model: str) -> bytes:
+        return _multipart({**self.fields, "model": model}, self, _BOUNDARY)
+
+
+_BOUNDARY = "llmgw-" + os.urandom(12).hex()
+_FORM_TYPE = f"multipart/form-data; boundary={_BOUNDARY}"
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\r", " ").replace("\n", " ")
+
+
+def _multipart(fields: dict[str, str], upload: _Upload, boundary: str) -> bytes:
+    parts: list[bytes] = []
+    for name, value in fields.items():
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{_quoted(name)}"\r\n\r\n'.encode(
+                "utf-8", errors="replace"
+            )
+            + value.encode("utf-8", errors="replace")
+            + b"\r\n"
+        )
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="{_quoted(upload.filename)}"\r\nContent-Type: {upload.file_type}\r\n\r\n'.encode(
+            "utf-8", errors="replace"
+        )
+        + upload.file
+        + b"\r\n"
+    )
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts)
+
+
+async def _read_upload(request: web.Request, limit: int) -> _Upload:
+    if request.content_type != "multipart/form-data":
+        raise UnsupportedMediaType(
+            f"Content-Type must be multipart/form-data, not {request.content_type or 'missing'!r}."
+        )
+    too_large = PayloadTooLarge(
+        f"The upload is larger than the limit of {limit} bytes (AUDIO_UPLOAD_LIMIT_BYTES)."
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    fields: dict[str, str] = {}
+    file: bytes | None = None
+    filename, file_type = "audio", "application/octet-stream"
+    size = 0
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, aiohttp.BodyPartReader):
+                raise InvalidRequest("Nested multipart bodies are not supported.")
+            data = bytearray()
+            while chunk := await part.read_chunk(_READ_SIZE):
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                data.extend(chunk)
+            if part.name == "file":
+                file = bytes(data)
+                filename = part.filename or filename
+                file_type = part.headers.get("Content-Type", file_type)
+            elif part.name:
+                fields[part.name] = data.decode("utf-8", errors="replace")
+    except (ValueError, AssertionError, RuntimeError, HttpProcessingError) as exc:
+        raise InvalidRequest(f"The multipart body is malformed ({type(exc).__name__}).") from None
+    if file is None:
+        raise InvalidRequest("'file' is required: the audio to transcribe.", param="file")
+    return _Upload(fields, file, filename, file_type)
+
+
+async def create_transcription(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
+    settings = request.app[app_keys.SETTINGS]
+    try:
+        async with asyncio.timeout(settings.request_timeout_seconds):
+            upload = await _read_upload(request, settings.audio_upload_limit_bytes)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The upload did not arrive within {settings.request_timeout_seconds:g}s "
+            "(REQUEST_TIMEOUT_SECONDS)."
+        ) from None
+    model = _require_model(upload.fields)
+    upstream = UpstreamRequest(
+        sc.OPERATION_SPEECH_TO_TEXT,
+        model,
+        False,
+        dict(upload.fields),
+        upload.encode(model),
+        content_type=_FORM_TYPE,
+        encode_for_model=upload.encode,
+    )
+    route, call, observation = await start_call(request, key, upstream)
+    return await observe_upstream(
+        observation,
+        functools.partial(_transcribe, route, call, observation),
+        translate_errors=False,
+    )
+
+
+async def _transcribe(
+    provider: Provider, call: UpstreamCall, observation: ChatObservation
+) -> web.StreamResponse:
+    result = await provider.forward("/audio/transcriptions", call)
+    observation.retries = result.retries
+    observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    # JSON or text/plain (response_format=text), as the provider answered.
+    return web.Response(
+        status=result.status, body=result.body, headers={"Content-Type": result.content_type}
+    )

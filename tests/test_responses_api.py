@@ -1,0 +1,385 @@
+"""POST/GET/DELETE /v1/responses through the official openai SDK, against a provider that serves
+Responses itself (the fake Venice's /responses) and one that only speaks chat (the fake OpenAI)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from llmgw import app_keys
+from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
+from tests.conftest import Gateway
+from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI
+from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, Behaviour, FakeVenice
+from tests.processes import clean_env
+
+VENICE_TEXT = "Hello from fake Venice!"
+OPENAI_TEXT = "Hello from fake OpenAI!"
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+        "strict": True,
+    }
+]
+
+
+@pytest.fixture
+async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+class Upstream:
+    """Which provider a test runs against, and how to read what it was sent."""
+
+    def __init__(self, gateway: Gateway, kind: str, fake_openai: FakeOpenAI) -> None:
+        self.gateway = gateway
+        self.kind = kind
+        self.fake_openai = fake_openai
+
+    @property
+    def reply(self) -> str:
+        return VENICE_TEXT if self.kind == "native" else OPENAI_TEXT
+
+    def sent(self) -> list[Any]:
+        """The bodies the provider received for Responses calls, in order."""
+        if self.kind == "native":
+            return [r.json for r in self.gateway.fake.received if r.path == "/api/v1/responses"]
+        return [r.json for r in self.fake_openai.calls("/v1/chat/completions")]
+
+
+@pytest.fixture(params=["native", "chat-only"])
+async def upstream(
+    request: Any, start_gateway: Any, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> Upstream:
+    if request.param == "native":
+        spec = ProviderSpec(
+            name="venice",
+            kind="venice",
+            base_url=fake_venice.base_url,
+            api_key=FAKE_VENICE_KEY,
+            responses="native",
+        )
+    else:
+        spec = chat_only(fake_openai)
+    gateway: Gateway = await start_gateway(providers=(spec,))
+    return Upstream(gateway, request.param, fake_openai)
+
+
+def chat_only(fake_openai: FakeOpenAI) -> ProviderSpec:
+    return ProviderSpec(
+        name="openai",
+        kind="openai-compatible",
+        base_url=fake_openai.base_url,
+        api_key=FAKE_OPENAI_KEY,
+    )
+
+
+async def client_for(upstream: Upstream, **key_settings: Any) -> openai.AsyncOpenAI:
+    return upstream.gateway.client(await upstream.gateway.create_key(**key_settings))
+
+
+async def ledger_rows(gateway: Gateway) -> list[Any]:
+    assert await gateway.server.app[app_keys.LEDGER].flush()
+    return await gateway.db.fetch("SELECT * FROM usage_events ORDER BY id")
+
+
+async def test_create_answers_text_with_usage_and_get_returns_it(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    response = await client.responses.create(
+        model="m-1", input="Say hello", instructions="Be brief.", max_output_tokens=64
+    )
+    assert response.output_text == upstream.reply
+    assert response.status == "completed"
+    assert response.id.startswith("resp_")
+    assert response.usage is not None and response.usage.output_tokens > 0
+    assert response.usage.input_tokens > 0
+
+    sent = upstream.sent()[-1]
+    if upstream.kind == "native":
+        # Venice has no 'instructions' or 'store': they arrive as a developer message, and left out.
+        assert sent["input"][0] == {"type": "message", "role": "developer", "content": "Be brief."}
+        assert "instructions" not in sent and "store" not in sent
+    else:
+        assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert sent["max_completion_tokens"] == 64
+
+    fetched = await client.responses.retrieve(response.id)
+    assert fetched.id == response.id and fetched.output_text == upstream.reply
+    rows = await ledger_rows(upstream.gateway)
+    assert len(rows) == 1
+    assert (rows[0]["operation"], rows[0]["status"]) == ("chat", 200)
+    assert rows[0]["output_tokens"] == response.usage.output_tokens
+
+
+async def test_function_calling_over_two_turns_with_previous_response_id(
+    upstream: Upstream,
+) -> None:
+    client = await client_for(upstream)
+    first = await client.responses.create(
+        model="m-1", input="What is 4 + 6?", tools=TOOLS, instructions="Use the tools."
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert (call.name, call.arguments) == ("add", TOOL_ARGUMENTS)
+
+    second = await client.responses.create(
+        model="m-1",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "10"}],
+        tools=TOOLS,
+    )
+    assert second.output_text == upstream.reply
+    assert second.previous_response_id == first.id
+    items = await client.responses.input_items.list(second.id)
+    assert [item.type for item in items.data] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+
+    sent = upstream.sent()[-1]
+    if upstream.kind == "native":
+        kinds = [item.get("type", "message") for item in sent["input"]]
+        # The first turn's input and call, then this turn's result; not the old instructions.
+        assert kinds == ["message", "function_call", "function_call_output"]
+        assert sent["input"][0]["content"] == "What is 4 + 6?"
+        assert sent["tools"][0]["function"]["name"] == "add"  # Venice's nested tool shape
+    else:
+        roles = [message["role"] for message in sent["messages"]]
+        assert roles == ["user", "assistant", "tool"]
+        assert sent["messages"][1]["tool_calls"][0]["id"] == call.call_id
+        assert sent["messages"][2] == {
+            "role": "tool",
+            "tool_call_id": call.call_id,
+            "content": "10",
+        }
+
+
+async def test_unknown_or_foreign_previous_response_id_is_refused(upstream: Upstream) -> None:
+    owner = await client_for(upstream, name="owner")
+    other = await client_for(upstream, name="other")
+    made = await owner.responses.create(model="m-1", input="hi")
+    before = len(upstream.sent())
+    for client, previous in ((owner, "resp_unknown"), (other, made.id)):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(model="m-1", input="again", previous_response_id=previous)
+        error = caught.value.body
+        assert isinstance(error, dict)
+        assert error["code"] == "previous_response_not_found"
+        assert error["param"] == "previous_response_id"
+        assert previous in error["message"]
+    assert len(upstream.sent()) == before  # refused before any provider call
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        await owner.responses.retrieve("resp_\x00")  # no id the gateway makes; not a 500
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.delete(made.id)
+    await owner.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        await owner.responses.retrieve(made.id)
+
+
+async def test_store_false_keeps_nothing(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    response = await client.responses.create(model="m-1", input="hi", store=False)
+    assert response.output_text == upstream.reply
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.create(model="m-1", input="again", previous_response_id=response.id)
+
+
+async def test_expired_responses_are_not_found(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    response = await client.responses.create(model="m-1", input="hi")
+    await client.responses.retrieve(response.id)
+    await upstream.gateway.db.execute(
+        "UPDATE responses SET created_at = now() - interval '2 days', "
+        "expires_at = now() - interval '1 day'"
+    )
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="m-1", input="again", previous_response_id=response.id)
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "previous_response_not_found"
+
+
+async def test_hosted_tools_are_refused_for_a_chat_only_provider(
+    start_gateway: Any, fake_openai: FakeOpenAI
+) -> None:
+    gateway: Gateway = await start_gateway(providers=(chat_only(fake_openai),))
+    client = gateway.client(await gateway.create_key())
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools[0]"
+    assert fake_openai.calls("/v1/chat/completions") == []
+
+
+async def test_provider_errors_take_openai_shape_with_the_provider_message(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(status=429, retry_after="7"))
+    client = gateway.client(api_key)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.responses.create(model="qwen3-5-9b", input="hi")
+    assert caught.value.response.headers["retry-after"] == "7"
+    assert caught.value.body == {
+        "message": "Rate limit exceeded",
+        "type": "upstream_error",
+        "code": "provider_error",
+    }
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.responses.create(model="venice-nonexistent-x", input="hi")
+    assert isinstance(missing.value.body, dict)
+    assert "Specified model not found" in missing.value.body["message"]
+
+
+async def test_stream_text_has_the_full_event_sequence_and_is_stored(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    async with client.responses.stream(model="m-1", input="Say hello") as stream:
+        events = [event async for event in stream]
+        final = await stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert {"response.output_item.added", "response.content_part.added"} <= set(kinds)
+    assert {"response.output_text.done", "response.output_item.done"} <= set(kinds)
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == upstream.reply
+    assert final.usage is not None and final.usage.output_tokens > 0
+    assert events[0].response.id == final.id
+    stored = await client.responses.retrieve(final.id)
+    assert stored.output_text == upstream.reply
+
+    rows = await ledger_rows(upstream.gateway)
+    assert [(r["operation"], r["stream"], r["status"]) for r in rows] == [("chat", True, 200)]
+    # Usage from the provider's final figures (response.completed for a native provider).
+    assert rows[0]["output_tokens"] == final.usage.output_tokens
+    assert rows[0]["input_tokens"] == final.usage.input_tokens
+
+
+async def test_streamed_function_calling_over_two_turns(upstream: Upstream) -> None:
+    client = await client_for(upstream)
+    async with client.responses.stream(model="m-1", input="4 + 6?", tools=TOOLS) as stream:
+        events = [event async for event in stream]
+        first = await stream.get_final_response()
+    call = next(item for item in first.output if item.type == "function_call")
+    assert (call.name, call.arguments) == ("add", TOOL_ARGUMENTS)
+    arguments = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    assert arguments == TOOL_ARGUMENTS
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert done[-1].item.type == "function_call" and done[-1].item.arguments == TOOL_ARGUMENTS
+
+    async with client.responses.stream(
+        model="m-1",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "10"}],
+        tools=TOOLS,
+    ) as stream:
+        second = await stream.get_final_response()
+    assert second.output_text == upstream.reply
+
+
+async def test_stream_frames_carry_event_lines(upstream: Upstream) -> None:
+    key = await upstream.gateway.create_key()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            upstream.gateway.url("/v1/responses"),
+            json={"model": "m-1", "input": "hi", "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response:
+            assert response.content_type == "text/event-stream"
+            raw = (await response.read()).decode()
+    frames = [frame for frame in raw.split("\n\n") if frame]
+    assert frames[0].startswith("event: response.created\ndata: {")
+    for frame in frames:
+        event_line, data_line = frame.split("\n")
+        assert orjson.loads(data_line.removeprefix("data: "))["type"] == event_line.removeprefix(
+            "event: "
+        )
+    assert "[DONE]" not in raw
+
+
+async def test_a_stream_broken_by_the_provider_ends_with_error_and_response_failed(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.enqueue(Behaviour(error_event_after_chunks=2))
+    client = gateway.client(api_key)
+    stream = await client.responses.create(model="qwen3-5-9b", input="hi", stream=True)
+    events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error.code == "server_error"
+    # The text that did arrive is closed properly before the failure.
+    assert "response.output_item.done" in kinds
+    rows = await ledger_rows(gateway)
+    assert [(r["status"], r["error_type"]) for r in rows] == [(200, "upstream_stream_error")]
+
+
+def test_the_responses_mode_of_a_provider_is_validated(tmp_path: Path) -> None:
+    def spec(value: str) -> str:
+        return (
+            '[[providers]]\nname = "v"\nkind = "venice"\nbase_url = "http://127.0.0.1:1/api/v1"\n'
+            f"responses = {value}\n"
+        )
+
+    path = tmp_path / "llmgw.toml"
+    path.write_text(spec('"native"'))
+    assert load_provider_config(path, {}).providers[0].responses == "native"
+    path.write_text(spec('"sometimes"'))
+    with pytest.raises(ProviderConfigError) as caught:
+        load_provider_config(path, {})
+    assert str(caught.value).endswith(
+        'providers[0].responses: expected "translate" or "native", got "sometimes"'
+    )
+
+
+async def test_prune_deletes_only_expired_responses(upstream: Upstream, database_url: str) -> None:
+    client = await client_for(upstream)
+    kept = await client.responses.create(model="m-1", input="keep me")
+    gone = await client.responses.create(model="m-1", input="prune me")
+    await client.responses.retrieve(gone.id)  # both are written by now
+    await upstream.gateway.db.execute(
+        "UPDATE responses SET created_at = now() - interval '2 days', "
+        "expires_at = now() - interval '1 day' WHERE id = $1",
+        gone.id,
+    )
+    pruned = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmgw", "responses", "prune"],
+        env=clean_env(DATABASE_URL=database_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.strip() == "deleted 1 expired responses"
+    assert await upstream.gateway.db.fetchval("SELECT array_agg(id) FROM responses") == [kept.id]

@@ -1,0 +1,442 @@
+"""Golden tests of the Responses ⇄ chat completions translation and its stream state machine.
+
+Each case's expected output is a JSON file under ``golden/responses/``; run with
+``LLMGW_UPDATE_GOLDEN=1`` to rewrite them after a deliberate change (and read the diff).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from llmgw.errors import InvalidRequest, UpstreamUnavailable
+from llmgw.translation import responses as translation
+from llmgw.translation.responses_stream import ResponsesStreamTranslator
+
+GOLDEN = Path(__file__).parent / "golden" / "responses"
+UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
+
+
+def fixed_ids() -> translation.ResponseIds:
+    counter = itertools.count(1)
+    return translation.ResponseIds(
+        lambda prefix: f"{prefix}_{next(counter)}", lambda: 1_700_000_000
+    )
+
+
+def check_golden(name: str, value: Any) -> None:
+    path = GOLDEN / f"{name}.json"
+    rendered = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rendered)
+    assert path.exists(), f"no golden file {path}; run with LLMGW_UPDATE_GOLDEN=1"
+    assert orjson.loads(path.read_bytes()) == orjson.loads(rendered)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather by city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "strict": True,
+}
+PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}
+
+REQUESTS: dict[str, dict[str, Any]] = {
+    "string_input": {"model": "m", "input": "Hello", "instructions": "Be brief."},
+    "every_input_item": {
+        "model": "m",
+        "instructions": "You are terse.",
+        "input": [
+            {"role": "developer", "content": "Answer in English."},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "What is in this image, and the weather?"},
+                    {
+                        "type": "input_image",
+                        "image_url": "data:image/png;base64,AAAA",
+                        "detail": "low",
+                    },
+                    {
+                        "type": "input_file",
+                        "file_data": "data:text/plain;base64,aGk=",
+                        "filename": "a.txt",
+                    },
+                ],
+            },
+            {
+                "type": "reasoning",
+                "id": "rs_0",
+                "summary": [{"type": "summary_text", "text": "hm"}],
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}],
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_a",
+                "name": "get_weather",
+                "arguments": '{"city":"Paris"}',
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_b",
+                "name": "get_weather",
+                "arguments": '{"city":"Rome"}',
+            },
+            {"type": "function_call_output", "call_id": "call_a", "output": "sunny"},
+            {
+                "type": "function_call_output",
+                "call_id": "call_b",
+                "output": [{"type": "input_text", "text": "rain"}],
+            },
+            {
+                "type": "custom_tool_call",
+                "call_id": "call_c",
+                "name": "apply_patch",
+                "input": "*** Begin Patch",
+            },
+            {"type": "custom_tool_call_output", "call_id": "call_c", "output": "done"},
+        ],
+        "tools": [WEATHER_TOOL, PATCH_TOOL],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 256,
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "parallel_tool_calls": False,
+        "user": "u-1",
+        "text": {
+            "format": {
+                "type": "json_schema",
+                "name": "answer",
+                "schema": {"type": "object"},
+                "strict": True,
+            },
+            "verbosity": "low",
+        },
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "store": True,
+        "include": ["reasoning.encrypted_content"],
+        "truncation": "auto",
+        "metadata": {"k": "v"},
+        "stream": True,
+    },
+    "json_object_and_allowed_tools": {
+        "model": "m",
+        "input": [{"role": "user", "content": "json please"}],
+        "text": {"format": {"type": "json_object"}},
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": []},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(REQUESTS))
+def test_request_to_chat(name: str) -> None:
+    check_golden(f"request_{name}", translation.to_chat(REQUESTS[name]))
+
+
+def test_request_continues_the_stored_history_without_old_instructions() -> None:
+    history = [
+        {"type": "message", "role": "user", "content": "4 + 6?"},
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "add",
+            "arguments": "{}",
+        },
+    ]
+    body = {
+        "model": "m",
+        "instructions": "New instructions.",
+        "input": [{"type": "function_call_output", "call_id": "call_1", "output": "10"}],
+    }
+    check_golden("request_with_history", translation.to_chat(body, history))
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        ({"model": "m", "input": [{"type": "local_shell_call"}]}, "input[0]"),
+        (
+            {
+                "model": "m",
+                "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}],
+            },
+            "input[0].content[0]",
+        ),
+        (
+            {
+                "model": "m",
+                "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}],
+            },
+            "input[0].content[0]",
+        ),
+        ({"model": "m", "input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"model": "m", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ],
+)
+def test_what_chat_cannot_express_is_refused_naming_the_field(
+    body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        translation.to_chat(body)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "x"}, "model"),
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": [1]}, "input[0]"),
+        ({"model": "m", "input": "x", "stream": "yes"}, "stream"),
+        ({"model": "m", "input": "x", "background": True}, "background"),
+        ({"model": "m", "input": "x", "conversation": "conv_1"}, "conversation"),
+        ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
+    ],
+)
+def test_validation(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        translation.validate_request(body)
+    assert caught.value.param == param
+
+
+def test_native_request_folds_in_history_and_instructions_in_venice_shapes() -> None:
+    body = {
+        "model": "m",
+        "instructions": "Be brief.",
+        "input": "again",
+        "tools": [WEATHER_TOOL, {"type": "web_search"}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "store": True,
+        "previous_response_id": "resp_1",
+        "text": {"format": {"type": "text"}},
+        "metadata": {"a": "b"},
+        "max_output_tokens": 10,
+        "stream": True,
+    }
+    history = [{"type": "message", "role": "user", "content": "first"}]
+    check_golden("native_request", translation.native_request(body, history))
+
+
+COMPLETIONS: dict[str, dict[str, Any]] = {
+    "text": {
+        "id": "chatcmpl-1",
+        "created": 1_700_000_001,
+        "model": "m-2026",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Hi!"},
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 12,
+            "completion_tokens": 3,
+            "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        },
+    },
+    "reasoning_and_tool_calls": {
+        "id": "chatcmpl-2",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": "Checking.",
+                    "reasoning_content": "The user wants weather.",
+                    "tool_calls": [
+                        {
+                            "id": "call_x",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                        },
+                        {
+                            "id": "call_y",
+                            "type": "function",
+                            "function": {
+                                "name": "apply_patch",
+                                "arguments": '{"input":"*** Begin"}',
+                            },
+                        },
+                    ],
+                },
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 30,
+            "completion_tokens": 20,
+            "total_tokens": 50,
+            "completion_tokens_details": {"reasoning_tokens": 8},
+        },
+    },
+    "length": {
+        "id": "chatcmpl-3",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {"role": "assistant", "content": "Once upon"},
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    },
+    "content_filter": {
+        "id": "chatcmpl-4",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "content_filter",
+                "message": {"role": "assistant", "content": ""},
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5},
+    },
+}
+RESPONSE_REQUEST = {
+    "model": "m",
+    "input": "x",
+    "instructions": "Be brief.",
+    "tools": [WEATHER_TOOL, PATCH_TOOL],
+    "metadata": {"k": "v"},
+    "previous_response_id": "resp_0",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPLETIONS))
+def test_completion_to_response(name: str) -> None:
+    response = translation.from_chat(
+        COMPLETIONS[name], request=RESPONSE_REQUEST, response_id="resp_test", ids=fixed_ids()
+    )
+    check_golden(f"response_{name}", response)
+
+
+# Streams ---------------------------------------------------------------------------------------
+
+
+def chunk(
+    delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {
+        "id": "chatcmpl-s",
+        "object": "chat.completion.chunk",
+        "model": "m-2026",
+        "choices": choices,
+        **extra,
+    }
+
+
+def parse_events(raw: bytes) -> list[dict[str, Any]]:
+    events = []
+    for frame in raw.decode().split("\n\n"):
+        if not frame:
+            continue
+        event_line, data_line = frame.split("\n")
+        payload = orjson.loads(data_line.removeprefix("data: "))
+        assert event_line == f"event: {payload['type']}"
+        events.append(payload)
+    return events
+
+
+USAGE = {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
+STREAMS: dict[str, list[dict[str, Any]]] = {
+    "text": [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Hel"}),
+        chunk({"content": "lo"}),
+        chunk({}, "stop"),
+        chunk(None, usage=USAGE),
+    ],
+    "reasoning_text_and_tool_calls": [
+        chunk({"role": "assistant", "reasoning_content": "Think"}),
+        chunk({"reasoning_content": "ing."}),
+        chunk({"content": "Calling."}),
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""},
+                    }
+                ]
+            }
+        ),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 1,
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "apply_patch", "arguments": '{"input":"*** Begin"}'},
+                    }
+                ]
+            }
+        ),
+        chunk({}, "tool_calls", usage=USAGE),
+    ],
+    "length_without_usage": [
+        chunk({"role": "assistant", "content": "Once"}),
+        chunk({}, "length"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_stream_events(name: str) -> None:
+    translator = ResponsesStreamTranslator(
+        RESPONSE_REQUEST, response_id="resp_s", ids=fixed_ids(), estimated_input_tokens=11
+    )
+    raw = (
+        translator.start()
+        + b"".join(translator.feed(c) for c in STREAMS[name])
+        + translator.finish()
+    )
+    events = parse_events(raw)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = events[-1]["response"]
+    assert translator.response == final
+    # Every item the final response holds was announced complete by its output_item.done.
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert final["output"] == done
+    check_golden(f"stream_{name}", events)
+
+
+def test_stream_error_closes_the_open_item_then_fails() -> None:
+    translator = ResponsesStreamTranslator(RESPONSE_REQUEST, response_id="resp_e", ids=fixed_ids())
+    raw = translator.start() + translator.feed(chunk({"content": "Par"}))
+    raw += translator.error(
+        UpstreamUnavailable("The provider broke off.", code="upstream_stream_interrupted")
+    )
+    events = parse_events(raw)
+    check_golden("stream_error", events)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    assert events[-1]["response"]["error"] == {
+        "code": "server_error",
+        "message": "The provider broke off.",
+    }
