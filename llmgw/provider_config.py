@@ -8,6 +8,8 @@
     timeout_seconds = 30             # optional; default REQUEST_TIMEOUT_SECONDS
     max_retries = 1                  # optional; default VENICE_MAX_RETRIES
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
+    input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
+    output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
     [[models]]
     alias = "fast"                   # what callers send as "model"
@@ -71,6 +73,8 @@ class ProviderSpec:
     timeout_seconds: float | None = None  # None: REQUEST_TIMEOUT_SECONDS
     max_retries: int | None = None  # None: VENICE_MAX_RETRIES
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    input_usd_per_mtok: float | None = None  # both or neither
+    output_usd_per_mtok: float | None = None
 
 
 @attrs.frozen
@@ -194,6 +198,18 @@ class _Parser:
         retries = self.optional(table, where, "max_retries", int)
         if retries is not None and not 0 <= retries <= 10:
             self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
+        prices = [
+            self.optional(table, where, name, _NUMBER)
+            for name in ("input_usd_per_mtok", "output_usd_per_mtok")
+        ]
+        for name, value in zip(("input_usd_per_mtok", "output_usd_per_mtok"), prices, strict=True):
+            if value is not None and not 0 <= value < float("inf"):
+                self.fail(f"{where}.{name}", f"expected a number >= 0, got {_show(value)}")
+        if (prices[0] is None) != (prices[1] is None):
+            self.fail(
+                f"{where}.input_usd_per_mtok",
+                "input_usd_per_mtok and output_usd_per_mtok go together; set both or neither",
+            )
         headers = self.optional(table, where, "headers", dict) or {}
         for header, value in headers.items():
             if not isinstance(value, str):
@@ -207,6 +223,8 @@ class _Parser:
             timeout_seconds=None if timeout is None else float(timeout),
             max_retries=retries,
             headers=dict(headers),
+            input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
+            output_usd_per_mtok=None if prices[1] is None else float(prices[1]),
         )
 
     def model_alias(

@@ -10,6 +10,7 @@ from llmgw import app_keys
 from llmgw.api import chat, embeddings, health, models, openapi
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import AuthenticationFailed
+from llmgw.middleware import ADMITS_ITSELF
 
 __all__ = ["PUBLIC_PATHS", "add_routes", "protected"]
 
@@ -18,8 +19,14 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 ProtectedHandler = Callable[[web.Request, AuthenticatedKey], Awaitable[web.StreamResponse]]
 
 
-def protected(handler: ProtectedHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """A handler that is only ever called with the key the request authenticated with."""
+def protected(
+    handler: ProtectedHandler, *, admits_itself: bool = False
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A handler that is only ever called with the key the request authenticated with.
+
+    ``admits_itself``: the handler runs the proxy pipeline, which counts the request window
+    together with the request's reservations (one round trip instead of two).
+    """
 
     async def with_key(request: web.Request) -> web.StreamResponse:
         key = request.get(app_keys.API_KEY)
@@ -27,6 +34,7 @@ def protected(handler: ProtectedHandler) -> Callable[[web.Request], Awaitable[we
             raise AuthenticationFailed()
         return await handler(request, key)
 
+    setattr(with_key, ADMITS_ITSELF, admits_itself)
     return with_key
 
 
@@ -35,6 +43,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
     app.router.add_get("/openapi.json", openapi.openapi_handler(public_paths=PUBLIC_PATHS))
-    app.router.add_post("/v1/chat/completions", protected(chat.chat_completions))
-    app.router.add_post("/v1/embeddings", protected(embeddings.create_embeddings))
+    app.router.add_post(
+        "/v1/chat/completions", protected(chat.chat_completions, admits_itself=True)
+    )
+    app.router.add_post(
+        "/v1/embeddings", protected(embeddings.create_embeddings, admits_itself=True)
+    )
     app.router.add_get("/v1/models", protected(models.list_models))

@@ -83,6 +83,8 @@ class UsageRecord:
     duration_ms: float
     time_to_first_chunk_ms: float | None
     trace_id: str | None
+    usage_source: str = "reported"  # "estimated": the provider never reported usage
+    cost_computed: bool = False  # the cost is from the price table, not the provider
 
     def log_fields(self) -> dict[str, Any]:
         """The record as JSON-ready fields (ids and times as strings)."""

@@ -1,9 +1,11 @@
 """The one pipeline every proxied operation (chat, embeddings) goes through.
 
-    read the body → validate → route the model → open the observation → call the route → answer
+    read the body → validate → route the model → admit (limits) → open the observation →
+    call the route → answer → finish the observation → one usage record to accounting
 
-The key and the route are both known right after ``resolve``; the observation finishes exactly once,
-whatever the outcome. An :class:`Operation` says what differs between operations.
+The pipeline owns the outcome: the provider call returns its answer (or a stream the relay
+summarises), and only here is the observation finished and the usage record made, exactly once,
+whatever happened. An :class:`Operation` says what differs between operations.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -19,11 +22,21 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
-from llmgw.accounting.usage import parse_usage
+from llmgw.accounting.charges import charge
+from llmgw.accounting.estimate import estimate_input_tokens, estimate_output_tokens
+from llmgw.accounting.prices import Price
+from llmgw.accounting.usage import UsageRecord, parse_usage
 from llmgw.api.body import read_json_object
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
-from llmgw.providers.base import Provider, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.limits.policy import Admitted
+from llmgw.providers.base import (
+    Deployment,
+    Provider,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+)
 from llmgw.streaming.relay import relay_stream
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
@@ -32,6 +45,8 @@ __all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "prox
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
+# Events of a stream that carry no output (the role chunk, the finish chunk, [DONE]).
+_FRAMING_EVENTS = 3
 
 
 @attrs.frozen
@@ -41,6 +56,7 @@ class Operation:
     name: str  # gen_ai.operation.name, and the first word of the span name
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
+    produces_output: bool = True  # False: no output tokens (embeddings)
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -51,13 +67,102 @@ def forward_upstream_error(response: UpstreamResponse) -> web.Response:
     return web.Response(status=response.status, body=response.body, headers=headers)
 
 
+@attrs.define(slots=True)
+class _Exchange:
+    """One proxied request from its admission to its one usage record."""
+
+    request: web.Request
+    key: AuthenticatedKey
+    body: dict[str, Any]
+    admitted: Admitted
+    observation: ChatObservation
+    deployment: Deployment | None = None
+    provider_worked: bool = False  # the provider accepted the request: it bills it
+    output_chars: int | None = None  # of a non-streamed answer, for an estimate
+    finished: bool = False
+
+    def deployment_tried(self, deployment: Deployment, tried: int) -> None:
+        self.deployment = deployment
+        self.observation.deployment_tried(deployment, tried)
+
+    def _estimate(self) -> tuple[int, int]:
+        if self.output_chars is not None:
+            output = estimate_output_tokens(self.output_chars)
+        else:
+            # A streamed token is about one event; the relay forwards events without decoding them.
+            output = max(0, self.observation.chunks - _FRAMING_EVENTS)
+        return estimate_input_tokens(self.body), output
+
+    def _price(self) -> Price | None:
+        if self.deployment is None:
+            return None
+        prices = self.request.app[app_keys.LIMITS].prices
+        prices.warm()  # a price from a listing not fetched yet is there for the next request
+        return prices.price(self.deployment.provider.name, self.deployment.model)
+
+    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        observation = self.observation
+        charged = charge(
+            observation.usage,
+            provider_worked=self.provider_worked,
+            estimate=self._estimate,
+            price=self._price,
+        )
+        if charged.source != "reported":
+            observation.usage = attrs.evolve(charged.usage, cost_usd=None)
+            observation.usage_source = charged.source
+        finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
+        usage = charged.usage
+        attributes = observation.metric_attributes
+        record = UsageRecord(
+            occurred_at=datetime.now(UTC),
+            api_key_id=self.key.id,
+            subject_id=self.key.subject_id,
+            request_id=self.request[app_keys.REQUEST_ID],
+            response_id=observation.response_id,
+            operation=attributes[sc.GEN_AI_OPERATION_NAME],
+            provider=attributes[sc.GEN_AI_PROVIDER_NAME],
+            deployment=observation.deployment,
+            model=attributes[sc.GEN_AI_REQUEST_MODEL],
+            response_model=observation.response_model,
+            stream=observation.stream,
+            status=status,
+            outcome=outcome,
+            error_type=error_type,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=usage.cost_usd,
+            cost_diem=usage.cost_diem,
+            duration_ms=round(finished.duration_s * 1000, 3),
+            time_to_first_chunk_ms=None
+            if finished.time_to_first_chunk_s is None
+            else round(finished.time_to_first_chunk_s * 1000, 3),
+            trace_id=finished.trace_id,
+            usage_source=charged.source,
+            cost_computed=charged.cost_computed,
+        )
+        self.request.app[app_keys.USAGE](record, self.admitted)
+
+
 async def proxy(
     request: web.Request, key: AuthenticatedKey, operation: Operation
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
-    await request.app[app_keys.POLICY].admit(key, model)
     route = request.app[app_keys.PROVIDERS].resolve(model)
+    admitted = await request.app[app_keys.LIMITS].admit(
+        key,
+        model=model,
+        body=body,
+        deployments=route.deployments,
+        produces_output=operation.produces_output,
+        window_counted=app_keys.RATE_LIMIT in request,
+    )
+    if admitted.window is not None:
+        request[app_keys.RATE_LIMIT] = admitted.window
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
     hide_usage_chunk = stream and not _caller_asked_for_usage(body)
@@ -80,20 +185,15 @@ async def proxy(
         model=model,
         stream=stream,
         capture_content=telemetry.capture_content,
-        request_id=request[app_keys.REQUEST_ID],
-        key_id=key.id,
-        subject_id=key.subject_id,
-        record_sink=request.app[app_keys.USAGE],
     )
-    call = _upstream_call(
-        request, orjson.dumps(body) if hide_usage_chunk else raw, model, observation
-    )
+    exchange = _Exchange(request, key, body, admitted, observation)
+    call = _upstream_call(request, orjson.dumps(body) if hide_usage_chunk else raw, model, exchange)
     answer: Callable[[], Awaitable[web.StreamResponse]] = (
-        functools.partial(_stream, request, route, call, observation, hide_usage_chunk)
+        functools.partial(_stream, request, route, call, exchange, hide_usage_chunk)
         if stream
-        else functools.partial(_complete, operation, route, call, observation)
+        else functools.partial(_complete, operation, route, call, exchange)
     )
-    return await _observe_upstream(observation, answer)
+    return await _finish_on_failure(exchange, answer)
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -102,18 +202,19 @@ def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
 
 
 def _upstream_call(
-    request: web.Request, body: bytes, model: str, observation: ChatObservation
+    request: web.Request, body: bytes, model: str, exchange: _Exchange
 ) -> UpstreamCall:
     settings = request.app[app_keys.SETTINGS]
     trace_headers: dict[str, str] = {}
-    propagate.inject(trace_headers, context=trace.set_span_in_context(observation.tracer_span))
+    span = exchange.observation.tracer_span
+    propagate.inject(trace_headers, context=trace.set_span_in_context(span))
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_seconds
     return UpstreamCall(
         body=body,
         deadline=deadline,
         trace_headers=trace_headers,
         model=model,
-        on_deployment=observation.deployment_tried,
+        on_deployment=exchange.deployment_tried,
     )
 
 
@@ -121,19 +222,44 @@ async def _stream(
     request: web.Request,
     provider: Provider,
     call: UpstreamCall,
-    observation: ChatObservation,
+    exchange: _Exchange,
     hide_usage_chunk: bool,
 ) -> web.StreamResponse:
     upstream = await provider.stream_chat_completion(call)
-    observation.retries = upstream.retries
-    return await relay_stream(request, upstream, observation, hide_usage_chunk=hide_usage_chunk)
+    exchange.observation.retries = upstream.retries
+    exchange.provider_worked = True
+    summary = await relay_stream(
+        request, upstream, exchange.observation, hide_usage_chunk=hide_usage_chunk
+    )
+    exchange.finish(status=200, outcome=summary.outcome, error_type=summary.error_type)
+    return summary.response
+
+
+def _output_chars(document: dict[str, Any]) -> int:
+    """Characters of content and tool-call arguments in a completion (for an estimate)."""
+    size = 0
+    choices = document.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        size += len(content) if isinstance(content, str) else 0
+        calls = message.get("tool_calls")
+        for tool_call in calls if isinstance(calls, list) else []:
+            function = tool_call.get("function") if isinstance(tool_call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            size += len(arguments) if isinstance(arguments, str) else 0
+    return size
 
 
 async def _complete(
-    operation: Operation, provider: Provider, call: UpstreamCall, observation: ChatObservation
+    operation: Operation, provider: Provider, call: UpstreamCall, exchange: _Exchange
 ) -> web.StreamResponse:
+    observation = exchange.observation
     result = await operation.complete(provider, call)
     observation.retries = result.retries
+    exchange.provider_worked = True
     answered_by = observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]
     try:
         document = orjson.loads(result.body)
@@ -149,29 +275,33 @@ async def _complete(
         )
     observation.note_document(document)
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
-    observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    exchange.output_chars = _output_chars(document)
+    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}
     )
 
 
-async def _observe_upstream(
-    observation: ChatObservation, call: Callable[[], Awaitable[web.StreamResponse]]
+async def _finish_on_failure(
+    exchange: _Exchange, call: Callable[[], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Run ``call``; finish the observation on any failure it raises (success finishes itself)."""
+    """Run ``call``; finish the exchange on any failure it raises (success finishes itself)."""
     try:
         return await call()
     except UpstreamHTTPError as exc:
-        observation.retries = exc.response.retries
-        observation.finish(
+        exchange.observation.retries = exc.response.retries
+        exchange.finish(
             status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
         )
         return forward_upstream_error(exc.response)
     except GatewayError as exc:
-        observation.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
+        exchange.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
         raise
-    except asyncio.CancelledError:
-        observation.finish(
+    except (asyncio.CancelledError, ConnectionResetError):
+        exchange.finish(
             status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
         )
+        raise
+    except Exception:
+        exchange.finish(status=500, outcome=Outcome.FAILED, error_type="internal_error")
         raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import attrs
 import orjson
 from aiohttp import web
 
@@ -18,7 +19,7 @@ from llmgw.providers.base import ChatStream
 from llmgw.streaming.sse import DONE_EVENT, SSEScanner, event_data
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
-__all__ = ["STREAM_HEADERS", "relay_stream", "sse_error_event"]
+__all__ = ["STREAM_HEADERS", "StreamSummary", "relay_stream", "sse_error_event"]
 
 STREAM_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -30,6 +31,15 @@ _USAGE = b'"usage":{'
 _FINISH = b'"finish_reason":"'
 _ERROR = b'{"error"'
 _EMPTY_CHOICES = b'"choices":[]'
+
+
+@attrs.frozen(slots=True)
+class StreamSummary:
+    """How a relayed stream ended (a client that left raises instead: the request is cancelled)."""
+
+    response: web.StreamResponse
+    outcome: str
+    error_type: str | None
 
 
 def sse_error_event(error: GatewayError) -> bytes:
@@ -97,12 +107,10 @@ async def relay_stream(
     observation: ChatObservation,
     *,
     hide_usage_chunk: bool,
-) -> web.StreamResponse:
-    """Send headers now, then every event as it completes; always finish the observation."""
+) -> StreamSummary:
+    """Send headers now, then every event as it completes; the upstream is always closed."""
     response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
     observer = _EventObserver(observation, hide_usage_chunk=hide_usage_chunk)
-    outcome = Outcome.CANCELLED
-    error_type: str | None = "cancelled"
     try:
         await response.prepare(request)
         scanner = SSEScanner()
@@ -136,8 +144,7 @@ async def relay_stream(
         raise
     finally:
         await upstream.close()
-        observation.finish(status=200, outcome=outcome, error_type=error_type)
-    return response
+    return StreamSummary(response, outcome, error_type)
 
 
 async def _send_error(response: web.StreamResponse, error: GatewayError) -> None:
