@@ -198,13 +198,11 @@ class _Parser:
         retries = self.optional(table, where, "max_retries", int)
         if retries is not None and not 0 <= retries <= 10:
             self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
-        prices = [
-            self.optional(table, where, name, _NUMBER)
-            for name in ("input_usd_per_mtok", "output_usd_per_mtok")
-        ]
-        for name, value in zip(("input_usd_per_mtok", "output_usd_per_mtok"), prices, strict=True):
+        price_keys = ("input_usd_per_mtok", "output_usd_per_mtok")
+        prices = [self.optional(table, where, price_key, _NUMBER) for price_key in price_keys]
+        for price_key, value in zip(price_keys, prices, strict=True):
             if value is not None and not 0 <= value < float("inf"):
-                self.fail(f"{where}.{name}", f"expected a number >= 0, got {_show(value)}")
+                self.fail(f"{where}.{price_key}", f"expected a number >= 0, got {_show(value)}")
         if (prices[0] is None) != (prices[1] is None):
             self.fail(
                 f"{where}.input_usd_per_mtok",

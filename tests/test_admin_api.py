@@ -87,7 +87,8 @@ async def test_key_lifecycle_through_the_admin_api(admin: Admin) -> None:
     assert created["is_active"] is True
     expected_fields = {
         "id", "prefix", "name", "subject_id", "rate_limit_requests", "rate_limit_window_seconds",
-        "allowed_models", "expires_at", "tokens_per_minute", "is_active", "created_at",
+        "allowed_models", "expires_at", "tokens_per_minute", "max_concurrent_requests", "is_active",
+        "created_at",
         "last_used_at", "revoked_at",
     }  # fmt: skip
     assert set(created) == expected_fields
@@ -223,3 +224,14 @@ async def _eventually(call: Any, expected: int, within: float = 1.0) -> None:
     while (status := await call()) != expected:
         assert time.perf_counter() - started < within, f"still {status}"
         await asyncio.sleep(0.02)
+
+
+async def test_max_concurrent_requests_is_set_checked_and_cleared(admin: Any) -> None:
+    status, created = await admin.call("POST", "/keys", {"name": "c", "max_concurrent_requests": 2})
+    assert (status, created["max_concurrent_requests"]) == (201, 2)
+    status, refused = await admin.call("POST", "/keys", {"name": "c", "max_concurrent_requests": 0})
+    assert status == 400
+    assert "max_concurrent_requests" in refused["error"]["message"]
+    path = f"/keys/{created['id']}"
+    status, changed = await admin.call("PATCH", path, {"max_concurrent_requests": None})
+    assert (status, changed["max_concurrent_requests"]) == (200, None)

@@ -150,6 +150,11 @@ $$
 
 
 def upgrade() -> None:
+    # True when cost_usd is the price table's (the provider reported none, or usage was estimated).
+    op.add_column(
+        "usage_events",
+        sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
+    )
     op.add_column("api_keys", sa.Column("max_concurrent_requests", sa.Integer(), nullable=True))
     op.create_check_constraint(
         "max_concurrent_requests_positive",
@@ -221,3 +226,4 @@ def downgrade() -> None:
     _notify_trigger(_NOTIFY_COLUMNS_0003)
     op.drop_constraint("max_concurrent_requests_positive", "api_keys", type_="check")
     op.drop_column("api_keys", "max_concurrent_requests")
+    op.drop_column("usage_events", "cost_computed")

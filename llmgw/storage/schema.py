@@ -154,6 +154,7 @@ usage_events = sa.Table(
     sa.Column("cost_diem", sa.Numeric(18, 8), nullable=True),
     sa.Column("duration_ms", sa.Float(), nullable=False),
     sa.Column("time_to_first_chunk_ms", sa.Float(), nullable=True),
+    sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
     sa.Index("ix_usage_events_subject_id", "subject_id", "occurred_at"),

@@ -27,8 +27,8 @@ _INSERT = """
 INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
-    time_to_first_chunk_ms
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+    time_to_first_chunk_ms, cost_computed
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
 """
 _ADD_SPEND = """
 INSERT INTO subject_monthly_spend AS s (subject_id, month, spend_usd) VALUES ($1, $2, $3)
@@ -63,7 +63,7 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
                 r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
                 r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
                 r.input_tokens, r.output_tokens, _decimal(r.cost_usd), _decimal(r.cost_diem),
-                r.duration_ms, r.time_to_first_chunk_ms,
+                r.duration_ms, r.time_to_first_chunk_ms, r.cost_computed,
             )
         )  # fmt: skip
         if r.subject_id is not None and r.cost_usd:
