@@ -96,9 +96,11 @@ async def test_a_budget_worth_five_worst_cases_admits_five(
         return float(value)
 
     deadline = time.monotonic() + 10
-    while await db.fetchval("SELECT count(*) FROM usage_events") < 30:
+    while await db.fetchval("SELECT count(*) FROM usage_events") < 5:  # refusals have no row
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)  # nothing more arrives
+    assert await db.fetchval("SELECT count(*) FROM usage_events") == 5
     assert await spent() == pytest.approx(5 * ACTUAL_COST)
     assert await spent() <= cap
 
