@@ -55,6 +55,7 @@ async def test_a_valid_key_row_is_accepted_with_defaults(db: asyncpg.Connection)
         ({"rate_limit_window_seconds": -1}, asyncpg.CheckViolationError),
         ({"revoked_at": NOW}, asyncpg.CheckViolationError),
         ({"name": None}, asyncpg.NotNullViolationError),
+        ({"max_concurrent_requests": 0}, asyncpg.CheckViolationError),
     ],
 )
 async def test_impossible_key_rows_are_rejected(
@@ -148,3 +149,49 @@ def test_serving_does_not_load_alembic_or_sqlalchemy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [("", 0, 0), ("c", -1, 0), ("c", 0, -0.5)],
+)
+async def test_impossible_limit_counters_are_rejected(
+    db: asyncpg.Connection, values: tuple[str, float, float]
+) -> None:
+    with pytest.raises(asyncpg.CheckViolationError):
+        await db.execute(
+            "INSERT INTO limit_counters (counter, used, reserved, keep_until) "
+            "VALUES ($1, $2, $3, now())",
+            *values,
+        )
+
+
+async def test_a_lease_needs_its_counter_and_goes_with_it(db: asyncpg.Connection) -> None:
+    lease = "INSERT INTO limit_leases VALUES ($1, 'c', $2, now())"
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await db.execute(lease, uuid.uuid4(), 1)
+    await db.execute("INSERT INTO limit_counters (counter, keep_until) VALUES ('c', now())")
+    with pytest.raises(asyncpg.CheckViolationError):
+        await db.execute(lease, uuid.uuid4(), -1)
+    await db.execute(lease, uuid.uuid4(), 1)
+    await db.execute("DELETE FROM limit_counters")
+    assert await db.fetchval("SELECT count(*) FROM limit_leases") == 0
+
+
+async def test_the_limits_migration_keeps_this_months_spend(empty_database: str) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0003")
+    connection = await asyncpg.connect(empty_database)
+    try:
+        subject = uuid.uuid4()
+        await connection.execute(
+            "INSERT INTO subject_monthly_spend VALUES "
+            "($1, date_trunc('month', now() AT TIME ZONE 'UTC')::date, 1.5), "
+            "($1, '2020-01-01', 9)",
+            subject,
+        )
+        await asyncio.to_thread(migrations.upgrade, empty_database, "0005")
+        rows = await connection.fetch("SELECT counter, used FROM limit_counters")
+        month = datetime.now(UTC).strftime("%Y-%m")
+        assert [(r["counter"], r["used"]) for r in rows] == [(f"budget:{subject}:{month}", 1.5)]
+    finally:
+        await connection.close()

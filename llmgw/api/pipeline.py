@@ -37,6 +37,7 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
+from llmgw.providers.fallback import FallbackChain
 from llmgw.streaming.relay import relay_stream
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
@@ -163,6 +164,28 @@ async def proxy(
     )
     if admitted.window is not None:
         request[app_keys.RATE_LIMIT] = admitted.window
+    try:
+        exchange, answer = _open_exchange(
+            request, key, operation, raw, body, model, stream, route, admitted
+        )
+    except BaseException:
+        request.app[app_keys.LIMITS].settle(admitted, None)  # nothing was used: give it back
+        raise
+    return await _finish_on_failure(exchange, answer)
+
+
+def _open_exchange(
+    request: web.Request,
+    key: AuthenticatedKey,
+    operation: Operation,
+    raw: bytes,
+    body: dict[str, Any],
+    model: str,
+    stream: bool,
+    route: FallbackChain,
+    admitted: Admitted,
+) -> tuple[_Exchange, Callable[[], Awaitable[web.StreamResponse]]]:
+    """Start the observation and prepare the upstream call of an admitted request."""
     # Token counts for every stream: ask for usage even when the caller did not, and hide the
     # usage-only chunk from a caller who did not ask for it.
     hide_usage_chunk = stream and not _caller_asked_for_usage(body)
@@ -193,7 +216,7 @@ async def proxy(
         if stream
         else functools.partial(_complete, operation, route, call, exchange)
     )
-    return await _finish_on_failure(exchange, answer)
+    return exchange, answer
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:

@@ -200,7 +200,10 @@ class LimitPolicy:
         if result.window is not None:
             self._check_window(key, result.window)
         if result.refused is not None:
-            raise self._refusal(key, result.refused, now)
+            refusal = self._refusal(key, result.refused, now)
+            if result.window is not None:
+                refusal.headers = {**refusal.headers, **result.window.headers()}
+            raise refusal
         counters = tuple(r.counter for r in reservations)
         self._live[lease_id] = counters
         return Admitted(result.window, lease_id, counters, worst)
@@ -310,21 +313,21 @@ class LimitPolicy:
 
     # Settlement -------------------------------------------------------------------------------
 
-    def settle(self, admitted: Admitted, record: UsageRecord) -> None:
-        """Queue the actual figures of a finished request; never blocks, never raises."""
+    def settle(self, admitted: Admitted, record: UsageRecord | None) -> None:
+        """Queue the actual figures of a finished request (None: it used nothing, e.g. it failed
+        before any provider was called); never blocks, never raises."""
         if admitted.lease_id is None:
             return
         self._live.pop(admitted.lease_id, None)
-        tokens = float((record.input_tokens or 0) + (record.output_tokens or 0))
+        tokens = (
+            0.0
+            if record is None
+            else float((record.input_tokens or 0) + (record.output_tokens or 0))
+        )
+        cost = 0.0 if record is None else float(record.cost_usd or 0)
         for counter in admitted.counters:
             kind = counter.split(":", 1)[0]
-            actual = (
-                tokens
-                if kind == _TOKENS
-                else float(record.cost_usd or 0)
-                if kind == _BUDGET
-                else 0.0
-            )
+            actual = tokens if kind == _TOKENS else cost if kind == _BUDGET else 0.0
             self._charges.append(Charge(admitted.lease_id, counter, actual))
         self._wake.set()
 
