@@ -17,6 +17,7 @@ from llmgw.accounting.usage import parse_usage
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import ChatStream
 from llmgw.streaming.sse import DONE_EVENT, SSEScanner, event_data
+from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = ["STREAM_HEADERS", "StreamSummary", "relay_stream", "sse_error_event"]
@@ -47,11 +48,24 @@ def sse_error_event(error: GatewayError) -> bytes:
 
 
 class _EventObserver:
-    __slots__ = ("done", "failed", "garbled", "hide_usage_chunk", "observation", "seen_first")
+    __slots__ = (
+        "decode_all",
+        "document",
+        "done",
+        "failed",
+        "garbled",
+        "hide_usage_chunk",
+        "observation",
+        "seen_first",
+    )
 
-    def __init__(self, observation: ChatObservation, *, hide_usage_chunk: bool) -> None:
+    def __init__(
+        self, observation: ChatObservation, *, hide_usage_chunk: bool, decode_all: bool = False
+    ) -> None:
         self.observation = observation
         self.hide_usage_chunk = hide_usage_chunk
+        self.decode_all = decode_all  # a translator needs every chunk decoded
+        self.document: dict[str, Any] | None = None  # the last event's chunk, when decoded
         self.seen_first = False
         self.done = False
         self.failed = False
@@ -63,11 +77,13 @@ class _EventObserver:
             return False
         observation = self.observation
         observation.chunk_arrived()
+        self.document = None
         if event == DONE_EVENT:
             self.done = True
             return True
         interesting = (
-            not self.seen_first
+            self.decode_all
+            or not self.seen_first
             or observation.capture_content
             or _USAGE in event
             or _FINISH in event
@@ -84,6 +100,7 @@ class _EventObserver:
         if "error" in document and "choices" not in document:
             self.failed = True
             return True
+        self.document = document
         observation.note_document(document)
         usage = parse_usage(document, with_cost=observation.provider_reports_cost)
         if usage is not None:
@@ -107,20 +124,36 @@ async def relay_stream(
     observation: ChatObservation,
     *,
     hide_usage_chunk: bool,
+    translator: StreamTranslator | None = None,
 ) -> StreamSummary:
-    """Send headers now, then every event as it completes; the upstream is always closed."""
+    """Send headers now, then every event as it completes; the upstream is always closed.
+
+    Without a translator the caller gets the provider's events byte for byte; with one, what the
+    translator makes of each decoded chunk (and its own opening, closing and error events).
+    """
     response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
-    observer = _EventObserver(observation, hide_usage_chunk=hide_usage_chunk)
+    # A translator gets every chunk, the usage chunk too: it renders usage in its own API's shape.
+    observer = _EventObserver(
+        observation,
+        hide_usage_chunk=hide_usage_chunk and translator is None,
+        decode_all=translator is not None,
+    )
     try:
         await response.prepare(request)
+        if translator is not None:
+            await response.write(translator.start())
         scanner = SSEScanner()
         async for data in upstream.chunks():
             events = scanner.feed(data)
             if not events:
                 continue
-            forwarded = [event for event in events if observer.forward(event)]
-            if forwarded:
-                await response.write(b"".join(forwarded))
+            out = (
+                _translate(events, observer, translator)
+                if translator is not None
+                else b"".join(event for event in events if observer.forward(event))
+            )
+            if out:
+                await response.write(out)
             if observer.garbled:
                 raise UpstreamUnavailable(
                     "The provider sent stream data that is not JSON; the stream was ended.",
@@ -136,9 +169,13 @@ async def relay_stream(
             if observer.failed
             else (Outcome.COMPLETED, None)
         )
+        if translator is not None and not observer.failed:
+            await response.write(translator.finish())
     except GatewayError as error:
         outcome, error_type = Outcome.FAILED, error.error_kind
-        await _send_error(response, error)
+        await _send_error(
+            response, sse_error_event(error) if translator is None else translator.error(error)
+        )
     except (ConnectionResetError, asyncio.CancelledError):
         # The client went away: closing the upstream (below) cancels the generation at once.
         raise
@@ -147,9 +184,26 @@ async def relay_stream(
     return StreamSummary(response, outcome, error_type)
 
 
-async def _send_error(response: web.StreamResponse, error: GatewayError) -> None:
+def _translate(
+    events: list[bytes], observer: _EventObserver, translator: StreamTranslator
+) -> bytes:
+    """The translator's events for these provider events; an upstream error event ends the stream."""
+    out = []
+    for event in events:
+        if not observer.forward(event):
+            continue
+        if observer.failed:
+            raise UpstreamUnavailable(
+                "The provider reported an error in the stream.", code="upstream_stream_error"
+            )
+        if observer.document is not None:
+            out.append(translator.feed(observer.document))
+    return b"".join(out)
+
+
+async def _send_error(response: web.StreamResponse, event: bytes) -> None:
     try:
-        await response.write(sse_error_event(error))
+        await response.write(event)
         await response.write_eof()
     except ConnectionResetError:
         pass
