@@ -53,6 +53,7 @@ _TOKENS = "tokens"
 _BUDGET = "budget"
 # Float sums in a store may land a hair above an exactly-fitting cap; this much is not an overshoot.
 _CAP_SLACK = 1e-9
+_MAX_QUEUED_CHARGES = 100_000
 
 
 @attrs.frozen(slots=True)
@@ -340,12 +341,16 @@ class LimitPolicy:
             try:
                 await self.store.settle(batch)
             except ServiceUnavailable:
-                self._charges[:0] = batch
+                # Kept for the next try, up to a bound: past it, the oldest leases expire instead.
+                self._charges[:0] = batch[-_MAX_QUEUED_CHARGES:]
                 log.warning("limit settlement failed; %d charges will be retried", len(batch))
                 return False
-            except BaseException:
+            except asyncio.CancelledError:
                 self._charges[:0] = batch
                 raise
+            except Exception:
+                # A batch the store refuses is not retried forever; its leases expire.
+                log.exception("limit settlement of %d charges was refused", len(batch))
             return True
 
     async def _settle_forever(self) -> None:

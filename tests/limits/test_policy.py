@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.accounting.prices import Price, PriceTable
 from llmgw.auth.authenticator import AuthenticatedKey
-from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited
+from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.limits.policy import LimitPolicy
 from llmgw.providers.base import Deployment
@@ -124,3 +124,30 @@ def _record(k: AuthenticatedKey) -> Any:
     from tests.test_policy_and_ledger import usage_record
 
     return usage_record(api_key_id=k.id, input_tokens=1, output_tokens=1, cost_usd=0.0)
+
+
+class _FlakyStore(MemoryLimitStore):
+    """Refuses the first settlement as an unreachable store would."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.down = True
+
+    async def settle(self, charges: Any) -> None:
+        if self.down:
+            self.down = False
+            raise ServiceUnavailable("down")
+        await super().settle(charges)
+
+
+async def test_a_settlement_the_store_refuses_is_sent_again() -> None:
+    clock = Clock()
+    store = _FlakyStore(clock)
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
+    k = key(max_concurrent_requests=1)
+    limits.settle(await admit(limits, k), None)
+    assert not await limits.flush()
+    with pytest.raises(RateLimited):
+        await admit(limits, k)  # the slot is still taken...
+    assert await limits.flush()
+    await admit(limits, k)  # ...until the settlement got through
