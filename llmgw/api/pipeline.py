@@ -14,7 +14,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import orjson
@@ -37,12 +37,14 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
-from llmgw.providers.fallback import FallbackChain
+from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.streaming.relay import relay_stream
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
+
+T = TypeVar("T")
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -77,14 +79,10 @@ class _Exchange:
     body: dict[str, Any]
     admitted: Admitted
     observation: ChatObservation
-    deployment: Deployment | None = None
-    provider_worked: bool = False  # the provider accepted the request: it bills it
+    deployment: Deployment | None = None  # the one that answered
+    provider_worked: bool = False  # a deployment accepted the request: it bills it
     output_chars: int | None = None  # of a non-streamed answer, for an estimate
     finished: bool = False
-
-    def deployment_tried(self, deployment: Deployment, tried: int) -> None:
-        self.deployment = deployment
-        self.observation.deployment_tried(deployment, tried)
 
     def _estimate(self) -> tuple[int, int]:
         if self.output_chars is not None:
@@ -93,6 +91,12 @@ class _Exchange:
             # A streamed token is about one event; the relay forwards events without decoding them.
             output = max(0, self.observation.chunks - _FRAMING_EVENTS)
         return estimate_input_tokens(self.body), output
+
+    def answered(self, answer: Answer[T]) -> T:
+        """The route answered: that deployment bills the request, whatever happens next."""
+        self.deployment = answer.deployment
+        self.provider_worked = True
+        return answer.result
 
     def _price(self) -> Price | None:
         if self.deployment is None:
@@ -237,20 +241,20 @@ def _upstream_call(
         deadline=deadline,
         trace_headers=trace_headers,
         model=model,
-        on_deployment=exchange.deployment_tried,
+        on_deployment=exchange.observation.deployment_tried,
     )
 
 
 async def _stream(
     request: web.Request,
-    provider: Provider,
+    route: FallbackChain,
     call: UpstreamCall,
     exchange: _Exchange,
     hide_usage_chunk: bool,
 ) -> web.StreamResponse:
-    upstream = await provider.stream_chat_completion(call)
+    answer = await route.first_answer(call, lambda p, c: p.stream_chat_completion(c))
+    upstream = exchange.answered(answer)
     exchange.observation.retries = upstream.retries
-    exchange.provider_worked = True
     summary = await relay_stream(
         request, upstream, exchange.observation, hide_usage_chunk=hide_usage_chunk
     )
@@ -277,12 +281,11 @@ def _output_chars(document: dict[str, Any]) -> int:
 
 
 async def _complete(
-    operation: Operation, provider: Provider, call: UpstreamCall, exchange: _Exchange
+    operation: Operation, route: FallbackChain, call: UpstreamCall, exchange: _Exchange
 ) -> web.StreamResponse:
     observation = exchange.observation
-    result = await operation.complete(provider, call)
+    result = exchange.answered(await route.first_answer(call, operation.complete))
     observation.retries = result.retries
-    exchange.provider_worked = True
     answered_by = observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]
     try:
         document = orjson.loads(result.body)
