@@ -11,6 +11,7 @@ from llmgw import app_keys
 from llmgw.accounting.prices import Price, PriceTable
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
@@ -118,7 +119,7 @@ def create_app(
     app.middlewares.extend(
         [
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
-            error_middleware(),
+            error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
                 # The admin API checks its own token; with none set its routes do not exist (404).

@@ -14,10 +14,12 @@
     ├── InternalError                 500 server_error (never carries a traceback)
     ├── UpstreamUnavailable           502 upstream_error / upstream_unavailable
     ├── ServiceUnavailable            503 service_unavailable / database_unavailable
-    └── UpstreamTimeout               504 upstream_error / upstream_timeout
+    ├── UpstreamTimeout               504 upstream_error / upstream_timeout
+    └── ProviderError                 the provider's status / upstream_error / provider_error
 
 Errors a provider answers with are not GatewayErrors: they pass through with the provider's own
-status and body (see ``providers.base.UpstreamHTTPError``).
+status and body (see ``providers.base.UpstreamHTTPError``), except on routes of an API whose error
+shape is not the provider's: there they become a ProviderError, rendered in that API's shape.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PriceUnknown",
+    "ProviderError",
     "RateLimited",
     "RequestTimeout",
     "ServiceUnavailable",
@@ -175,3 +178,42 @@ class UpstreamTimeout(GatewayError):
     status = 504
     error_type = "upstream_error"
     code = "upstream_timeout"
+
+
+class ProviderError(GatewayError):
+    """A provider's error answer re-rendered in another API's shape: its status and message kept."""
+
+    error_type = "upstream_error"
+    code = "provider_error"
+
+    def __init__(self, status: int, message: str, *, headers: Mapping[str, str]) -> None:
+        super().__init__(message, headers=headers)
+        self.status = status
+
+    @classmethod
+    def from_answer(cls, status: int, body: bytes, *, retry_after: str | None) -> ProviderError:
+        """The provider's message: Venice's ``error`` (+ its validation ``issues``), OpenAI's
+        ``error.message``; a body without one gets a generic sentence."""
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            document = None
+        document = document if isinstance(document, dict) else {}
+        error = document.get("error")
+        if isinstance(error, dict):
+            error = error.get("message")
+        message = error if isinstance(error, str) and error else f"The provider answered {status}."
+        issues = document.get("issues")
+        details = [
+            issue["message"]
+            for issue in (issues if isinstance(issues, list) else [])
+            if isinstance(issue, dict) and isinstance(issue.get("message"), str)
+        ]
+        if details:
+            message = f"{message}: {'; '.join(details)}"
+        headers = {"Retry-After": retry_after} if retry_after is not None else {}
+        return cls(status, message, headers=headers)
+
+    @property
+    def error_kind(self) -> str:
+        return str(self.status)  # the label a passed-through provider error gets

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 ADMITS_ITSELF = "llmgw_admits_itself"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _ERROR_TYPE_ON_SPAN = web.RequestKey("error_type", str)
+# The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
+ErrorRenderer = Callable[[GatewayError], bytes]
+_ERROR_RENDERER: web.RequestKey[ErrorRenderer] = web.RequestKey("error_renderer")
 
 
 def _route_template(request: web.Request) -> str:
@@ -112,19 +115,29 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
 
 def render_error(request: web.Request, error: GatewayError) -> web.Response:
     request[_ERROR_TYPE_ON_SPAN] = error.error_kind
+    renderer = request.get(_ERROR_RENDERER)
     return web.Response(
         status=error.status,
-        body=error.body_bytes(),
+        body=error.body_bytes() if renderer is None else renderer(error),
         content_type="application/json",
         headers=error.headers,
     )
 
 
-def error_middleware() -> Middleware:
-    """Every failure becomes an OpenAI-shaped JSON error; nothing leaks a traceback."""
+def error_middleware(*, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> Middleware:
+    """Every failure becomes a JSON error; nothing leaks a traceback.
+
+    The shape is OpenAI's, or that of the first of ``renderers`` (path prefix, renderer) whose
+    prefix the request's path is under: errors raised before the handler (authentication, the
+    rate limit) included.
+    """
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        for prefix, renderer in renderers:
+            if request.path == prefix or request.path.startswith(prefix + "/"):
+                request[_ERROR_RENDERER] = renderer
+                break
         try:
             return await handler(request)
         except GatewayError as error:
@@ -165,14 +178,14 @@ def error_middleware() -> Middleware:
     return impl
 
 
-def _bearer_token(request: web.Request) -> str | None:
+def _presented_key(request: web.Request) -> str | None:
+    """``Authorization: Bearer`` (OpenAI's clients), else ``x-api-key`` (Anthropic's)."""
     header = request.headers.get("Authorization")
-    if header is None:
-        return None
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer":
+            return token.strip() or None
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def auth_middleware(
@@ -187,7 +200,7 @@ def auth_middleware(
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in public_paths or request.path.startswith(public_prefixes):
             return await handler(request)
-        token = _bearer_token(request)
+        token = _presented_key(request)
         try:
             if token is None:
                 raise AuthenticationFailed()

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.api import chat, embeddings, health, models, openapi
+from llmgw.api import chat, embeddings, health, messages, models, openapi
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import AuthenticationFailed
 from llmgw.middleware import ADMITS_ITSELF
@@ -49,4 +49,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(
         "/v1/embeddings", protected(embeddings.create_embeddings, admits_itself=True)
     )
+    app.router.add_post(
+        messages.MESSAGES_PATH, protected(messages.create_message, admits_itself=True)
+    )
+    app.router.add_post(messages.MESSAGES_PATH + "/count_tokens", protected(messages.count_tokens))
     app.router.add_get("/v1/models", protected(models.list_models))

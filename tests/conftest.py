@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import anthropic
 import asyncpg
 import attrs
 import openai
@@ -192,6 +193,12 @@ class Gateway:
 
     def client(self, key: str, **kwargs: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, **kwargs)
+
+    def anthropic_client(self, key: str, **kwargs: Any) -> anthropic.AsyncAnthropic:
+        """The Anthropic SDK, as Claude Code's users point it: the root URL, the key as api_key."""
+        return anthropic.AsyncAnthropic(
+            base_url=self.url("/"), api_key=key, max_retries=0, **kwargs
+        )
 
     async def hang_up_mid_stream(self, key: str) -> None:
         """Start a stream Venice stalls after one chunk, read that chunk, then close the socket."""

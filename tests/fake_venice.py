@@ -429,6 +429,7 @@ class _Completion:
     include_cost: bool
     usage_mode: _UsageMode
     requested_venice_parameters: Any  # echoed (with Venice's defaults) by JSON answers only
+    reasoning: str | None = None  # reasoning_content before the answer, as qwen3 models send it
     id: str = attrs.field(factory=lambda: "chatcmpl-" + os.urandom(16).hex())
     created: int = attrs.field(factory=lambda: int(time.time()))
 
@@ -471,7 +472,7 @@ class _Completion:
             "audio": None,
             "content": text,
             "function_call": None,
-            "reasoning_content": None,
+            "reasoning_content": self.reasoning,
             "reasoning_encrypted": False,
             "refusal": None,
             "role": "assistant",
@@ -515,15 +516,22 @@ class _Completion:
         chunk.update(extra)
         return _sse(chunk)
 
+    def _reasoning_events(self) -> list[bytes]:
+        pieces = split_reply(self.reasoning, 2) if self.reasoning else []
+        return [
+            self._chunk([_choice({"content": "", "reasoning_content": piece}, token_ids=None)])
+            for piece in pieces
+        ]
+
     def _content_events(self) -> list[bytes]:
         if self.tool_name is None:
-            return [
+            return self._reasoning_events() + [
                 self._chunk([_choice(_text_delta(piece), token_ids=None)]) for piece in self.pieces
             ]
         # Venice names the call once with empty arguments, then streams argument fragments.
         deltas = [_tool_delta(self.tool_call_id(), self.tool_name, "")]
         deltas += [_tool_delta(None, None, piece) for piece in self.pieces]
-        return [self._chunk([_choice(delta)]) for delta in deltas]
+        return self._reasoning_events() + [self._chunk([_choice(delta)]) for delta in deltas]
 
     def _closing_events(self) -> list[bytes]:
         finish_choice = _choice(
@@ -553,6 +561,11 @@ def _echo_venice_parameters(requested: Any) -> dict[str, Any]:
         echo.update((k, v) for k, v in requested.items() if k in _ECHOED_VENICE_PARAMETERS)
     echo["web_search_citations"] = []
     return echo
+
+
+def _last_role(messages: list[Any]) -> Any:
+    last = messages[-1] if messages else None
+    return last.get("role") if isinstance(last, dict) else None
 
 
 def _first_tool_name(tools: Any) -> str | None:
@@ -632,6 +645,7 @@ class FakeVenice:
         self,
         *,
         reply: str = "Hello from fake Venice!",
+        reasoning: str | None = None,
         chunks: int = 5,
         usage_placement: UsagePlacement = "separate",
         usage_always: bool = True,
@@ -640,6 +654,8 @@ class FakeVenice:
         record_requests: bool = True,
     ) -> None:
         self.reply = reply
+        self.reasoning = reasoning
+        self.tool_call: tuple[str, str] | None = None  # (name, JSON arguments) when offered tools
         self.chunks = chunks
         self.usage_placement: UsagePlacement = usage_placement
         self.usage_always = usage_always
@@ -807,8 +823,14 @@ class FakeVenice:
         return _chat_rejection(body, self.strict_fields)
 
     def _completion(self, body: dict[str, Any]) -> _Completion:
-        tool_name = _first_tool_name(body.get("tools"))
-        text = self.reply if tool_name is None else TOOL_ARGUMENTS
+        # With tools the model calls one (the first, unless tool_call names it), and answers in
+        # text once it has the results.
+        offered = _first_tool_name(body.get("tools"))
+        tool_name = None if _last_role(body["messages"]) == "tool" else offered
+        arguments = TOOL_ARGUMENTS
+        if tool_name is not None and self.tool_call is not None:
+            tool_name, arguments = self.tool_call
+        text = self.reply if tool_name is None else arguments
         return _Completion(
             model=body["model"],
             pieces=split_reply(text, self.chunks),
@@ -817,6 +839,7 @@ class FakeVenice:
             include_cost=self.include_cost,
             usage_mode=self._usage_mode(body.get("stream_options")),
             requested_venice_parameters=body.get("venice_parameters"),
+            reasoning=self.reasoning,
         )
 
     def _usage_mode(self, stream_options: Any) -> _UsageMode:

@@ -144,16 +144,24 @@ def check_answer(
     assert elapsed < REQUEST_TIMEOUT + 2, f"{path}: answered after {elapsed:.1f}s"
     assert len(body) <= MAX_ANSWER_BYTES
     assert b"Traceback" not in body and b'File "' not in body, body[:500]
+    anthropic_route = path == "/v1/messages" or path.startswith("/v1/messages/")
     if status >= 500:
         # Only what the fake Venice caused: it cannot put some fuzzed model names into its own
         # headers and hangs up, which the gateway reports (after its retries) as a 502.
-        code = json.loads(body)["error"]["code"]
-        assert status in (502, 504) and code.startswith("upstream_"), (status, body[:500])
+        error = json.loads(body)["error"]
+        kind = error["type"] if anthropic_route else error["code"]
+        expected = ("api_error", "timeout_error") if anthropic_route else ("upstream_",)
+        assert status in (502, 504) and kind.startswith(expected), (status, body[:500])
     lowered = {k.lower(): v[0] if isinstance(v, list) else v for k, v in headers.items()}
     assert lowered.get("x-request-id"), "every answer carries a request id"
     if status < 400:
         return
     document = json.loads(body)
+    if anthropic_route:
+        # Anthropic's shape for every error there, the provider's included.
+        assert document["type"] == "error" and set(document["error"]) == {"type", "message"}
+        assert isinstance(document["error"]["message"], str) and document["error"]["message"]
+        return
     error = document["error"]
     if isinstance(error, dict):
         # The gateway's own error: OpenAI's shape.
@@ -349,6 +357,61 @@ def test_chat_bodies_of_any_shape(
 @given(body=well_formed_embeddings | json_values)
 def test_embeddings_bodies_of_any_shape(target: Target, http: requests.Session, body: Any) -> None:
     post(http, target, "/v1/embeddings", encode(body, ascii_only=False))
+
+
+well_formed_messages = st.fixed_dictionaries(
+    {
+        "model": models,
+        "max_tokens": st.integers(min_value=0, max_value=10**6),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "assistant", "system"]) | _text,
+                    "content": _text
+                    | st.lists(
+                        st.fixed_dictionaries(
+                            {
+                                "type": st.sampled_from(
+                                    ["text", "image", "document", "tool_use", "tool_result"]
+                                )
+                                | _text
+                            },
+                            optional={
+                                "text": json_values,
+                                "source": json_values,
+                                "id": json_values,
+                                "input": json_values,
+                                "tool_use_id": json_values,
+                                "content": json_values,
+                                "is_error": json_values,
+                            },
+                        ),
+                        max_size=3,
+                    )
+                    | json_values,
+                }
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+    },
+    optional={
+        "stream": st.booleans(),
+        "system": _text | json_values,
+        "tools": json_values,
+        "tool_choice": json_values,
+        "thinking": json_values,
+        "stop_sequences": json_values,
+    },
+)
+
+
+@FUZZ
+@given(body=well_formed_messages | json_values, path=st.sampled_from(["", "/count_tokens"]))
+def test_messages_bodies_of_any_shape(
+    target: Target, http: requests.Session, body: Any, path: str
+) -> None:
+    post(http, target, "/v1/messages" + path, encode(body, ascii_only=False))
 
 
 @FUZZ

@@ -128,6 +128,89 @@ _SCHEMA_COMPONENTS: dict[str, Any] = {
             "usage": {"type": "object"},
         },
     },
+    "AnthropicError": {
+        "type": "object",
+        "description": "Every error on the Anthropic Messages routes, the provider's included.",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+    "AnthropicMessage": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": ["user", "assistant", "system"]},
+            "content": {
+                "description": "A string, or content blocks (text, image, document, tool_use, "
+                "tool_result, thinking, ...).",
+                "anyOf": [
+                    {"type": "string"},
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["type"],
+                            "properties": {"type": {"type": "string"}},
+                        },
+                    },
+                ],
+            },
+        },
+    },
+    "MessagesRequest": {
+        "type": "object",
+        "required": ["model", "max_tokens", "messages"],
+        "description": "Translated to chat completions; fields with no chat equivalent are dropped.",
+        "properties": {
+            "model": _ref("NonBlankString"),
+            "max_tokens": {"type": "integer", "minimum": 0},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("AnthropicMessage")},
+            "system": {"description": "A string or a list of text blocks."},
+            "stream": {"type": ["boolean", "null"]},
+            "tools": {"description": "Client tools become functions; server tools are dropped."},
+            "tool_choice": {"description": "auto, any, tool {name} or none."},
+            "stop_sequences": {"description": "Sent as stop."},
+            "temperature": {"description": _PASSED_THROUGH},
+            "top_p": {"description": _PASSED_THROUGH},
+            "top_k": {"description": _PASSED_THROUGH},
+            "metadata": {"description": "user_id is sent as user."},
+            "thinking": {"description": "Sent as reasoning_effort (lossy)."},
+        },
+    },
+    "CountTokensRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": _ref("NonBlankString"),
+            "messages": {"type": "array", "minItems": 1, "items": _ref("AnthropicMessage")},
+        },
+        "description": "system, tools and the rest count too; nothing reaches the provider.",
+    },
+    "Message": {
+        "type": "object",
+        "required": ["id", "type", "role", "content", "model", "stop_reason", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "message"},
+            "role": {"const": "assistant"},
+            "content": {"type": "array", "items": {"type": "object"}},
+            "model": {"type": "string"},
+            "stop_reason": {"type": "string"},
+            "stop_sequence": {"type": ["string", "null"]},
+            "usage": {"type": "object"},
+        },
+    },
+    "TokenCount": {
+        "type": "object",
+        "required": ["input_tokens"],
+        "properties": {"input_tokens": {"type": "integer", "minimum": 1}},
+    },
     "ModelList": {
         "type": "object",
         "properties": {"object": {"type": "string"}, "data": {"type": "array"}},
@@ -176,6 +259,19 @@ def _proxied_errors() -> dict[str, Any]:
     return errors
 
 
+def _anthropic_errors() -> dict[str, Any]:
+    """Errors in Anthropic's shape: the gateway's own and the provider's (its status kept)."""
+    errors = {
+        str(status): _json_answer(description, _ref("AnthropicError"))
+        for status, description in _ERROR_DESCRIPTIONS.items()
+    }
+    errors["default"] = _json_answer(
+        "Any other error the provider answered with, its status and message kept.",
+        _ref("AnthropicError"),
+    )
+    return errors
+
+
 def _body(schema_name: str) -> dict[str, Any]:
     return {"required": True, "content": {_JSON: {"schema": _ref(schema_name)}}}
 
@@ -203,6 +299,30 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {
             "200": _json_answer("The embeddings.", _ref("EmbeddingList")),
             **_proxied_errors(),
+        },
+    },
+    ("post", "/v1/messages"): {
+        "operationId": "createMessage",
+        "summary": "Anthropic Messages (x-api-key or Bearer), as JSON or as Anthropic's events.",
+        "requestBody": _body("MessagesRequest"),
+        "responses": {
+            "200": {
+                "description": "The message; with stream=true, Anthropic's server-sent events.",
+                "content": {
+                    _JSON: {"schema": _ref("Message")},
+                    "text/event-stream": {"schema": _ref("StreamEvent")},
+                },
+            },
+            **_anthropic_errors(),
+        },
+    },
+    ("post", "/v1/messages/count_tokens"): {
+        "operationId": "countMessageTokens",
+        "summary": "The gateway's estimate of a Messages request's input tokens.",
+        "requestBody": _body("CountTokensRequest"),
+        "responses": {
+            "200": _json_answer("The count.", _ref("TokenCount")),
+            **_anthropic_errors(),
         },
     },
     ("get", "/v1/models"): {

@@ -1,4 +1,4 @@
-"""The one pipeline every proxied operation (chat, embeddings) goes through.
+"""The one pipeline every proxied operation (chat, embeddings, translated APIs) goes through.
 
     read the body → validate → route the model → admit (limits) → open the observation →
     call the route → answer → finish the observation → one usage record to accounting
@@ -27,8 +27,9 @@ from llmgw.accounting.estimate import estimate_input_tokens, estimate_output_tok
 from llmgw.accounting.prices import Price
 from llmgw.accounting.usage import UsageRecord, parse_usage
 from llmgw.api.body import read_json_object
+from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
-from llmgw.errors import GatewayError, UpstreamUnavailable
+from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.limits.policy import Admitted
 from llmgw.providers.base import (
     Deployment,
@@ -39,6 +40,7 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.streaming.relay import relay_stream
+from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
@@ -60,6 +62,8 @@ class Operation:
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
     produces_output: bool = True  # False: no output tokens (embeddings)
+    # Another API served through chat completions: the request, answers and errors translated.
+    codec: ApiCodec | None = None
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -157,6 +161,9 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
+    caller_body = body
+    if operation.codec is not None:
+        body = operation.codec.to_chat(body)
     route = request.app[app_keys.PROVIDERS].resolve(model)
     admitted = await request.app[app_keys.LIMITS].admit(
         key,
@@ -170,12 +177,12 @@ async def proxy(
         request[app_keys.RATE_LIMIT] = admitted.window
     try:
         exchange, answer = _open_exchange(
-            request, key, operation, raw, body, model, stream, route, admitted
+            request, key, operation, raw, body, caller_body, model, stream, route, admitted
         )
     except BaseException:
         request.app[app_keys.LIMITS].settle(admitted, None)  # nothing was used: give it back
         raise
-    return await _finish_on_failure(exchange, answer)
+    return await _finish_on_failure(exchange, answer, translate_errors=operation.codec is not None)
 
 
 def _open_exchange(
@@ -184,6 +191,7 @@ def _open_exchange(
     operation: Operation,
     raw: bytes,
     body: dict[str, Any],
+    caller_body: dict[str, Any],
     model: str,
     stream: bool,
     route: FallbackChain,
@@ -214,11 +222,20 @@ def _open_exchange(
         capture_content=telemetry.capture_content,
     )
     exchange = _Exchange(request, key, body, admitted, observation)
-    call = _upstream_call(request, orjson.dumps(body) if hide_usage_chunk else raw, model, exchange)
+    codec = operation.codec
+    encoded = orjson.dumps(body) if hide_usage_chunk or codec is not None else raw
+    call = _upstream_call(request, encoded, model, exchange)
+    translator = (
+        codec.stream_translator(
+            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+        )
+        if codec is not None and stream
+        else None
+    )
     answer: Callable[[], Awaitable[web.StreamResponse]] = (
-        functools.partial(_stream, request, route, call, exchange, hide_usage_chunk)
+        functools.partial(_stream, request, route, call, exchange, hide_usage_chunk, translator)
         if stream
-        else functools.partial(_complete, operation, route, call, exchange)
+        else functools.partial(_complete, operation, route, call, exchange, caller_body)
     )
     return exchange, answer
 
@@ -251,12 +268,17 @@ async def _stream(
     call: UpstreamCall,
     exchange: _Exchange,
     hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
 ) -> web.StreamResponse:
     answer = await route.first_answer(call, lambda p, c: p.stream_chat_completion(c))
     upstream = exchange.answered(answer)
     exchange.observation.retries = upstream.retries
     summary = await relay_stream(
-        request, upstream, exchange.observation, hide_usage_chunk=hide_usage_chunk
+        request,
+        upstream,
+        exchange.observation,
+        hide_usage_chunk=hide_usage_chunk,
+        translator=translator,
     )
     exchange.finish(status=200, outcome=summary.outcome, error_type=summary.error_type)
     return summary.response
@@ -281,7 +303,11 @@ def _output_chars(document: dict[str, Any]) -> int:
 
 
 async def _complete(
-    operation: Operation, route: FallbackChain, call: UpstreamCall, exchange: _Exchange
+    operation: Operation,
+    route: FallbackChain,
+    call: UpstreamCall,
+    exchange: _Exchange,
+    caller_body: dict[str, Any],
 ) -> web.StreamResponse:
     observation = exchange.observation
     result = exchange.answered(await route.first_answer(call, operation.complete))
@@ -303,15 +329,25 @@ async def _complete(
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
     exchange.output_chars = _output_chars(document)
     exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
+    if operation.codec is not None:
+        answer = operation.codec.from_chat(document, request=caller_body)
+        return web.Response(status=result.status, body=answer, content_type="application/json")
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}
     )
 
 
 async def _finish_on_failure(
-    exchange: _Exchange, call: Callable[[], Awaitable[web.StreamResponse]]
+    exchange: _Exchange,
+    call: Callable[[], Awaitable[web.StreamResponse]],
+    *,
+    translate_errors: bool,
 ) -> web.StreamResponse:
-    """Run ``call``; finish the exchange on any failure it raises (success finishes itself)."""
+    """Run ``call``; finish the exchange on any failure it raises (success finishes itself).
+
+    A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the
+    error middleware renders in the route's own error shape.
+    """
     try:
         return await call()
     except UpstreamHTTPError as exc:
@@ -319,6 +355,11 @@ async def _finish_on_failure(
         exchange.finish(
             status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
         )
+        if translate_errors:
+            response = exc.response
+            raise ProviderError.from_answer(
+                response.status, response.body, retry_after=response.retry_after
+            ) from None
         return forward_upstream_error(exc.response)
     except GatewayError as exc:
         exchange.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)

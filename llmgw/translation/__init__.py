@@ -1,0 +1,1 @@
+"""Translations between foreign APIs and OpenAI chat completions, one module per foreign API."""
