@@ -239,3 +239,20 @@ async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> 
     assert result.returncode == 0, result.stderr
     assert "deleted 3" in result.stdout
     assert await gateway.db.fetchval("SELECT count(*) FROM usage_events") == 0
+
+
+async def test_a_budgeted_key_calling_an_unpriced_model_gets_price_unknown(
+    gateway: Gateway,
+) -> None:
+    subject = uuid.uuid4()
+    await gateway.db.execute(
+        "INSERT INTO subjects (subject_id, monthly_budget_usd) VALUES ($1, 10)", subject
+    )
+    key = await gateway.create_key(subject_id=subject)
+    async with aiohttp.ClientSession() as session:
+        status, body = await chat(session, gateway, key, model="not-in-the-listing", max_tokens=5)
+        assert (status, body["error"]["code"]) == (403, "price_unknown")
+        assert (await chat(session, gateway, key, max_tokens=5))[0] == 200
+    assert [r.path for r in gateway.fake.received if r.method == "POST"] == [
+        "/api/v1/chat/completions"
+    ]
