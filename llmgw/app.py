@@ -89,7 +89,11 @@ def create_app(
         )
         await limits.start()
         app[app_keys.LIMITS] = limits
-        ledger = UsageLedger(pool, on_drop=telemetry.instruments.usage_ledger_dropped.add)
+        ledger = UsageLedger(
+            pool,
+            on_drop=telemetry.instruments.usage_ledger_dropped.add,
+            on_dead_letter=telemetry.instruments.usage_ledger_dead_letters.add,
+        )
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(limits, ledger)

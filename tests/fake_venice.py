@@ -376,6 +376,10 @@ class Behaviour:
     garbage: bool = False
     close_mid_body: bool = False
     stall_after_chunks: int | None = None
+    # A hostile or buggy upstream: `billing` replaces the answer's `usage` and `cost` (the JSON
+    # body's, or the usage chunk's), `response_id` its `id`.
+    billing: dict[str, Any] | None = None
+    response_id: str | None = None
 
     def stream_cut(self) -> tuple[int, _Cut] | None:
         """Where and how a stream stops early; the earliest one wins if several are set."""
@@ -430,6 +434,7 @@ class _Completion:
     usage_mode: _UsageMode
     requested_venice_parameters: Any  # echoed (with Venice's defaults) by JSON answers only
     reasoning: str | None = None  # reasoning_content before the answer, as qwen3 models send it
+    billing_override: dict[str, Any] | None = None
     id: str = attrs.field(factory=lambda: "chatcmpl-" + os.urandom(16).hex())
     created: int = attrs.field(factory=lambda: int(time.time()))
 
@@ -443,6 +448,8 @@ class _Completion:
 
     def billing(self) -> dict[str, Any]:
         """`usage` plus `cost` (unless Venice would omit it)."""
+        if self.billing_override is not None:
+            return self.billing_override
         prompt, completion = self.prompt_tokens, self.completion_tokens
         billing: dict[str, Any] = {
             "usage": {
@@ -814,6 +821,9 @@ class FakeVenice:
             return admitted
         body, behaviour = admitted
         completion = self._completion(body)
+        completion.billing_override = behaviour.billing
+        if behaviour.response_id is not None:
+            completion.id = behaviour.response_id
         if body.get("stream") is True:
             return await self._stream(request, behaviour, completion)
         headers = self._headers(JSON_CONTENT_TYPE, behaviour, completion.model)

@@ -6,17 +6,13 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import aiohttp
-import asyncpg
 import pytest
 
 from llmgw import app_keys
-from llmgw.accounting.usage import UsageRecord
-from llmgw.storage.ledger import UsageLedger
 from tests.conftest import Gateway
 from tests.fake_venice import expected_cost_usd
 from tests.processes import clean_env
@@ -167,42 +163,6 @@ async def test_ledger_rows_carry_what_the_billing_record_says(gateway: Gateway) 
     assert failed["status"] == 404
     assert failed["error_type"] == "404"
     assert failed["input_tokens"] is None
-
-
-def usage_record(**overrides: Any) -> UsageRecord:
-    values: dict[str, Any] = {
-        "occurred_at": datetime.now(UTC), "api_key_id": uuid.uuid4(), "subject_id": None,
-        "request_id": "r", "response_id": None, "operation": "chat", "provider": "venice",
-        "model": "m", "deployment": None, "response_model": None, "stream": False,
-        "status": 200, "outcome": "completed", "error_type": None,
-        "input_tokens": 1, "output_tokens": 1, "cost_usd": None, "cost_diem": None,
-        "duration_ms": 1.0, "time_to_first_chunk_ms": None, "trace_id": None,
-    }  # fmt: skip
-    values.update(overrides)
-    return UsageRecord(**values)
-
-
-async def test_a_full_ledger_queue_drops_and_counts_and_never_blocks(database_url: str) -> None:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    dropped: list[int] = []
-    ledger = UsageLedger(pool, capacity=2, on_drop=dropped.append)
-    try:
-        for _ in range(4):
-            ledger.record(usage_record())  # synchronous: a request never waits for the ledger
-        assert (ledger.pending, len(dropped)) == (2, 2)
-    finally:
-        await pool.close()
-
-
-async def test_ledger_keeps_rows_while_the_database_refuses_them(database_url: str) -> None:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    ledger = UsageLedger(pool)
-    try:
-        ledger.record(usage_record(status=99))  # violates a constraint: the write fails
-        assert await ledger.flush() is False
-        assert ledger.pending == 1
-    finally:
-        await pool.close()
 
 
 async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> None:

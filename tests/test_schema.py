@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import asyncpg
 import pytest
@@ -151,6 +152,112 @@ def test_serving_does_not_load_alembic_or_sqlalchemy() -> None:
     assert result.stdout.strip() == "[]"
 
 
+USAGE_ROW = {
+    "api_key_id": uuid.uuid4(),
+    "request_id": "r",
+    "operation": "chat",
+    "provider": "venice",
+    "model": "m",
+    "stream": False,
+    "status": 200,
+    "duration_ms": 1.0,
+}
+
+
+async def insert_usage(db: asyncpg.Connection, **overrides: object) -> asyncpg.Record:
+    values = {**USAGE_ROW, **overrides}
+    columns = ", ".join(values)
+    placeholders = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+    row: asyncpg.Record = await db.fetchrow(
+        f"INSERT INTO usage_events ({columns}) VALUES ({placeholders}) RETURNING *",
+        *values.values(),
+    )
+    return row
+
+
+async def test_a_usage_row_defaults_to_reported_and_unflagged(db: asyncpg.Connection) -> None:
+    row = await insert_usage(db)
+    assert (row["usage_source"], row["flags"]) == ("reported", [])
+
+
+async def test_costs_keep_eighteen_decimal_places_and_status_may_be_dropped(
+    db: asyncpg.Connection,
+) -> None:
+    cost = Decimal("0.000104718750000001")
+    row = await insert_usage(db, cost_usd=cost, cost_diem=cost, status=None)
+    assert (row["cost_usd"], row["cost_diem"], row["status"]) == (cost, cost, None)
+    subject = uuid.uuid4()
+    await db.execute(
+        "INSERT INTO subject_monthly_spend (subject_id, month, spend_usd) VALUES ($1, $2, $3)",
+        subject,
+        NOW.date().replace(day=1),
+        cost,
+    )
+    assert await db.fetchval("SELECT spend_usd FROM subject_monthly_spend") == cost
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({"usage_source": "guessed"}, asyncpg.CheckViolationError),
+        ({"usage_source": None}, asyncpg.NotNullViolationError),
+        ({"flags": [""]}, asyncpg.CheckViolationError),
+        ({"flags": ["model:truncated", None]}, asyncpg.CheckViolationError),
+        ({"flags": None}, asyncpg.NotNullViolationError),
+        ({"status": 999}, asyncpg.CheckViolationError),
+        ({"cost_usd": Decimal(10**12)}, asyncpg.NumericValueOutOfRangeError),
+    ],
+)
+async def test_impossible_usage_rows_are_rejected(
+    db: asyncpg.Connection, overrides: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        await insert_usage(db, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        (("r", "{}", "", "m"), asyncpg.CheckViolationError),
+        (("r", "", "CheckViolationError", "m"), asyncpg.CheckViolationError),
+        (("r", None, "CheckViolationError", "m"), asyncpg.NotNullViolationError),
+        (("r", "{}", "CheckViolationError", None), asyncpg.NotNullViolationError),
+    ],
+)
+async def test_impossible_dead_letters_are_rejected(
+    db: asyncpg.Connection, values: tuple[object, ...], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        await db.execute(
+            "INSERT INTO usage_dead_letters (request_id, record, error_type, error_message) "
+            "VALUES ($1, $2, $3, $4)",
+            *values,
+        )
+
+
+async def test_0004_keeps_the_ledger_rows_of_0003_and_back(empty_database: str) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0004")
+    connection = await asyncpg.connect(empty_database)
+    try:
+        await insert_usage(connection, cost_usd=Decimal("0.00000001"))
+        await asyncio.to_thread(migrations.upgrade, empty_database, "0004")
+        row = await connection.fetchrow("SELECT * FROM usage_events")
+        assert (row["cost_usd"], row["usage_source"], row["flags"]) == (
+            Decimal("0.00000001"),
+            "reported",
+            [],
+        )
+        await insert_usage(connection, status=None, cost_usd=Decimal("0.00010471875"))
+        await asyncio.to_thread(migrations.downgrade, empty_database, "0003")
+        rows = await connection.fetch("SELECT status, cost_usd FROM usage_events ORDER BY id")
+        assert [(r["status"], r["cost_usd"]) for r in rows] == [
+            (200, Decimal("0.00000001")),
+            (502, Decimal("0.00010472")),  # 0003 keeps 8 places
+        ]
+    finally:
+        await connection.close()
+
+
 @pytest.mark.parametrize(
     "values",
     [("", 0, 0), ("c", -1, 0), ("c", 0, -0.5)],
@@ -179,7 +286,7 @@ async def test_a_lease_needs_its_counter_and_goes_with_it(db: asyncpg.Connection
 
 
 async def test_the_limits_migration_keeps_this_months_spend(empty_database: str) -> None:
-    await asyncio.to_thread(migrations.upgrade, empty_database, "0003")
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0004")
     connection = await asyncpg.connect(empty_database)
     try:
         subject = uuid.uuid4()

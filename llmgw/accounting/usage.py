@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import math
+import re
 import uuid
 from datetime import datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, Final
 
 import attrs
 
-__all__ = ["Usage", "UsageRecord", "parse_usage"]
+__all__ = [
+    "MAX_COST",
+    "MAX_TEXT_CHARS",
+    "MAX_TOKENS",
+    "USAGE_SOURCES",
+    "Usage",
+    "UsageRecord",
+    "parse_usage",
+    "storable_text",
+]
+
+# What a usage_events row holds (migrations 0003 and 0004): int4 token counts, costs as
+# numeric(30,18) (below 10^12), an HTTP status. A cost above MAX_COST is no real request's price;
+# bounding each row there also keeps the running totals summed over millions of rows storable.
+MAX_TOKENS: Final = 2**31 - 1
+MAX_COST: Final = 1_000_000
+MAX_TEXT_CHARS: Final = 512
+USAGE_SOURCES: Final = ("reported", "estimated")
+# Postgres text holds no NUL and UTF-8 no lone surrogate; the other control characters are
+# storable but never belong in a model name or an id, and would garble an operator's terminal.
+_UNSTORABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_TEXT_FIELDS: Final = (
+    "request_id", "response_id", "operation", "provider", "deployment", "model",
+    "response_model", "outcome", "error_type", "trace_id",
+)  # fmt: skip
 
 
 @attrs.frozen(slots=True)
@@ -22,7 +49,12 @@ class Usage:
     cost_diem: float | None = None
 
 
+_INT64 = 2**63
+
+
 def _int(value: Any) -> int | None:
+    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
+        return int(value)  # 1e10 is a count too; kept, so a record flags what it cannot hold
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -73,7 +105,7 @@ class UsageRecord:
     model: str
     response_model: str | None
     stream: bool
-    status: int
+    status: int | None  # None only when what was given is no HTTP status (flagged)
     outcome: str
     error_type: str | None
     input_tokens: int | None
@@ -83,8 +115,53 @@ class UsageRecord:
     duration_ms: float
     time_to_first_chunk_ms: float | None
     trace_id: str | None
-    usage_source: str = "reported"  # "estimated": the provider never reported usage
+    usage_source: str = "reported"  # or "estimated": computed by the gateway, not the provider's
     cost_computed: bool = False  # the cost is from the price table, not the provider
+    # "field:reason" for every value the constructor had to drop or change to make the row storable.
+    flags: tuple[str, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        # The constructor is the one place every record passes, so no caller (and no provider's
+        # answer) can produce a row the ledger cannot store: each field is bounded here, a value
+        # that cannot be kept is dropped from its field, and the row says so in ``flags``.
+        flags = list(self.flags)
+
+        def replace(field: str, value: Any, reason: str) -> None:
+            object.__setattr__(self, field, value)
+            flag = f"{field}:{reason}"
+            if flag not in flags:
+                flags.append(flag)
+
+        for field in _TEXT_FIELDS:
+            text = getattr(self, field)
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                replace(field, storable_text(str(text)), "not_text")
+            elif text.isprintable() and len(text) <= MAX_TEXT_CHARS:
+                continue  # the common case, checked in C: nothing to remove
+            elif (bounded := storable_text(text)) != text:
+                reason = "truncated" if _UNSTORABLE.search(text) is None else "control_characters"
+                replace(field, bounded, reason)
+        for field in ("input_tokens", "output_tokens"):
+            count = getattr(self, field)
+            if count is not None and not _is_int_within(count, 0, MAX_TOKENS):
+                replace(field, None, "out_of_range")
+        for field in ("cost_usd", "cost_diem"):
+            cost = getattr(self, field)
+            if cost is not None and not _is_number_within(cost, MAX_COST):
+                replace(field, None, "out_of_range")
+        if self.status is not None and not _is_int_within(self.status, 100, 599):
+            replace("status", None, "out_of_range")
+        if not _is_number_within(self.duration_ms, math.inf):
+            replace("duration_ms", 0.0, "out_of_range")
+        ttfc = self.time_to_first_chunk_ms
+        if ttfc is not None and not _is_number_within(ttfc, math.inf):
+            replace("time_to_first_chunk_ms", None, "out_of_range")
+        if self.usage_source not in USAGE_SOURCES:
+            replace("usage_source", "estimated", "unknown")
+        if len(flags) != len(self.flags):
+            object.__setattr__(self, "flags", tuple(flags))
 
     def log_fields(self) -> dict[str, Any]:
         """The record as JSON-ready fields (ids and times as strings)."""
@@ -93,3 +170,23 @@ class UsageRecord:
         fields["api_key_id"] = str(self.api_key_id)
         fields["subject_id"] = None if self.subject_id is None else str(self.subject_id)
         return fields
+
+
+def storable_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """``text`` without what Postgres cannot (or should not) hold, at most ``limit`` long."""
+    return _UNSTORABLE.sub("", text)[:limit]
+
+
+def _is_int_within(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_number_within(value: Any, high: float) -> bool:
+    """A finite, non-negative int, float or Decimal no greater than ``high``."""
+    if isinstance(value, Decimal):
+        finite = value.is_finite()  # math.isfinite raises on a signalling NaN
+    elif isinstance(value, float):
+        finite = math.isfinite(value)
+    else:
+        finite = isinstance(value, int) and not isinstance(value, bool)
+    return finite and 0 <= value <= high

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -74,7 +75,15 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(value), content_type="application/json")
+    body = orjson.dumps(value, default=_exact_number)
+    return web.Response(status=status, body=body, content_type="application/json")
+
+
+def _exact_number(value: Any) -> orjson.Fragment:
+    """A Decimal (ledger sums) as the JSON number it is, digit for digit, not a rounded float."""
+    if isinstance(value, Decimal) and value.is_finite():
+        return orjson.Fragment(format(value.normalize(), "f"))
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _uuid(text: str, what: str) -> uuid.UUID:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import orjson
@@ -11,7 +12,15 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
-__all__ = ["read_json_object", "validate_chat_request", "validate_embeddings_request"]
+__all__ = [
+    "read_json_object",
+    "refuse_control_characters",
+    "validate_chat_request",
+    "validate_embeddings_request",
+]
+
+# C0, DEL and C1: no model name holds one, and a NUL cannot even be stored in the usage ledger.
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]:
@@ -37,6 +46,12 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     return raw, body
+
+
+def refuse_control_characters(model: str) -> None:
+    """Every operation's model, whatever its API: it is routed on, logged and billed."""
+    if _CONTROL_CHARACTER.search(model):
+        raise InvalidRequest("'model' must not contain control characters.", param="model")
 
 
 def _require_model(body: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from llmgw.accounting.charges import charge
 from llmgw.accounting.estimate import estimate_input_tokens, estimate_output_tokens
 from llmgw.accounting.prices import Price
 from llmgw.accounting.usage import UsageRecord, parse_usage
-from llmgw.api.body import read_json_object
+from llmgw.api.body import read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
@@ -161,6 +161,7 @@ async def proxy(
 ) -> web.StreamResponse:
     raw, body = await read_json_object(request)
     model, stream = operation.validate(body)
+    refuse_control_characters(model)
     caller_body = body
     if operation.codec is not None:
         body = operation.codec.to_chat(body)

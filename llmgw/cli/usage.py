@@ -1,8 +1,9 @@
-"""``llmgw usage``: retention for the usage ledger (``prune``)."""
+"""``llmgw usage``: retention for the usage ledger (``prune``), and its dead letters."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import timedelta
 
 from llmgw.cli.common import (
@@ -12,7 +13,7 @@ from llmgw.cli.common import (
     run_with_connection,
 )
 from llmgw.config import load_settings
-from llmgw.storage.usage import prune_usage
+from llmgw.storage.usage import prune_usage, read_dead_letters
 
 __all__ = ["register"]
 
@@ -20,7 +21,7 @@ __all__ = ["register"]
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     usage = commands.add_parser(
         "usage",
-        help="manage the usage ledger (retention)",
+        help="manage the usage ledger (retention, dead letters)",
         description=(
             "The usage ledger (table usage_events) holds one row per chat or embeddings request. "
             "Rows are never deleted by the gateway itself; prune old ones on a schedule (cron, a "
@@ -39,6 +40,19 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="delete rows recorded more than this many days ago",
     )
     prune.set_defaults(run=_prune)
+    dead = actions.add_parser(
+        "dead-letters",
+        help="show usage rows the database refused (one JSON object a line)",
+        description=(
+            "Rows the database refused even alone are kept in usage_dead_letters with the error; "
+            "every other row of their batch was written. Each line: id, set_aside_at, request_id, "
+            "error_type, error_message and the record as the billing line had it."
+        ),
+    )
+    dead.add_argument(
+        "--limit", type=positive_int, default=100, help="the most recent N (default: 100)"
+    )
+    dead.set_defaults(run=_dead_letters)
 
 
 def _prune(args: argparse.Namespace) -> int:
@@ -47,4 +61,11 @@ def _prune(args: argparse.Namespace) -> int:
         url, lambda conn: prune_usage(conn, timedelta(days=args.older_than_days))
     )
     print(f"deleted {deleted} usage rows older than {args.older_than_days} days")
+    return 0
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    url = prepare_database(load_settings())
+    for letter in run_with_connection(url, lambda conn: read_dead_letters(conn, args.limit)):
+        print(json.dumps(letter))  # ASCII: nothing in it can drive a terminal
     return 0

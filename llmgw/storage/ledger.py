@@ -1,8 +1,11 @@
 """The usage ledger writer: rows are queued on the request path and written in batches off it.
 
 ``record`` never blocks and never raises: a full queue drops the row and counts it
-(``llmgw.usage_ledger.dropped``). A failed write keeps the batch for the next try. ``close`` writes
-whatever is queued, so a graceful shutdown loses nothing.
+(``llmgw.usage_ledger.dropped``). While the database is unreachable a batch stays queued for the
+next try. A batch the database refuses for what is in it is split in halves until the refused row
+is alone; that row is set aside in ``usage_dead_letters`` (an ERROR line, and counted in
+``llmgw.usage_ledger.dead_letters``) and every other row is written, so one bad row never stops
+the ledger. ``close`` writes whatever is queued, so a graceful shutdown loses nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ import asyncpg
 
 from llmgw.accounting.usage import UsageRecord
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
-from llmgw.storage.usage import write_batch
+from llmgw.storage.usage import dead_letter_json, set_aside, write_batch
 
 __all__ = ["UsageLedger"]
 
 log = logging.getLogger(__name__)
+
+# The rows themselves were refused, so the same rows would be refused again: data exceptions
+# (SQLSTATE class 22), constraint violations (23), limits (54), and asyncpg's own refusal to encode
+# an argument (a ValueError, although it also derives from InterfaceError, a DATABASE_DOWN_ERROR).
+_ROWS_REFUSED: tuple[type[Exception], ...] = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+    ValueError,
+    TypeError,
+    OverflowError,
+)
 
 
 class UsageLedger:
@@ -33,12 +48,14 @@ class UsageLedger:
         batch_size: int = 500,
         flush_interval: float = 0.5,
         on_drop: Callable[[int], None] = lambda _count: None,
+        on_dead_letter: Callable[[int], None] = lambda _count: None,
     ) -> None:
         self._pool = pool
         self._capacity = capacity
         self._batch_size = batch_size
         self._flush_interval = flush_interval
         self._on_drop = on_drop
+        self._on_dead_letter = on_dead_letter
         self._queue: collections.deque[UsageRecord] = collections.deque()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -75,27 +92,69 @@ class UsageLedger:
                 return
 
     async def flush(self) -> bool:
-        """Write everything queued now; False if the database refused (rows stay queued)."""
+        """Write everything queued now; False if the database was unreachable (rows stay queued)."""
         async with self._lock:
             while self._queue:
-                batch = [
-                    self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue)))
-                ]
+                count = min(self._batch_size, len(self._queue))
+                # Parts still to write, the next one last; a refused part is replaced by its halves.
+                parts = [[self._queue.popleft() for _ in range(count)]]
                 try:
                     async with self._pool.acquire() as connection:
-                        await write_batch(connection, batch)
+                        await self._write(connection, parts)
                 except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
-                    self._queue.extendleft(reversed(batch))
+                    self._put_back(parts)
                     log.warning("usage ledger write failed (%s); will retry", type(exc).__name__)
                     return False
                 except BaseException:
-                    self._queue.extendleft(reversed(batch))  # cancelled: the rows stay queued
+                    self._put_back(parts)  # cancelled: the rows stay queued
                     raise
         return True
+
+    async def _write(self, connection: asyncpg.Connection, parts: list[list[UsageRecord]]) -> None:
+        while parts:
+            part = parts[-1]
+            try:
+                await write_batch(connection, part)
+            except _ROWS_REFUSED as exc:
+                if len(part) > 1:
+                    middle = len(part) // 2
+                    parts[-1:] = [part[middle:], part[:middle]]
+                    continue
+                await self._set_aside(connection, part[0], exc)
+            parts.pop()
+
+    async def _set_aside(
+        self, connection: asyncpg.Connection, record: UsageRecord, error: Exception
+    ) -> None:
+        try:
+            await set_aside(connection, record, error)
+        except _ROWS_REFUSED as exc:
+            self._on_dead_letter(1)
+            log.error(
+                "usage ledger: the database refused the row of request %s (%s: %s) and its "
+                "dead letter too (%s); the row is only in this line: %s",
+                record.request_id, type(error).__name__, error, type(exc).__name__,
+                dead_letter_json(record),
+            )  # fmt: skip
+            return
+        self._on_dead_letter(1)
+        log.error(
+            "usage ledger: the database refused the row of request %s (%s: %s); it is kept in "
+            "usage_dead_letters and the other rows are written",
+            record.request_id, type(error).__name__, error,
+        )  # fmt: skip
+
+    def _put_back(self, parts: list[list[UsageRecord]]) -> None:
+        for part in parts:  # the last part goes back first in the queue
+            self._queue.extendleft(reversed(part))
 
     async def _write_forever(self) -> None:
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval)
             self._wake.clear()
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:
+                # The rows are back in the queue; a writer that died here would stop the ledger.
+                log.exception("usage ledger write failed unexpectedly; will retry")

@@ -15,8 +15,12 @@ __all__ = [
     "metadata",
     "subject_monthly_spend",
     "subjects",
+    "usage_dead_letters",
     "usage_events",
 ]
+
+# Costs in USD (or Diem) as providers report them: Venice's 0.00010471875 needs 11 places.
+_COST = sa.Numeric(30, 18)
 
 metadata = sa.MetaData(
     naming_convention={
@@ -110,7 +114,7 @@ subject_monthly_spend = sa.Table(
     metadata,
     sa.Column("subject_id", UUID(as_uuid=True), nullable=False),
     sa.Column("month", sa.Date(), nullable=False),
-    sa.Column("spend_usd", sa.Numeric(18, 8), nullable=False, server_default=sa.text("0")),
+    sa.Column("spend_usd", _COST, nullable=False, server_default=sa.text("0")),
     sa.PrimaryKeyConstraint("subject_id", "month"),
     sa.CheckConstraint("spend_usd >= 0", name="spend_non_negative"),
     sa.CheckConstraint("extract(day FROM month) = 1", name="month_is_first_day"),
@@ -146,14 +150,17 @@ usage_events = sa.Table(
     sa.Column("provider", sa.Text(), nullable=False),
     sa.Column("model", sa.Text(), nullable=False),
     sa.Column("stream", sa.Boolean(), nullable=False),
-    sa.Column("status", sa.Integer(), nullable=False),
+    sa.Column("status", sa.Integer(), nullable=True),  # NULL: the provider's was no HTTP status
     sa.Column("error_type", sa.Text(), nullable=True),
     sa.Column("input_tokens", sa.Integer(), nullable=True),
     sa.Column("output_tokens", sa.Integer(), nullable=True),
-    sa.Column("cost_usd", sa.Numeric(18, 8), nullable=True),
-    sa.Column("cost_diem", sa.Numeric(18, 8), nullable=True),
+    sa.Column("cost_usd", _COST, nullable=True),
+    sa.Column("cost_diem", _COST, nullable=True),
     sa.Column("duration_ms", sa.Float(), nullable=False),
     sa.Column("time_to_first_chunk_ms", sa.Float(), nullable=True),
+    sa.Column("usage_source", sa.Text(), nullable=False, server_default=sa.text("'reported'")),
+    # "field:reason" for each value dropped or changed to make the row storable (UsageRecord).
+    sa.Column("flags", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")),
     sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -168,6 +175,27 @@ usage_events = sa.Table(
         "time_to_first_chunk_ms IS NULL OR time_to_first_chunk_ms >= 0", name="time_to_first_chunk"
     ),
     sa.CheckConstraint("operation IN ('chat', 'embeddings')", name="operation"),
+    sa.CheckConstraint("usage_source IN ('reported', 'estimated')", name="usage_source"),
+    sa.CheckConstraint(
+        "array_position(flags, '') IS NULL AND array_position(flags, NULL) IS NULL",
+        name="flags_not_blank",
+    ),
+)
+
+# Usage rows the database refused even after the ledger isolated them, kept for an operator.
+usage_dead_letters = sa.Table(
+    "usage_dead_letters",
+    metadata,
+    sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
+    sa.Column(
+        "set_aside_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.Column("request_id", sa.Text(), nullable=True),
+    sa.Column("record", sa.Text(), nullable=False),  # the UsageRecord as JSON (ASCII, escaped)
+    sa.Column("error_type", sa.Text(), nullable=False),
+    sa.Column("error_message", sa.Text(), nullable=False),
+    sa.CheckConstraint("error_type <> ''", name="error_type_not_empty"),
+    sa.CheckConstraint("record <> ''", name="record_not_empty"),
 )
 
 admin_audit = sa.Table(

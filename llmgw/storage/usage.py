@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -12,13 +14,16 @@ from typing import Any
 import asyncpg
 import attrs
 
-from llmgw.accounting.usage import UsageRecord
+from llmgw.accounting.usage import UsageRecord, storable_text
 
 __all__ = [
     "GROUPINGS",
     "UsageQuery",
+    "dead_letter_json",
     "month_start",
     "prune_usage",
+    "read_dead_letters",
+    "set_aside",
     "summarize_usage",
     "write_batch",
 ]
@@ -27,17 +32,28 @@ _INSERT = """
 INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
-    time_to_first_chunk_ms, cost_computed
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+    time_to_first_chunk_ms, usage_source, flags, cost_computed
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
 """
+# Saturates just below what numeric(30,18) holds, so no amount of spend can make a later row of
+# the same subject unstorable (each row's cost is bounded by accounting.usage.MAX_COST).
 _ADD_SPEND = """
 INSERT INTO subject_monthly_spend AS s (subject_id, month, spend_usd) VALUES ($1, $2, $3)
-ON CONFLICT (subject_id, month) DO UPDATE SET spend_usd = s.spend_usd + excluded.spend_usd
+ON CONFLICT (subject_id, month) DO UPDATE
+SET spend_usd = least(s.spend_usd + excluded.spend_usd, 999999999999.999999999999999999)
 """
+# A key deleted while its last requests were in flight has no window to charge; its usage rows
+# are still written.
 _ADD_TOKENS = """
-INSERT INTO api_key_token_windows AS w (api_key_id, window_start_at, tokens) VALUES ($1, $2, $3)
+INSERT INTO api_key_token_windows AS w (api_key_id, window_start_at, tokens)
+SELECT $1::uuid, $2::timestamptz, $3::bigint WHERE EXISTS (SELECT FROM api_keys WHERE id = $1)
 ON CONFLICT (api_key_id, window_start_at) DO UPDATE SET tokens = w.tokens + excluded.tokens
 """
+_SET_ASIDE = """
+INSERT INTO usage_dead_letters (request_id, record, error_type, error_message)
+VALUES ($1, $2, $3, $4)
+"""
+_ERROR_MESSAGE_CHARS = 2000
 
 
 def month_start(moment: datetime) -> date:
@@ -49,6 +65,8 @@ def minute_start(moment: datetime) -> datetime:
 
 
 def _decimal(value: float | None) -> Decimal | None:
+    # str() of a float is the shortest text that reads back as it, so a cost the provider wrote
+    # with up to 15 significant digits (Venice's 0.00010471875) is stored as written.
     return None if value is None else Decimal(str(value))
 
 
@@ -58,16 +76,18 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
     rows = []
     for r in records:
+        cost_usd = _decimal(r.cost_usd)
         rows.append(
             (
                 r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
                 r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
-                r.input_tokens, r.output_tokens, _decimal(r.cost_usd), _decimal(r.cost_diem),
-                r.duration_ms, r.time_to_first_chunk_ms, r.cost_computed,
+                r.input_tokens, r.output_tokens, cost_usd, _decimal(r.cost_diem),
+                r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
+                r.cost_computed,
             )
         )  # fmt: skip
-        if r.subject_id is not None and r.cost_usd:
-            spend[(r.subject_id, month_start(r.occurred_at))] += Decimal(str(r.cost_usd))
+        if r.subject_id is not None and cost_usd:
+            spend[(r.subject_id, month_start(r.occurred_at))] += cost_usd
         used = (r.input_tokens or 0) + (r.output_tokens or 0)
         if used:
             tokens[(r.api_key_id, minute_start(r.occurred_at))] += used
@@ -77,6 +97,58 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
             await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
         if tokens:
             await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
+
+
+async def set_aside(conn: asyncpg.Connection, record: UsageRecord, error: BaseException) -> None:
+    """Keep a row the database refused in usage_dead_letters, with why, for an operator to read."""
+    await conn.execute(
+        _SET_ASIDE,
+        storable_text(str(record.request_id)),
+        dead_letter_json(record),
+        type(error).__name__,
+        storable_text(str(error), _ERROR_MESSAGE_CHARS),
+    )
+
+
+def dead_letter_json(record: UsageRecord) -> str:
+    """The record as JSON any text column holds and any parser reads, whatever its values are."""
+    fields = {name: _json_safe(value) for name, value in record.log_fields().items()}
+    # The stdlib encoder, not orjson: it takes integers of any size. ASCII escapes the rest.
+    return json.dumps(fields, ensure_ascii=True, default=str)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, str):  # a lone surrogate becomes the text "\ud800"
+        return value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+async def read_dead_letters(conn: asyncpg.Connection, limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` most recent dead letters, oldest first, each record parsed from its JSON."""
+    rows = await conn.fetch(
+        """
+        SELECT * FROM (
+            SELECT id, set_aside_at, request_id, error_type, error_message, record
+            FROM usage_dead_letters ORDER BY id DESC LIMIT $1
+        ) AS recent ORDER BY id
+        """,
+        limit,
+    )
+    return [
+        {
+            "id": row["id"],
+            "set_aside_at": row["set_aside_at"].isoformat(),
+            "request_id": row["request_id"],
+            "error_type": row["error_type"],
+            "error_message": row["error_message"],
+            "record": json.loads(row["record"]),
+        }
+        for row in rows
+    ]
 
 
 GROUPINGS = {
@@ -120,8 +192,8 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
             "requests": row["requests"],
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],
-            "cost_usd": float(row["cost_usd"]),
-            "cost_diem": float(row["cost_diem"]),
+            "cost_usd": row["cost_usd"],  # Decimal: the exact sum of what providers reported
+            "cost_diem": row["cost_diem"],
         }
         for row in rows
     ]

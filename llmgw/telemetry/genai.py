@@ -92,6 +92,11 @@ class GatewayInstruments:
             unit="{row}",
             description="Usage rows dropped because the ledger queue was full",
         )
+        self.usage_ledger_dead_letters = meter.create_counter(
+            sc.METRIC_USAGE_LEDGER_DEAD_LETTERS,
+            unit="{row}",
+            description="Usage rows the database refused, set aside in usage_dead_letters",
+        )
 
 
 def content_messages(messages: Any) -> str:

@@ -1,0 +1,146 @@
+"""Usage records are bounded where they are built: whatever a provider or a caller sends, the row
+is storable, and every value that had to go is named in ``flags``."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import attrs
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmgw.accounting.usage import MAX_COST, MAX_TEXT_CHARS, MAX_TOKENS, UsageRecord, parse_usage
+from llmgw.storage.usage import write_batch
+from tests.usage_records import usage_record
+
+
+def test_an_ordinary_record_is_kept_as_given_and_unflagged() -> None:
+    record = usage_record(model="qwen3-5-9b", input_tokens=3, cost_usd=0.00010471875)
+    assert (record.model, record.input_tokens, record.cost_usd) == ("qwen3-5-9b", 3, 0.00010471875)
+    assert (record.flags, record.usage_source) == ((), "reported")
+
+
+@pytest.mark.parametrize(
+    ("values", "kept", "flags"),
+    [
+        ({"model": "ok\x00x"}, {"model": "okx"}, ("model:control_characters",)),
+        ({"response_id": "id\x00\r\n\x1b[31m\x85"}, {"response_id": "id[31m"}, ("response_id:control_characters",)),
+        ({"response_id": "\ud800x"}, {"response_id": "x"}, ("response_id:control_characters",)),
+        ({"model": "m" * 600}, {"model": "m" * MAX_TEXT_CHARS}, ("model:truncated",)),
+        ({"input_tokens": -5, "output_tokens": -3}, {"input_tokens": None, "output_tokens": None}, ("input_tokens:out_of_range", "output_tokens:out_of_range")),
+        ({"input_tokens": 2**31}, {"input_tokens": None}, ("input_tokens:out_of_range",)),
+        ({"input_tokens": MAX_TOKENS}, {"input_tokens": MAX_TOKENS}, ()),
+        ({"output_tokens": True}, {"output_tokens": None}, ("output_tokens:out_of_range",)),
+        ({"cost_usd": 1e10}, {"cost_usd": None}, ("cost_usd:out_of_range",)),
+        ({"cost_usd": -0.01, "cost_diem": math.nan}, {"cost_usd": None, "cost_diem": None}, ("cost_usd:out_of_range", "cost_diem:out_of_range")),
+        ({"cost_diem": Decimal("sNaN")}, {"cost_diem": None}, ("cost_diem:out_of_range",)),
+        ({"cost_usd": 10**400}, {"cost_usd": None}, ("cost_usd:out_of_range",)),
+        ({"status": 999}, {"status": None}, ("status:out_of_range",)),
+        ({"status": 99}, {"status": None}, ("status:out_of_range",)),
+        ({"duration_ms": math.inf}, {"duration_ms": 0.0}, ("duration_ms:out_of_range",)),
+        ({"time_to_first_chunk_ms": -1.0}, {"time_to_first_chunk_ms": None}, ("time_to_first_chunk_ms:out_of_range",)),
+        ({"usage_source": "guessed"}, {"usage_source": "estimated"}, ("usage_source:unknown",)),
+        ({"usage_source": "estimated"}, {"usage_source": "estimated"}, ()),
+    ],
+)  # fmt: skip
+def test_a_value_that_cannot_be_kept_is_dropped_and_flagged(
+    values: dict[str, Any], kept: dict[str, Any], flags: tuple[str, ...]
+) -> None:
+    record = usage_record(**values)
+    assert {name: getattr(record, name) for name in kept} == kept
+    assert record.flags == flags
+
+
+def test_bounding_is_idempotent_and_keeps_flags_given() -> None:
+    record = usage_record(model="a\x00b", flags=("cost_usd:estimated",))
+    assert record.flags == ("cost_usd:estimated", "model:control_characters")
+    assert attrs.evolve(record) == record
+    assert attrs.evolve(record, status=1000).flags == (*record.flags, "status:out_of_range")
+
+
+def test_the_billing_line_carries_usage_source_and_flags() -> None:
+    fields = usage_record(usage_source="estimated", status=999).log_fields()
+    assert fields["usage_source"] == "estimated"
+    assert fields["flags"] == ("status:out_of_range",)
+    orjson.dumps(fields)
+
+
+def test_hostile_usage_from_a_provider_is_bounded() -> None:
+    document = orjson.loads(
+        b'{"usage": {"prompt_tokens": -1, "completion_tokens": 4e9},'
+        b' "cost": {"usd": 1e10, "diem": 1e300}}'
+    )
+    usage = parse_usage(document, with_cost=True)
+    assert usage is not None
+    record = usage_record(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost_usd=usage.cost_usd,
+        cost_diem=usage.cost_diem,
+    )
+    assert (record.input_tokens, record.output_tokens, record.cost_usd, record.cost_diem) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert len(record.flags) == 4
+
+
+_any_text = st.text(alphabet=st.characters(exclude_categories=()), max_size=700)  # NUL, surrogates
+_any_int = st.integers() | st.integers(min_value=-(2**33), max_value=2**33) | st.booleans()
+_any_number = (
+    _any_int
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.decimals(allow_nan=True, allow_infinity=True)
+    | st.floats(min_value=0, max_value=MAX_COST * 2)
+)
+hostile_records = st.builds(
+    usage_record,
+    request_id=_any_text,
+    response_id=st.none() | _any_text,
+    model=_any_text,
+    provider=_any_text,
+    response_model=st.none() | _any_text,
+    error_type=st.none() | _any_text,
+    status=st.none() | _any_int | st.integers(min_value=90, max_value=610),
+    input_tokens=st.none() | _any_int,
+    output_tokens=st.none() | _any_int,
+    cost_usd=st.none() | _any_number,
+    cost_diem=st.none() | _any_number,
+    duration_ms=st.floats(allow_nan=True, allow_infinity=True),
+    time_to_first_chunk_ms=st.none() | st.floats(allow_nan=True, allow_infinity=True),
+    usage_source=st.sampled_from(["reported", "estimated", "", "x\x00"]),
+    subject_id=st.none() | st.uuids(),
+)
+
+
+async def _write(database_url: str, records: list[UsageRecord]) -> None:
+    connection = await asyncpg.connect(database_url)
+    try:
+        transaction = connection.transaction()
+        await transaction.start()
+        try:
+            await write_batch(connection, records)
+        finally:
+            await transaction.rollback()  # leave the test database as it was
+    finally:
+        await connection.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(hostile_records, min_size=1, max_size=8))
+def test_every_record_built_from_hostile_values_is_storable(
+    database_url: str, records: list[UsageRecord]
+) -> None:
+    for record in records:
+        assert attrs.evolve(record) == record  # bounded values pass unchanged
+        assert all(isinstance(flag, str) and ":" in flag for flag in record.flags)
+        orjson.dumps(record.log_fields(), default=str)  # the billing line, as logs.py writes it
+    asyncio.run(_write(database_url, records))

@@ -1,0 +1,202 @@
+"""Poison from a caller or a provider never stops the usage ledger, and budgets hold afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from llmgw import app_keys
+from llmgw.telemetry import semconv as sc
+from tests.conftest import Gateway
+from tests.fake_venice import Behaviour
+from tests.processes import clean_env
+from tests.test_cli import llmgw
+from tests.test_policy_and_ledger import COST, chat, flush, send_many
+from tests.usage_records import unsanitized, usage_record
+
+# What a hostile (or broken) upstream can answer; each is played once as JSON, once streamed.
+UPSTREAM_POISON: dict[str, Behaviour] = {
+    "negative tokens": Behaviour(
+        billing={"usage": {"prompt_tokens": -5, "completion_tokens": -3, "total_tokens": -8}}
+    ),
+    "tokens over 2^31": Behaviour(
+        billing={"usage": {"prompt_tokens": 2**31, "completion_tokens": 2**40, "total_tokens": 1}}
+    ),
+    "cost 1e10": Behaviour(
+        billing={
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+            "cost": {"usd": 1e10, "diem": 1e10},
+        }
+    ),
+    "status 999": Behaviour(status=999),
+    "NUL in the response id": Behaviour(response_id="chatcmpl-\x00poison"),
+}
+POISON_FLAGS = {
+    "negative tokens": ["input_tokens:out_of_range", "output_tokens:out_of_range"],
+    "tokens over 2^31": ["input_tokens:out_of_range", "output_tokens:out_of_range"],
+    "cost 1e10": ["cost_usd:out_of_range", "cost_diem:out_of_range"],
+    "status 999": ["status:out_of_range"],
+    "NUL in the response id": ["response_id:control_characters"],
+}
+ADMIN_TOKEN = "admin-token-for-poison-tests-0123"
+CONTROL_CHARACTER_MODELS = ["ok\x00x", "ok\x1b[2Jx", "ok\nx", "ok\x7fx", "ok\x85x"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/v1/messages"])
+async def test_a_model_with_a_control_character_is_refused_before_anything_else(
+    gateway: Gateway, path: str
+) -> None:
+    key = await gateway.create_key()
+    async with aiohttp.ClientSession() as session:
+        for model in CONTROL_CHARACTER_MODELS:
+            async with session.post(
+                gateway.url(path),
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "input": "hi",
+                    "max_tokens": 16,
+                },
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response:
+                assert response.status == 400
+                error = (await response.json())["error"]
+            assert error["type"] == "invalid_request_error"
+            assert "control characters" in error["message"]
+            if path != "/v1/messages":  # Anthropic's error shape has no param
+                assert error["param"] == "model"
+    assert gateway.fake.received == []
+    await flush(gateway)
+    assert await gateway.db.fetchval("SELECT count(*) FROM usage_events") == 0
+
+
+async def test_poison_then_100_ordinary_requests_leave_100_ordinary_rows(
+    gateway: Gateway,
+) -> None:
+    key = await gateway.create_key(rate_limit_requests=10_000)
+    key_id = await gateway.db.fetchval("SELECT id FROM api_keys")
+    statuses: dict[tuple[str, bool], int] = {}
+    async with aiohttp.ClientSession() as session:
+        for model in CONTROL_CHARACTER_MODELS:  # from the caller: refused, so no row
+            assert (await chat(session, gateway, key, model=model))[0] == 400
+        for name, behaviour in UPSTREAM_POISON.items():
+            for stream in (False, True):
+                gateway.fake.enqueue(behaviour)
+                statuses[(name, stream)] = (await chat(session, gateway, key, stream=stream))[0]
+    assert await send_many(gateway, key, 100) == [200] * 100
+    await flush(gateway)
+    db = gateway.db
+    assert statuses[("status 999", False)] == statuses[("status 999", True)] == 999
+    assert await db.fetchval("SELECT count(*) FROM usage_dead_letters") == 0
+    ordinary = await db.fetchrow(
+        "SELECT count(*) AS rows, sum(input_tokens) AS input, sum(output_tokens) AS output, "
+        "sum(cost_usd) AS cost FROM usage_events WHERE flags = '{}'"
+    )
+    assert (ordinary["rows"], ordinary["input"], ordinary["output"]) == (100, 300, 500)
+    assert ordinary["cost"] == Decimal(str(COST)) * 100
+    flagged = await db.fetch(
+        "SELECT flags, stream, status, input_tokens, output_tokens, cost_usd, response_id "
+        "FROM usage_events WHERE flags <> '{}'"
+    )
+    assert sorted((row["flags"], row["stream"]) for row in flagged) == sorted(
+        (POISON_FLAGS[name], stream) for name in UPSTREAM_POISON for stream in (False, True)
+    )
+    assert {row["status"] for row in flagged} == {200, None}
+    assert all(row["cost_usd"] in (None, Decimal(str(COST))) for row in flagged)
+    assert {row["response_id"] for row in flagged} >= {"chatcmpl-poison"}
+    window = await db.fetchval(
+        "SELECT sum(tokens) FROM api_key_token_windows WHERE api_key_id = $1", key_id
+    )
+    # 8 tokens per ordinary row, per "cost 1e10" row and per "NUL in the response id" row.
+    assert window == 100 * 8 + 2 * 8 + 2 * 8
+
+
+async def test_budgets_are_still_enforced_after_poison(gateway: Gateway) -> None:
+    subject = uuid.uuid4()
+    await gateway.db.execute(
+        "INSERT INTO subjects (subject_id, monthly_budget_usd) VALUES ($1, 0.01)", subject
+    )
+    key = await gateway.create_key(subject_id=subject)
+    async with aiohttp.ClientSession() as session:
+        for behaviour in UPSTREAM_POISON.values():
+            for stream in (False, True):
+                gateway.fake.enqueue(behaviour)
+                await chat(session, gateway, key, stream=stream)
+        outcomes: list[tuple[int, Any]] = []
+        for _ in range(40):
+            outcomes.append(await chat(session, gateway, key))
+            if outcomes[-1][0] != 200:
+                break
+        status, body = outcomes[-1]
+        assert (status, body["error"]["code"]) == (429, "budget_exceeded")
+        # Past the policy's cache lifetime the figure comes from the ledger's running total,
+        # which the poison did not stop: still refused.
+        await flush(gateway)
+        await asyncio.sleep(1.2)
+        assert (await chat(session, gateway, key))[0] == 429
+    assert len(outcomes) > 1  # ordinary requests were admitted after the poison, until the cap
+    spent = await gateway.db.fetchval("SELECT spend_usd FROM subject_monthly_spend")
+    assert spent < Decimal("0.01") + Decimal(str(COST))
+    # The running total the budget reads is the ledger's own sum: no row was held back.
+    assert spent == await gateway.db.fetchval(
+        "SELECT sum(cost_usd) FROM usage_events WHERE subject_id = $1", subject
+    )
+
+
+async def test_venice_costs_are_summed_exactly(start_gateway: Any) -> None:
+    gateway = await start_gateway(admin_token=ADMIN_TOKEN)
+    key = await gateway.create_key(subject_id=uuid.uuid4(), rate_limit_requests=10_000)
+    venice_cost = 0.00010471875  # what Venice bills 1117 input tokens at $0.09375 per million
+    billing = {
+        "usage": {"prompt_tokens": 1117, "completion_tokens": 0, "total_tokens": 1117},
+        "cost": {"usd": venice_cost, "diem": venice_cost},
+    }
+    gateway.fake.enqueue(*(Behaviour(billing=billing) for _ in range(60)))
+    assert await send_many(gateway, key, 60) == [200] * 60
+    await flush(gateway)
+    exact = Decimal("0.00010471875") * 60
+    row = await gateway.db.fetchrow(
+        "SELECT sum(cost_usd) AS usd, sum(cost_diem) AS diem, min(cost_usd) AS one "
+        "FROM usage_events"
+    )
+    assert (row["one"], row["usd"], row["diem"]) == (Decimal("0.00010471875"), exact, exact)
+    assert await gateway.db.fetchval("SELECT spend_usd FROM subject_monthly_spend") == exact
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            gateway.url("/admin/v1/usage"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as response,
+    ):
+        report = await response.read()
+    # The report's JSON number is the exact sum, digit for digit (summed as floats: 0.006283124999999991).
+    assert b'"cost_usd":0.006283125,' in report
+
+
+async def test_a_refused_row_is_counted_and_shown_to_the_operator(
+    gateway: Gateway, database_url: str
+) -> None:
+    ledger = gateway.server.app[app_keys.LEDGER]
+    ledger.record(unsanitized(usage_record(request_id="refused"), operation="images\x00"))
+    ledger.record(usage_record(request_id="fine"))
+    await flush(gateway)
+    assert await gateway.db.fetchval("SELECT request_id FROM usage_events") == "fine"
+    points = gateway.telemetry.metric_points(sc.METRIC_USAGE_LEDGER_DEAD_LETTERS)
+    assert sum(point.value for point in points) == 1
+    result = await asyncio.to_thread(
+        llmgw, "usage", "dead-letters", "--limit", "5", env=clean_env(DATABASE_URL=database_url)
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    letter = orjson.loads(line)
+    assert (letter["request_id"], letter["error_type"]) == (
+        "refused",
+        "CharacterNotInRepertoireError",
+    )
+    assert letter["record"]["operation"] == "images\x00"  # as it was, escaped in the JSON
+    assert line.isascii()
