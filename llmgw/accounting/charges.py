@@ -8,7 +8,7 @@ from collections.abc import Callable
 import attrs
 
 from llmgw.accounting.prices import Price
-from llmgw.accounting.usage import Usage
+from llmgw.accounting.usage import MAX_TOKENS, Usage
 
 __all__ = ["ESTIMATED", "REPORTED", "Charged", "charge"]
 
@@ -38,7 +38,10 @@ def charge(
         input_tokens, output_tokens = estimate()
         usage = attrs.evolve(usage, input_tokens=input_tokens, output_tokens=output_tokens)
         source = ESTIMATED
-    found = None if usage.cost_usd is not None or not provider_worked else price()
+    counts = (usage.input_tokens, usage.output_tokens, usage.cache_read_input_tokens)
+    # Counts the record will drop as impossible price nothing (the row is flagged instead).
+    sane = all(count is None or 0 <= count <= MAX_TOKENS for count in counts)
+    found = None if usage.cost_usd is not None or not provider_worked or not sane else price()
     if found is None:
         return Charged(usage, source, cost_computed=False)
     cost = found.cost(

@@ -40,3 +40,9 @@ def test_a_request_the_provider_never_accepted_costs_nothing() -> None:
     charged = charge(None, provider_worked=False, estimate=lambda: (1, 1), price=unused)
     assert charged.usage == Usage()
     assert charged.source == "reported"
+
+
+def test_impossible_token_counts_are_not_priced() -> None:
+    reported = Usage(input_tokens=-5, output_tokens=2**40)
+    charged = charge(reported, provider_worked=True, estimate=lambda: (0, 0), price=lambda: PRICE)
+    assert (charged.usage, charged.cost_computed) == (reported, False)

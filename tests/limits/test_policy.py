@@ -14,6 +14,7 @@ from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnav
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.limits.policy import LimitPolicy
 from llmgw.providers.base import Deployment
+from tests.usage_records import usage_record
 
 NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC).timestamp()
 BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
@@ -121,8 +122,6 @@ async def test_the_window_and_the_allowlist_come_first() -> None:
 
 
 def _record(k: AuthenticatedKey) -> Any:
-    from tests.test_policy_and_ledger import usage_record
-
     return usage_record(api_key_id=k.id, input_tokens=1, output_tokens=1, cost_usd=0.0)
 
 
