@@ -139,6 +139,7 @@ async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end
     codes = {body["error"]["code"] for status, body in results if status == 429}
     assert codes == {"concurrency_limit_exceeded"}
     # The slots were given back when the requests ended: one after another, all admitted.
+    await asyncio.sleep(0.5)  # the burst's last settlements are sent just after its answers
     async with aiohttp.ClientSession() as session:
         for index in range(6):
             fake_venice.enqueue(Behaviour(chunk_delay=0.01))
@@ -149,4 +150,4 @@ async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end
             ) as response:
                 await response.read()
                 assert response.status == 200
-                await asyncio.sleep(0.05)  # settlement is sent just after the answer
+                await asyncio.sleep(0.3)  # a stream's settlement is sent just after its end

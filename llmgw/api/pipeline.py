@@ -330,6 +330,10 @@ async def _complete(
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
     exchange.output_chars = _output_chars(document)
     exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
+    if exchange.admitted.lease_id is not None:
+        # One turn of the loop: the settlement (a freed concurrency slot) goes to the store before
+        # the answer goes to the client, so a client's next request finds the slot free.
+        await asyncio.sleep(0)
     if operation.codec is not None:
         answer = operation.codec.from_chat(document, request=caller_body)
         return web.Response(status=result.status, body=answer, content_type="application/json")
