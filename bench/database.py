@@ -34,6 +34,7 @@ _LEDGER_BATCH = (
     "INSERT INTO usage_events",
     "INSERT INTO subject_monthly_spend",
     "INSERT INTO api_key_token_windows",
+    "INSERT INTO usage_hourly",
 )
 _TRANSACTION_CONTROL = frozenset({"BEGIN", "COMMIT"})
 _STATEMENTS = """

@@ -26,7 +26,7 @@ from bench.database import (
     statements_counted,
 )
 from bench.load import LoadResult, LoadSpec, run_load
-from bench.procstat import CpuSnapshot, SystemCpu, memory
+from bench.procstat import CpuSnapshot, SystemCpu, descendants, memory
 from bench.results import Scenario, ScenarioResult
 from bench.services import (
     Child,
@@ -39,6 +39,7 @@ from bench.services import (
     spawn,
     wait_for_health,
     wait_for_listening,
+    wait_for_workers,
 )
 
 __all__ = ["PROVIDER_KEY", "Lab", "SetupError"]
@@ -183,9 +184,12 @@ class Lab:
         )
         return child, url + "/v1/chat/completions"
 
-    def start_gateway(self, name: str, extra_env: Mapping[str, str]) -> tuple[Child, str, float]:
+    def start_gateway(
+        self, name: str, extra_env: Mapping[str, str], *, workers: int = 1
+    ) -> tuple[Child, str, float]:
         """Spawn ``llmgw serve`` on the proxy core: the child, its chat URL and its startup time.
 
+        With ``workers`` > 1 it is ``serve --workers N`` on both cores.
         Raises ChildFailed if it exits or never answers /healthz.
         """
         port = free_port()
@@ -204,17 +208,25 @@ class Lab:
         }
         child = spawn(
             name,
-            [sys.executable, "-m", "llmgw", "serve"],
+            [
+                sys.executable,
+                "-m",
+                "llmgw",
+                "serve",
+                *(["--workers", str(workers)] * (workers > 1)),
+            ],
             env=env,
             log_dir=self.tmp,
             pinning=self.pinning,
-            core=self.pinning.proxy_core,
+            # Without taskset the workers would inherit this process's core, the load side's.
+            core=self.pinning.proxy_core if workers == 1 else self.pinning.both_cores,
             cwd=self.llmgw_src,
         )
         self.stack.callback(child.stop)
         base = f"http://127.0.0.1:{port}"
         try:
             startup = wait_for_health(child, base + "/healthz")
+            wait_for_workers(child, workers)
         except ChildFailed:
             child.stop()
             raise
@@ -228,7 +240,8 @@ class Lab:
         redis = None if cpu_first else redis_commands_processed()
         at = time.perf_counter()
         cpu = (
-            CpuSnapshot.take([] if proxy is None else [proxy.pid]),
+            # The proxy and its children: the workers of ``serve --workers N``.
+            CpuSnapshot.take([] if proxy is None else descendants(proxy.pid)),
             CpuSnapshot.take(self.database.server_pids()),
             CpuSnapshot.take([self.upstream.pid]),
             CpuSnapshot.take([os.getpid()]),

@@ -280,7 +280,7 @@ def _headline(result: BenchResult, scenarios: Sequence[Scenario]) -> list[str]:
         "TTFB over floor ms",
     )
     rows: list[list[str]] = []
-    for name in ("llmgw", "llmgw-redis"):
+    for name in ("llmgw", "llmgw-redis", "llmgw-workers2"):
         gateway = by_name.get(name)
         if gateway is None:
             continue

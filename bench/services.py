@@ -38,6 +38,7 @@ __all__ = [
     "spawn",
     "wait_for_health",
     "wait_for_listening",
+    "wait_for_workers",
 ]
 
 _LISTENING = re.compile(rb"listening on (http://\S+)")
@@ -69,10 +70,18 @@ class Pinning:
         note = f"proxy on core {cores[0]}, everything else on {cores[1]}"
         return cls(cores[0], cores[1], taskset, note, nice)
 
-    def prefix(self, core: int | None) -> list[str]:
+    @property
+    def both_cores(self) -> tuple[int, ...] | None:
+        """The proxy's and the load side's core, for what must run on both (workers)."""
+        if self.proxy_core is None or self.rest_core is None:
+            return None
+        return (self.proxy_core, self.rest_core)
+
+    def prefix(self, core: int | tuple[int, ...] | None) -> list[str]:
         if self.taskset is None or core is None:
             return []
-        return [self.taskset, "-c", str(core)]
+        cores = (core,) if isinstance(core, int) else core
+        return [self.taskset, "-c", ",".join(str(c) for c in cores)]
 
     def pin_self(self) -> str:
         """Pin (and renice) this process; children, embedded Postgres too, inherit both.
@@ -137,7 +146,7 @@ def spawn(
     env: Mapping[str, str],
     log_dir: Path,
     pinning: Pinning,
-    core: int | None,
+    core: int | tuple[int, ...] | None,
     cwd: Path,
 ) -> Child:
     log_path = log_dir / f"{name}.log"
@@ -153,6 +162,20 @@ def spawn(
             preexec_fn=_die_with_parent,
         )
     return Child(name, process, log_path, time.perf_counter())
+
+
+def wait_for_workers(child: Child, workers: int, timeout: float = 60.0) -> None:
+    """Until each of ``serve --workers N``'s workers has logged that it is serving."""
+    deadline = time.monotonic() + timeout
+    while workers > 1:
+        serving = child.log_path.read_bytes().count(b" serving (pid ")
+        if serving >= workers:
+            return
+        if not child.alive():
+            raise child.failure("exited")
+        if time.monotonic() > deadline:
+            raise child.failure(f"had {serving} of {workers} workers serving after {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 def wait_for_listening(child: Child, timeout: float = 30.0) -> str:

@@ -10,11 +10,13 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.accounting.prices import Price, PriceTable
 from llmgw.accounting.sink import UsageAccounting
-from llmgw.admin.api import ADMIN_PREFIX, build_admin_app
+from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.auth.authenticator import Authenticator
 from llmgw.config import Settings
+from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
@@ -30,6 +32,7 @@ from llmgw.providers.venice import VeniceProvider
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.streaming import supervisor
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -53,6 +56,10 @@ def _configured_prices(settings: Settings) -> dict[tuple[str, str | None], Price
         for spec in settings.providers
         if spec.input_usd_per_mtok is not None and spec.output_usd_per_mtok is not None
     }
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    return web.Response(status=308, headers={"Location": CONSOLE_PREFIX + "/"})
 
 
 def create_app(
@@ -103,11 +110,16 @@ def create_app(
         await authenticator.close()
         await pool.close()
 
+    generations = RequestGenerations()
+
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
         await prices.start([p for p in registry.providers if isinstance(p, VeniceProvider)])
+        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
+        app[RELOADER] = reloader
         yield
+        await reloader.close()
         await prices.close()
         await registry.close()
 
@@ -116,18 +128,30 @@ def create_app(
         app[app_keys.TELEMETRY].providers.shutdown()
 
     app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    supervisor.install(  # after the cleanup contexts above: its drains end before they close
+        app,
+        supervisor.StreamSupervisor(
+            max_seconds=settings.stream_max_seconds,
+            max_event_bytes=settings.upstream_max_event_bytes,
+            shutdown_grace_seconds=settings.shutdown_grace_seconds,
+        ),
+    )
     add_routes(app)
     if settings.admin_token is not None:
-        app.add_subapp(ADMIN_PREFIX, build_admin_app(settings.admin_token))
+        app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token)))
+        app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
+        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token))
 
     app.middlewares.extend(
         [
+            generations.middleware,
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
-                # The admin API checks its own token; with none set its routes do not exist (404).
-                public_prefixes=(ADMIN_PREFIX + "/",),
+                # The admin API and the console check their own token or session; with no admin
+                # token set their routes do not exist (404).
+                public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
                 instruments=telemetry.instruments,
             ),
             rate_limit_middleware(),

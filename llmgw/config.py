@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENVIRONMENT_VARIABLES",
+    "MAX_WORKERS",
     "ConfigError",
     "EnvVar",
     "Settings",
     "load_settings",
+    "parse_workers",
 ]
 
 T = TypeVar("T")
@@ -88,6 +90,17 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("LLMGW_AUTO_MIGRATE", "false", "true = serve migrates an external database to head"),
     EnvVar("SHUTDOWN_GRACE_SECONDS", "30", "time in-flight requests get to finish on SIGTERM"),
     EnvVar(
+        "LLMGW_WORKERS",
+        "1",
+        "serve's worker processes: a number 1-256, or auto = the cores this process may use",
+    ),
+    EnvVar("STREAM_MAX_SECONDS", "600", "longest a streamed answer may last, in seconds"),
+    EnvVar(
+        "UPSTREAM_MAX_EVENT_BYTES",
+        "1048576",
+        "largest single event of a provider's stream (and JSON answer to a stream)",
+    ),
+    EnvVar(
         "RATE_LIMIT_BACKEND",
         "postgres",
         "where limits live (windows, reservations, concurrency): postgres or redis",
@@ -130,6 +143,9 @@ class Settings:
     data_dir: Path = attrs.field(factory=lambda: default_data_dir())
     auto_migrate: bool = False
     shutdown_grace_seconds: float = 30.0
+    workers: int = 1
+    stream_max_seconds: float = 600.0
+    upstream_max_event_bytes: int = 1_048_576
     rate_limit_backend: str = "postgres"
     redis_url: str | None = attrs.field(default=None, repr=False)
     default_max_output_tokens: int = 4096
@@ -214,6 +230,13 @@ def load_settings(
         shutdown_grace_seconds=reader.get(
             "SHUTDOWN_GRACE_SECONDS", _parse_non_negative_float, "a number of seconds >= 0"
         ),
+        workers=reader.get("LLMGW_WORKERS", parse_workers, "a number 1-256, or auto"),
+        stream_max_seconds=reader.get(
+            "STREAM_MAX_SECONDS", _parse_positive_float, "a positive number of seconds"
+        ),
+        upstream_max_event_bytes=reader.get(
+            "UPSTREAM_MAX_EVENT_BYTES", _parse_int(1024, 1 << 30), "an integer 1024-1073741824"
+        ),
         rate_limit_backend=backend,
         redis_url=redis_url,
         default_max_output_tokens=reader.get(
@@ -281,6 +304,16 @@ def _parse_int(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+MAX_WORKERS = 256
+
+
+def parse_workers(raw: str) -> int:
+    """A worker count, or ``auto``: the cores this process may run on (its CPU affinity)."""
+    if raw.lower() == "auto":
+        return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
+    return _parse_int(1, MAX_WORKERS)(raw)
 
 
 def _parse_positive_float(raw: str) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import random
 import signal
@@ -380,6 +381,29 @@ class Behaviour:
     # body's, or the usage chunk's), `response_id` its `id`.
     billing: dict[str, Any] | None = None
     response_id: str | None = None
+    # Stream framing other OpenAI-compatible servers use (the defaults are Venice's own).
+    line_ending: bytes = b"\n"  # b"\r\n" or a bare b"\r" are valid SSE too
+    data_space: bool = True  # False: "data:{...}", no space after the colon
+    spaced_json: bool = False  # Python's json.dumps default (", " and ": "), e.g. LiteLLM
+    split_line_ends: bool = False  # each event in two writes: the last byte comes a little later
+    # Stream endings and shapes.
+    omit_done: bool = False  # the stream closes cleanly after its last chunk, without [DONE]
+    pause_before_usage: float = 0.0  # seconds between the finish chunk and what follows it
+    json_answer: bool = False  # "stream": true answered with the whole JSON completion
+    oversized_event_bytes: int | None = None  # after the first chunk, one event that never ends
+    endless: bool = False  # content chunks every chunk_delay (or 50 ms) until the client leaves
+
+    @property
+    def reframes(self) -> bool:
+        return self.line_ending != b"\n" or not self.data_space or self.spaced_json
+
+    def frame(self, event: bytes) -> bytes:
+        """One of the fake's own events (``data: <payload>\n\n``) in this framing."""
+        payload = event[len(b"data: ") : -2]
+        if self.spaced_json and payload != b"[DONE]":
+            payload = json.dumps(orjson.loads(payload)).encode()
+        prefix = b"data: " if self.data_space else b"data:"
+        return prefix + payload + self.line_ending * 2
 
     def stream_cut(self) -> tuple[int, _Cut] | None:
         """Where and how a stream stops early; the earliest one wins if several are set."""
@@ -632,17 +656,32 @@ def _hang_up(request: web.BaseRequest) -> None:
 
 @attrs.define
 class _Pacer:
-    """Writes SSE events one `write()` each, sleeping `delay` between them."""
+    """Writes SSE events one `write()` each (in the Behaviour's framing), `delay` apart."""
 
     response: web.StreamResponse
-    delay: float
+    behaviour: Behaviour
     sent: int = 0
 
     async def send(self, event: bytes) -> None:
-        if self.delay and self.sent:
-            await asyncio.sleep(self.delay)
+        behaviour = self.behaviour
+        if behaviour.chunk_delay and self.sent:
+            await asyncio.sleep(behaviour.chunk_delay)
+        if behaviour.reframes:
+            event = behaviour.frame(event)
+        if behaviour.split_line_ends:
+            await self.response.write(event[:-1])
+            await asyncio.sleep(0.005)
+            event = event[-1:]
         await self.response.write(event)
         self.sent += 1
+
+
+async def _send_oversized_event(response: web.StreamResponse, size: int) -> None:
+    """``data: xxx...`` of ``size`` bytes with no line ending, in 64 KiB writes."""
+    piece = b"x" * 65536
+    await response.write(b"data: ")
+    for _ in range(size // len(piece)):
+        await response.write(piece)
 
 
 class FakeVenice:
@@ -824,7 +863,7 @@ class FakeVenice:
         completion.billing_override = behaviour.billing
         if behaviour.response_id is not None:
             completion.id = behaviour.response_id
-        if body.get("stream") is True:
+        if body.get("stream") is True and not behaviour.json_answer:
             return await self._stream(request, behaviour, completion)
         headers = self._headers(JSON_CONTENT_TYPE, behaviour, completion.model)
         return await self._send_json(request, behaviour, completion.response_body(), headers)
@@ -890,13 +929,24 @@ class FakeVenice:
         events = completion.stream_events()
         if behaviour.garbage:
             events = events.garbled()
-        pacer = _Pacer(response, behaviour.chunk_delay)
+        pacer = _Pacer(response, behaviour)
         await pacer.send(events.opening)
+        if behaviour.oversized_event_bytes is not None:
+            await _send_oversized_event(response, behaviour.oversized_event_bytes)
+            _hang_up(request)
+            return False
+        if behaviour.endless:
+            while not self._closing.is_set():
+                await asyncio.sleep(behaviour.chunk_delay or 0.05)
+                await response.write(events.content[0])
         cut = behaviour.stream_cut()
         for event in events.content if cut is None else events.content[: cut[0]]:
             await pacer.send(event)
         if cut is None:
-            for event in events.closing:
+            closing = events.closing[:-1] if behaviour.omit_done else events.closing
+            for index, event in enumerate(closing):
+                if index == 1 and behaviour.pause_before_usage:
+                    await asyncio.sleep(behaviour.pause_before_usage)
                 await pacer.send(event)
             return True
         if cut[1] == "error":

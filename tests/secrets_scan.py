@@ -34,8 +34,9 @@ from llmgw.telemetry.logs import JsonFormatter
 
 __all__ = ["SecretScanner"]
 
-# Response bodies under these paths may carry a freshly minted key (shown once, by design).
-_EXEMPT_RESPONSE_PATHS = ("/admin/",)
+# Response bodies under these paths may carry a freshly minted key (shown once, by design: the
+# admin API, and the same API behind the console).
+_EXEMPT_RESPONSE_PATHS = ("/admin/", "/console/api/")
 
 
 def _fragments(secret: str) -> tuple[str, ...]:

@@ -24,9 +24,16 @@ BAD_VALUES = [
     ("CAPTURE_GENAI_CONTENT", "maybe"),
     ("LLMGW_AUTO_MIGRATE", "2"),
     ("SHUTDOWN_GRACE_SECONDS", "-5"),
+    ("STREAM_MAX_SECONDS", "0"),
+    ("STREAM_MAX_SECONDS", "inf"),
+    ("UPSTREAM_MAX_EVENT_BYTES", "1MiB"),
+    ("UPSTREAM_MAX_EVENT_BYTES", "10"),
     ("RATE_LIMIT_BACKEND", "memcached"),
     ("LLMGW_PROMETHEUS", "yes please"),
     ("LOG_LEVEL", "LOUD"),
+    ("LLMGW_WORKERS", "0"),
+    ("LLMGW_WORKERS", "257"),
+    ("LLMGW_WORKERS", "many"),
 ]
 
 
@@ -62,6 +69,14 @@ def test_defaults_match_the_reference_design() -> None:
     assert settings.venice_max_retries == 2
     assert settings.capture_genai_content is False
     assert settings.auto_migrate is False
+    assert settings.workers == 1
+    assert settings.stream_max_seconds == 600
+    assert settings.upstream_max_event_bytes == 1_048_576
+
+
+def test_stream_bounds_are_read_from_the_environment() -> None:
+    settings = load_settings({"STREAM_MAX_SECONDS": "2.5", "UPSTREAM_MAX_EVENT_BYTES": "4096"})
+    assert (settings.stream_max_seconds, settings.upstream_max_event_bytes) == (2.5, 4096)
 
 
 @pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
@@ -105,5 +120,20 @@ def test_help_teaches_every_variable() -> None:
         "VENICE_API_KEY",
         "LLMGW_DATA_DIR",
         "SHUTDOWN_GRACE_SECONDS",
+        "LLMGW_WORKERS",
+        "--workers",
+        "STREAM_MAX_SECONDS",
+        "UPSTREAM_MAX_EVENT_BYTES",
     ):
         assert variable in result.stdout
+
+
+def test_workers_is_a_count_or_auto_the_cores_this_process_may_use() -> None:
+    assert load_settings({"LLMGW_WORKERS": "3"}).workers == 3
+    assert load_settings({"LLMGW_WORKERS": "AUTO"}).workers == len(os.sched_getaffinity(0))
+
+
+def test_workers_flag_refuses_a_bad_count_with_exit_2(tmp_path: Path) -> None:
+    result = run_llmgw("serve", "--workers", "0", env=base_env(tmp_path))
+    assert result.returncode == 2
+    assert "--workers" in result.stderr and "Traceback" not in result.stderr

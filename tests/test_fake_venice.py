@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-import yaml
 
 from tests.fake_venice import (
     FAKE_VENICE_KEY,
@@ -19,9 +17,8 @@ from tests.fake_venice import (
     FakeVenice,
     expected_cost_usd,
 )
+from tests.recorded import recorded_answer
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-RECORDED = SHARED / "venice" / "recorded"
 AUTH = {"Authorization": f"Bearer {FAKE_VENICE_KEY}"}
 # Multi-byte characters so that character-wise chunking splits inside words.
 REPLY = "héllo wörld ✓ and more"
@@ -31,13 +28,6 @@ COMPLETION_TOKENS = 5  # one per content chunk
 COST_USD = expected_cost_usd(PROMPT_TOKENS, COMPLETION_TOKENS)
 
 Shape = tuple[frozenset[str], ...]
-
-
-def recorded_answer(relative: str) -> tuple[int, str]:
-    if not SHARED.is_dir():
-        pytest.skip(f"recorded Venice traffic not available at {SHARED}")
-    cassette = yaml.safe_load((RECORDED / relative).read_text())
-    return cassette["then"]["status"], cassette["then"]["body"]
 
 
 def sse_payloads(text: str) -> list[Any]:

@@ -2,7 +2,7 @@
 and settlement functions (one statement each on the hot path).
 
 Revision ID: 0005
-Revises: 0004
+Revises: 0007
 Create Date: 2026-12-01
 """
 
@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import UUID
 from alembic import op
 
 revision = "0005"
-down_revision = "0004"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

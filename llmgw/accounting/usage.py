@@ -18,6 +18,7 @@ __all__ = [
     "USAGE_SOURCES",
     "Usage",
     "UsageRecord",
+    "cost_decimal",
     "parse_usage",
     "storable_text",
 ]
@@ -170,6 +171,16 @@ class UsageRecord:
         fields["api_key_id"] = str(self.api_key_id)
         fields["subject_id"] = None if self.subject_id is None else str(self.subject_id)
         return fields
+
+
+def cost_decimal(value: float) -> Decimal:
+    """A cost as the exact decimal the provider wrote.
+
+    str() of a float is the shortest text that reads back as it, so a cost written with up to 15
+    significant digits (Venice's 0.00010471875) becomes that very decimal, not the float's binary
+    expansion.
+    """
+    return Decimal(str(value))
 
 
 def storable_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:

@@ -5,13 +5,15 @@ Every change is written to ``admin_audit`` in the same transaction as the change
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import hmac
+import io
 import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -24,20 +26,30 @@ from aiohttp.typedefs import Handler, Middleware
 from llmgw import app_keys
 from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
-from llmgw.storage import api_keys, subjects
-from llmgw.storage.audit import write_audit
+from llmgw.storage import api_keys, rollup, subjects
+from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
 
-__all__ = ["ADMIN_PREFIX", "build_admin_app"]
+__all__ = [
+    "ACTOR",
+    "ADMIN_PREFIX",
+    "REPORT_COLUMNS",
+    "admin_token_auth",
+    "build_admin_app",
+    "report_csv",
+    "report_query",
+]
 
 ADMIN_PREFIX = "/admin/v1"
-_ACTOR = web.RequestKey("admin_actor", str)
+# Who is acting, as audit rows name them: set by whichever authentication the admin app runs behind.
+ACTOR = web.RequestKey("admin_actor", str)
 _SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
 _MAX_PAGE = 200
 
 
-def _admin_auth(*, token: str) -> Middleware:
+def admin_token_auth(token: str) -> Middleware:
+    """The admin API's own authentication: ``Authorization: Bearer <LLMGW_ADMIN_TOKEN>``."""
     expected = token.encode()
     # Audit rows name the caller by a hash of the token's prefix, never by the token.
     token_actor = "token:" + hashlib.sha256(token[:8].encode()).hexdigest()[:16]
@@ -50,7 +62,7 @@ def _admin_auth(*, token: str) -> Middleware:
         ):
             raise AuthenticationFailed()
         offered = request.headers.get("X-Admin-Actor", "")
-        request[_ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
+        request[ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
         return await handler(request)
 
     return impl
@@ -107,7 +119,7 @@ async def _audit(
 ) -> None:
     await write_audit(
         connection,
-        actor=request[_ACTOR],
+        actor=request[ACTOR],
         action=action,
         target=target,
         before=None if before is None else to_json(before),
@@ -272,8 +284,136 @@ async def usage(request: web.Request) -> web.Response:
     return _json({"object": "list", "group_by": group_by, "data": rows})
 
 
-def build_admin_app(token: str) -> web.Application:
-    admin = web.Application(middlewares=[_admin_auth(token=token)])
+def _page_size(query: Any) -> int:
+    try:
+        limit = int(query.get("limit", "50"))
+    except ValueError:
+        raise InvalidRequest("limit must be an integer.", param="limit") from None
+    if not 1 <= limit <= _MAX_PAGE:
+        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE}.", param="limit")
+    return limit
+
+
+def _bounded_int(query: Any, name: str, maximum: int) -> int | None:
+    text = query.get(name)
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) > maximum:
+        raise InvalidRequest(f"{name} must be an integer from 0 to {maximum}.", param=name)
+    return int(text)
+
+
+async def list_subjects(request: web.Request) -> web.Response:
+    limit = _page_size(request.query)
+    offset = _bounded_int(request.query, "offset", 2**31 - 1) or 0
+    async with _transaction(request) as connection:
+        found = await subjects.list_subjects(connection, limit=limit + 1, offset=offset)
+    page = found[:limit]
+    more = len(found) > limit
+    return _json(
+        {
+            "object": "list",
+            "data": [to_json(subject) for subject in page],
+            "has_more": more,
+            "next_offset": offset + len(page) if more else None,
+        }
+    )
+
+
+async def audit_log(request: web.Request) -> web.Response:
+    limit = _page_size(request.query)
+    before_id = _bounded_int(request.query, "before_id", 2**63 - 1)
+    async with _transaction(request) as connection:
+        entries = await list_audit(connection, limit=limit + 1, before_id=before_id)
+    page = entries[:limit]
+    more = len(entries) > limit
+    return _json(
+        {
+            "object": "list",
+            "data": [to_json(entry) for entry in page],
+            "has_more": more,
+            "next_before_id": page[-1].id if more else None,
+        }
+    )
+
+
+async def overview(request: web.Request) -> web.Response:
+    async with _transaction(request) as connection:
+        return _json(await rollup.overview(connection, datetime.now(UTC)))
+
+
+def _day(text: str | None, name: str, default: date) -> date:
+    if text is None:
+        return default
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be a date, YYYY-MM-DD.", param=name) from None
+
+
+def report_query(query: Any) -> rollup.UsageReportQuery:
+    """The usage report's parameters (shared by JSON and CSV), checked and bounded."""
+    by = query.get("by", "day")
+    if by not in rollup.REPORT_GROUPINGS:
+        raise InvalidRequest(f"by must be one of {', '.join(rollup.REPORT_GROUPINGS)}.", param="by")
+    today = datetime.now(UTC).date()
+    end = _day(query.get("to"), "to", today + timedelta(days=1))
+    start = _day(query.get("from"), "from", end - timedelta(days=30))
+    if not start < end:
+        raise InvalidRequest("from must be before to.", param="from")
+    if (end - start).days > rollup.MAX_REPORT_DAYS:
+        raise InvalidRequest(
+            f"a report covers at most {rollup.MAX_REPORT_DAYS} days.", param="from"
+        )
+    subject, key = query.get("subject_id"), query.get("key_id")
+    return rollup.UsageReportQuery(
+        by=by,
+        start=start,
+        end=end,
+        key_id=None if key is None else _uuid(key, "key_id"),
+        subject_id=None if subject is None else _uuid(subject, "subject_id"),
+    )
+
+
+REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
+
+
+def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow((by, *REPORT_COLUMNS))
+    for row in rows:
+        writer.writerow(
+            (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
+        )
+    return out.getvalue()
+
+
+async def usage_report(request: web.Request) -> web.Response:
+    wanted = report_query(request.query)
+    async with _transaction(request) as connection:
+        rows = await rollup.usage_report(connection, wanted)
+    if request.query.get("format") == "csv":
+        name = f"llmgw-usage-by-{wanted.by}-{wanted.start}-{wanted.end}.csv"
+        return web.Response(
+            text=report_csv(wanted.by, rows),
+            content_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+    return _json(
+        {
+            "object": "list",
+            "by": wanted.by,
+            "from": wanted.start.isoformat(),
+            "to": wanted.end.isoformat(),
+            "data": rows,
+        }
+    )
+
+
+def build_admin_app(auth: Middleware) -> web.Application:
+    """The admin routes behind ``auth`` (the bearer token here, the console's session there)."""
+    admin = web.Application(middlewares=[auth])
     admin.router.add_post("/keys", create_key)
     admin.router.add_get("/keys", list_keys)
     admin.router.add_get("/keys/{key_id}", get_key)
@@ -282,5 +422,9 @@ def build_admin_app(token: str) -> web.Application:
     admin.router.add_post("/keys/{key_id}/rotate", rotate_key)
     admin.router.add_put("/subjects/{subject_id}", put_subject)
     admin.router.add_get("/subjects/{subject_id}", get_subject)
+    admin.router.add_get("/subjects", list_subjects)
     admin.router.add_get("/usage", usage)
+    admin.router.add_get("/usage/report", usage_report)
+    admin.router.add_get("/overview", overview)
+    admin.router.add_get("/audit", audit_log)
     return admin

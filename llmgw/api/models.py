@@ -37,6 +37,10 @@ class ModelListCache:
         self._expires_at = 0.0
         self._lock = asyncio.Lock()
 
+    def clear(self) -> None:
+        """Forget the list (the providers changed)."""
+        self._value = None
+
     async def get(self, registry: ProviderRegistry, timeout: float) -> bytes:
         loop = asyncio.get_running_loop()
         async with self._lock:

@@ -32,6 +32,7 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.limits.policy import Admitted
 from llmgw.providers.base import (
+    ChatStream,
     Deployment,
     Provider,
     UpstreamCall,
@@ -40,6 +41,7 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.streaming.relay import relay_stream
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
@@ -47,11 +49,6 @@ from llmgw.telemetry.genai import ChatObservation, Outcome
 __all__ = ["CLIENT_CLOSED_REQUEST", "Operation", "forward_upstream_error", "proxy"]
 
 T = TypeVar("T")
-
-# Status recorded for a request whose client went away before the answer (nginx's convention).
-CLIENT_CLOSED_REQUEST = 499
-# Events of a stream that carry no output (the role chunk, the finish chunk, [DONE]).
-_FRAMING_EVENTS = 3
 
 
 @attrs.frozen
@@ -85,16 +82,17 @@ class _Exchange:
     observation: ChatObservation
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
-    output_chars: int | None = None  # of a non-streamed answer, for an estimate
+    output_chars: int = 0  # what the provider produced, for an estimate
     finished: bool = False
 
     def _estimate(self) -> tuple[int, int]:
-        if self.output_chars is not None:
-            output = estimate_output_tokens(self.output_chars)
-        else:
-            # A streamed token is about one event; the relay forwards events without decoding them.
-            output = max(0, self.observation.chunks - _FRAMING_EVENTS)
-        return estimate_input_tokens(self.body), output
+        return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
+
+    def stream_ended(self, summary: StreamSummary) -> None:
+        """The relay's one report of how the stream ended (possibly after a background drain)."""
+        self.observation.usage = summary.usage
+        self.output_chars = summary.output_chars
+        self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
 
     def answered(self, answer: Answer[T]) -> T:
         """The route answered: that deployment bills the request, whatever happens next."""
@@ -183,6 +181,8 @@ async def proxy(
     except BaseException:
         request.app[app_keys.LIMITS].settle(admitted, None)  # nothing was used: give it back
         raise
+    if stream:
+        return await answer()  # the stream's own opening and ending finish the exchange
     return await _finish_on_failure(exchange, answer, translate_errors=operation.codec is not None)
 
 
@@ -263,6 +263,11 @@ def _upstream_call(
     )
 
 
+async def _open_stream(route: FallbackChain, call: UpstreamCall, exchange: _Exchange) -> ChatStream:
+    answer = await route.first_answer(call, lambda p, c: p.stream_chat_completion(c))
+    return exchange.answered(answer)
+
+
 async def _stream(
     request: web.Request,
     route: FallbackChain,
@@ -271,18 +276,23 @@ async def _stream(
     hide_usage_chunk: bool,
     translator: StreamTranslator | None,
 ) -> web.StreamResponse:
-    answer = await route.first_answer(call, lambda p, c: p.stream_chat_completion(c))
-    upstream = exchange.answered(answer)
-    exchange.observation.retries = upstream.retries
-    summary = await relay_stream(
+    opened = await _finish_on_failure(
+        exchange,
+        functools.partial(_open_stream, route, call, exchange),
+        translate_errors=translator is not None,
+    )
+    if isinstance(opened, web.StreamResponse):
+        return opened  # the provider's error, forwarded
+    exchange.observation.retries = opened.retries
+    # From here the relay tells how the stream ended, once, possibly after the caller left.
+    return await relay_stream(
         request,
-        upstream,
+        opened,
         exchange.observation,
         hide_usage_chunk=hide_usage_chunk,
+        on_end=exchange.stream_ended,
         translator=translator,
     )
-    exchange.finish(status=200, outcome=summary.outcome, error_type=summary.error_type)
-    return summary.response
 
 
 def _output_chars(document: dict[str, Any]) -> int:
@@ -344,10 +354,10 @@ async def _complete(
 
 async def _finish_on_failure(
     exchange: _Exchange,
-    call: Callable[[], Awaitable[web.StreamResponse]],
+    call: Callable[[], Awaitable[T]],
     *,
     translate_errors: bool,
-) -> web.StreamResponse:
+) -> T | web.Response:
     """Run ``call``; finish the exchange on any failure it raises (success finishes itself).
 
     A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the

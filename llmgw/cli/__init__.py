@@ -1,4 +1,4 @@
-"""The ``llmgw`` command line: serve, keys, db, usage and smoke. Parsing only; work lives elsewhere."""
+"""The ``llmgw`` command line: serve, keys, db, usage, budgets and smoke. Parsing only; work lives elsewhere."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from llmgw import __version__
-from llmgw.cli import db, keys, serve, smoke, usage
+from llmgw.cli import budgets, db, keys, serve, smoke, usage
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help
 from llmgw.config import ConfigError
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.register(commands)
     smoke.register(commands)
     usage.register(commands)
+    budgets.register(commands)
     return parser
 
 

@@ -1,21 +1,43 @@
-"""``llmgw serve``: run the gateway until SIGTERM/SIGINT, then drain in-flight requests and exit 0."""
+"""``llmgw serve``: run the gateway until SIGTERM/SIGINT, then drain in-flight requests and exit 0.
+
+One process by default; with ``--workers N`` (or LLMGW_WORKERS) a supervisor and N workers, each
+of which is ``serve --worker-id I`` again (see llmgw.lifecycle.supervisor).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import os
+import signal
+import socket
 
-from aiohttp import web
+import asyncpg
+import attrs
 
 from llmgw.app import create_app
-from llmgw.cli.common import environment_help, prepare_database
-from llmgw.config import load_settings
+from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, prepare_database
+from llmgw.config import ConfigError, Settings, load_settings, parse_workers
+from llmgw.lifecycle import runner
+from llmgw.lifecycle.supervisor import (
+    READY_FD_ARGUMENT,
+    WORKER_ID_ARGUMENT,
+    supervise,
+    tell_ready,
+)
+from llmgw.storage.database import DATABASE_DOWN_ERRORS
 from llmgw.telemetry.logs import configure_logging
 
 __all__ = ["register"]
 
 log = logging.getLogger("llmgw.serve")
+
+
+def _workers(text: str) -> int:
+    try:
+        return parse_workers(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 1-256 or auto, not {text!r}") from None
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,48 +50,105 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "embedded PostgreSQL is started in LLMGW_DATA_DIR and migrated automatically; with an "
             "external database the schema must already be at head (run 'alembic upgrade head' as a "
             "release step) unless LLMGW_AUTO_MIGRATE=true. SIGTERM or SIGINT stops accepting "
-            "connections and lets in-flight requests finish within SHUTDOWN_GRACE_SECONDS."
+            "connections and lets in-flight requests finish within SHUTDOWN_GRACE_SECONDS. SIGHUP "
+            "re-reads LLMGW_CONFIG (an invalid file is logged and changes nothing)."
         ),
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="worker processes accepting on BIND_ADDR under one supervisor: 1-256 or auto "
+        "(the cores available); default LLMGW_WORKERS, else 1",
+    )
+    # How the supervisor starts a worker: its number, and where to say it is serving.
+    serve.add_argument(WORKER_ID_ARGUMENT, type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument(READY_FD_ARGUMENT, type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
+def _bind(settings: Settings, *, listening: bool, shared: bool) -> socket.socket:
+    bind = runner.listen if listening else runner.bind
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+        return bind(settings.bind_host, settings.bind_port, shared=shared)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot listen on {settings.bind_host}:{settings.bind_port} "
+            f"({exc.strerror or type(exc).__name__}); check BIND_ADDR",
+            EXIT_CONFIG,
+        ) from None
 
 
-def _serve(_args: argparse.Namespace) -> int:
-    settings = load_settings(require_venice_key=True)
-    configure_logging(settings.log_level)
-    database_url = prepare_database(settings)
-    app = create_app(settings, database_url=database_url)
-    upstreams = [f"{spec.name} at {spec.base_url}" for spec in settings.providers] or [
+def _upstreams(settings: Settings) -> str:
+    names = [f"{spec.name} at {spec.base_url}" for spec in settings.providers] or [
         f"venice at {settings.venice_base_url}"
     ]
+    return ", ".join(names)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Until the server handles SIGHUP (a reload), one must not kill a process that is starting.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    settings = load_settings(require_venice_key=True)
+    if args.worker_id is not None:
+        return _serve_worker(settings, args.worker_id, args.ready_fd)
+    if args.workers is not None:
+        settings = attrs.evolve(settings, workers=args.workers)
+    configure_logging(settings.log_level)
+    single = settings.workers == 1
+    # Bound before anything else, so a taken port is the first and only error.
+    sock = _bind(settings, listening=single, shared=not single)
+    database_url = prepare_database(settings)
+    where = f"http://{settings.bind_host}:{settings.bind_port}"
+    if single:
+        app = create_app(settings, database_url=database_url)
+        log.info("llmgw listening on %s (providers: %s)", where, _upstreams(settings))
+        runner.run(app, settings, sock)
+        log.info("llmgw stopped")
+        return 0
     log.info(
-        "llmgw listening on http://%s:%d (providers: %s)",
-        settings.bind_host,
-        settings.bind_port,
-        ", ".join(upstreams),
+        "llmgw listening on %s with %d workers (providers: %s)",
+        where,
+        settings.workers,
+        _upstreams(settings),
     )
-    web.run_app(
-        app,
-        host=settings.bind_host,
-        port=settings.bind_port,
-        shutdown_timeout=settings.shutdown_grace_seconds,
-        # Also bounds a client that sends its request line and headers too slowly (slow loris).
-        keepalive_timeout=min(75.0, settings.request_timeout_seconds),
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
-        loop=_event_loop(),
-    )
+    # The workers attach to the database prepared here (the embedded cluster is started once).
+    with sock:  # holds the port while workers restart
+        status = supervise(
+            settings.workers,
+            {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"},
+            settings.shutdown_grace_seconds,
+        )
     log.info("llmgw stopped")
+    return status
+
+
+def _ready(number: int, ready_fd: int | None) -> None:
+    log.info("worker %d serving (pid %d)", number, os.getpid())
+    if ready_fd is not None:
+        tell_ready(ready_fd)
+
+
+def _serve_worker(settings: Settings, number: int, ready_fd: int | None) -> int:
+    configure_logging(settings.log_level, worker=number)
+    if settings.database_url is None:
+        raise ConfigError("DATABASE_URL", None, "the URL the supervisor passes to its workers")
+    sock = _bind(settings, listening=True, shared=True)
+    app = create_app(settings, database_url=settings.database_url)
+    try:
+        runner.run(
+            app,
+            settings,
+            sock,
+            supervisor_pid=os.getppid(),
+            on_ready=lambda: _ready(number, ready_fd),
+        )
+    except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
+        # The supervisor reached the database a moment ago; say why this worker could not.
+        raise CommandError(
+            f"worker {number} could not start: {type(exc).__name__}: {exc}"
+        ) from None
     return 0

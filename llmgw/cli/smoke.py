@@ -92,7 +92,7 @@ async def _streamed(session: aiohttp.ClientSession, url: str, body: dict[str, An
                 for event in scanner.feed(data):
                     first = first if first is not None else (time.perf_counter() - started) * 1000
                     payload = event_data(event)
-                    if payload == b"[DONE]":
+                    if payload is None or payload == b"[DONE]":  # a comment, or the end
                         continue
                     document = orjson.loads(payload)
                     if "error" in document:

@@ -61,6 +61,7 @@ class ChatStream(Protocol):
     """An open 200 event stream from the provider; close() releases the connection at once."""
 
     retries: int
+    content_type: str  # the provider's Content-Type: an event stream, or a whole JSON answer
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 

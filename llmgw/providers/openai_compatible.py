@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import urlsplit
 
@@ -17,9 +18,12 @@ from llmgw.errors import UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.retry import RETRYABLE_STATUSES, RetryPolicy
 
-__all__ = ["OpenAICompatibleProvider"]
+__all__ = ["EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
 
 _JSON = "application/json"
+# aiohttp rounds timeouts of 5 s and more up to the next whole second of loop time (uvloop's clock
+# is in whole milliseconds, so 5.0 s left is exactly 5.0): a 5 s deadline became 6 s. No rounding.
+EXACT_TIMEOUTS = math.inf
 
 
 @contextlib.contextmanager
@@ -49,6 +53,7 @@ class _AiohttpChatStream:
         self._response = response
         self.retries = retries
         self._provider = provider
+        self.content_type = response.headers.get("Content-Type", "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -127,19 +132,20 @@ class OpenAICompatibleProvider:
         deadline = self._deadline(call.deadline)
         retries = 0
         while True:
-            remaining = deadline - loop.time()
-            timeout = (
-                aiohttp.ClientTimeout(
-                    total=None, sock_connect=max(remaining, 0.001), sock_read=self._idle_timeout
-                )
-                if streaming
-                else aiohttp.ClientTimeout(total=max(remaining, 0.001))
+            remaining = max(deadline - loop.time(), 0.001)
+            # A stream's body may outlive the deadline (each read is bounded by the idle timeout);
+            # its connect and answer head may not, whichever attempt it is.
+            timeout = aiohttp.ClientTimeout(
+                total=None if streaming else remaining,
+                sock_read=self._idle_timeout if streaming else None,
+                ceil_threshold=EXACT_TIMEOUTS,
             )
             try:
                 with _transport_errors(self.name):
-                    response = await self._session.post(
-                        url, data=call.body, headers=headers, timeout=timeout
-                    )
+                    async with asyncio.timeout(remaining):
+                        response = await self._session.post(
+                            url, data=call.body, headers=headers, timeout=timeout
+                        )
             except (UpstreamUnavailable, UpstreamTimeout):
                 wait = self._retry.delay(retries, deadline - loop.time(), headers={})
                 if wait is None:
@@ -192,7 +198,9 @@ class OpenAICompatibleProvider:
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         loop = asyncio.get_running_loop()
-        timeout = aiohttp.ClientTimeout(total=max(self._deadline(deadline) - loop.time(), 0.001))
+        timeout = aiohttp.ClientTimeout(
+            total=max(self._deadline(deadline) - loop.time(), 0.001), ceil_threshold=EXACT_TIMEOUTS
+        )
         with _transport_errors(self.name):
             async with self._session.get(
                 self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout

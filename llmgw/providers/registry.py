@@ -15,7 +15,7 @@ from llmgw.config import Settings
 from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
-from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatibleProvider
 from llmgw.providers.retry import RetryPolicy
 from llmgw.providers.venice import VeniceProvider
 
@@ -54,6 +54,16 @@ class ProviderRegistry:
             return FallbackChain([Deployment(provider, upstream_model)])
         return FallbackChain([Deployment(self.providers[0], model)])
 
+    def replace_with(self, other: ProviderRegistry) -> tuple[Provider, ...]:
+        """Route with ``other``'s providers and aliases from now on (a configuration reload).
+
+        The providers replaced are returned: requests that resolved a route earlier still use
+        them, so the caller closes them once those requests have finished.
+        """
+        previous = self.providers
+        self.providers, self._by_name, self.aliases = other.providers, other._by_name, other.aliases
+        return previous
+
     async def close(self) -> None:
         for provider in self.providers:
             await provider.close()
@@ -62,7 +72,12 @@ class ProviderRegistry:
 def new_client_session() -> aiohttp.ClientSession:
     """The one shared session of a provider: pooled keep-alive connections, no cookie jar."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=512, ttl_dns_cache=300, enable_cleanup_closed=True),
+        connector=aiohttp.TCPConnector(
+            limit=512,
+            ttl_dns_cache=300,
+            enable_cleanup_closed=True,
+            timeout_ceil_threshold=EXACT_TIMEOUTS,
+        ),
         cookie_jar=aiohttp.DummyCookieJar(),
     )
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import asyncpg
+import attrs
 import orjson
 
-__all__ = ["write_audit"]
+__all__ = ["AuditEntry", "list_audit", "write_audit"]
 
 
 async def write_audit(
@@ -29,3 +31,38 @@ async def write_audit(
         None if before is None else orjson.dumps(before).decode(),
         None if after is None else orjson.dumps(after).decode(),
     )
+
+
+@attrs.frozen
+class AuditEntry:
+    id: int
+    occurred_at: datetime
+    actor: str
+    action: str
+    target: str | None
+    before: Any
+    after: Any
+
+
+async def list_audit(
+    conn: asyncpg.Connection, *, limit: int, before_id: int | None = None
+) -> list[AuditEntry]:
+    """Newest first; ``before_id`` continues from the last entry of the previous page."""
+    rows = await conn.fetch(
+        "SELECT id, occurred_at, actor, action, target, before::text, after::text FROM admin_audit "
+        "WHERE $1::bigint IS NULL OR id < $1 ORDER BY id DESC LIMIT $2",
+        before_id,
+        limit,
+    )
+    return [
+        AuditEntry(
+            id=row["id"],
+            occurred_at=row["occurred_at"],
+            actor=row["actor"],
+            action=row["action"],
+            target=row["target"],
+            before=None if row["before"] is None else orjson.loads(row["before"]),
+            after=None if row["after"] is None else orjson.loads(row["after"]),
+        )
+        for row in rows
+    ]

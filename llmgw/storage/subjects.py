@@ -11,7 +11,7 @@ import attrs
 
 from llmgw.storage.usage import month_start
 
-__all__ = ["SubjectBudget", "get_subject", "set_budget"]
+__all__ = ["SubjectBudget", "get_subject", "list_subjects", "set_budget"]
 
 
 @attrs.frozen
@@ -60,3 +60,33 @@ async def set_budget(
         )
         after = await get_subject(conn, subject_id)
     return before, after
+
+
+async def list_subjects(
+    conn: asyncpg.Connection, *, limit: int, offset: int
+) -> list[SubjectBudget]:
+    """Subjects with a budget row or spend this month, by spend (highest first), one page."""
+    month = month_start(datetime.now(UTC))
+    rows = await conn.fetch(
+        """
+        SELECT coalesce(s.subject_id, m.subject_id) AS subject_id, s.monthly_budget_usd AS cap,
+               coalesce(m.spend_usd, 0) AS spent
+        FROM subjects s
+        FULL JOIN (SELECT subject_id, spend_usd FROM subject_monthly_spend WHERE month = $1) m
+            ON m.subject_id = s.subject_id
+        ORDER BY spent DESC, subject_id
+        LIMIT $2 OFFSET $3
+        """,
+        month,
+        limit,
+        offset,
+    )
+    return [
+        SubjectBudget(
+            subject_id=row["subject_id"],
+            monthly_budget_usd=None if row["cap"] is None else float(row["cap"]),
+            month=month,
+            month_to_date_spend_usd=float(row["spent"]),
+        )
+        for row in rows
+    ]

@@ -14,7 +14,8 @@ from typing import Any
 import asyncpg
 import attrs
 
-from llmgw.accounting.usage import UsageRecord, storable_text
+from llmgw.accounting.usage import UsageRecord, cost_decimal, storable_text
+from llmgw.storage.rollup import add_to_rollup
 
 __all__ = [
     "GROUPINGS",
@@ -65,13 +66,11 @@ def minute_start(moment: datetime) -> datetime:
 
 
 def _decimal(value: float | None) -> Decimal | None:
-    # str() of a float is the shortest text that reads back as it, so a cost the provider wrote
-    # with up to 15 significant digits (Venice's 0.00010471875) is stored as written.
-    return None if value is None else Decimal(str(value))
+    return None if value is None else cost_decimal(value)
 
 
 async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
-    """Insert the rows and add their spend and tokens to the running totals, in one transaction."""
+    """Insert the rows and add them to the running totals and the hourly rollup, in one transaction."""
     spend: defaultdict[tuple[uuid.UUID, date], Decimal] = defaultdict(Decimal)
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
     rows = []
@@ -97,6 +96,7 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
             await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
         if tokens:
             await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
+        await add_to_rollup(conn, records)
 
 
 async def set_aside(conn: asyncpg.Connection, record: UsageRecord, error: BaseException) -> None:

@@ -1,26 +1,45 @@
-"""Forward a provider's event stream to the client event by event, observing it cheaply.
+"""Forward a provider's event stream to the client event by event, and say how it ended.
 
-Each event is written as soon as it is complete. Only events that can carry what telemetry needs
-(the first one, ``finish_reason``, ``usage``, errors) are decoded; the rest are forwarded untouched.
+Each event is written as soon as it is complete, as the bytes the provider sent (or, for another
+API, as its ``StreamTranslator`` renders it). The relay delivers exactly one :class:`StreamSummary`
+to ``on_end``:
+
+- ``[DONE]`` forwarded: the upstream is closed at once and the stream is ``completed``, whatever the
+  caller does next (the sync openai SDK hangs up right after ``[DONE]``).
+- The upstream closed cleanly after a finish chunk without ``[DONE]``: the gateway sends it;
+  ``completed``.
+- The caller left after the finish chunk but before the usage: the answer was delivered, so it is
+  ``completed``; the upstream is read on in the background for a few seconds to get the usage.
+- The caller left earlier: ``cancelled`` with status 499, and the upstream closed (which stops the
+  generation).
+- Anything else (an error event, a broken or garbled stream, a bound reached, shutdown): an error
+  event to the caller and ``failed``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-import attrs
 import orjson
 from aiohttp import web
 
-from llmgw.accounting.usage import parse_usage
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import ChatStream
-from llmgw.streaming.sse import DONE_EVENT, SSEScanner, event_data
+from llmgw.streaming.completion import completion_events
+from llmgw.streaming.observer import StreamObserver
+from llmgw.streaming.sse import EventTooLarge, SSEScanner
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
+from llmgw.streaming.supervisor import STREAMS, StreamSupervisor, gateway_shutting_down
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
-__all__ = ["STREAM_HEADERS", "StreamSummary", "relay_stream", "sse_error_event"]
+__all__ = ["STREAM_HEADERS", "USAGE_DRAIN_SECONDS", "relay_stream", "sse_error_event"]
+
+log = logging.getLogger("llmgw.streaming")
 
 STREAM_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -28,94 +47,13 @@ STREAM_HEADERS = {
     # Tells nginx and similar proxies in front of us not to buffer the stream.
     "X-Accel-Buffering": "no",
 }
-_USAGE = b'"usage":{'
-_FINISH = b'"finish_reason":"'
-_ERROR = b'{"error"'
-_EMPTY_CHOICES = b'"choices":[]'
-
-
-@attrs.frozen(slots=True)
-class StreamSummary:
-    """How a relayed stream ended (a client that left raises instead: the request is cancelled)."""
-
-    response: web.StreamResponse
-    outcome: str
-    error_type: str | None
+# How long the upstream is read after the caller left past the finish chunk, for its usage.
+USAGE_DRAIN_SECONDS = 5.0
+_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def sse_error_event(error: GatewayError) -> bytes:
     return b"data: " + error.body_bytes() + b"\n\n"
-
-
-class _EventObserver:
-    __slots__ = (
-        "decode_all",
-        "document",
-        "done",
-        "failed",
-        "garbled",
-        "hide_usage_chunk",
-        "observation",
-        "seen_first",
-    )
-
-    def __init__(
-        self, observation: ChatObservation, *, hide_usage_chunk: bool, decode_all: bool = False
-    ) -> None:
-        self.observation = observation
-        self.hide_usage_chunk = hide_usage_chunk
-        self.decode_all = decode_all  # a translator needs every chunk decoded
-        self.document: dict[str, Any] | None = None  # the last event's chunk, when decoded
-        self.seen_first = False
-        self.done = False
-        self.failed = False
-        self.garbled = False  # an event we decoded carried data that is not a JSON object
-
-    def forward(self, event: bytes) -> bool:
-        """Observe one event; False when the caller must not see it."""
-        if self.garbled:
-            return False
-        observation = self.observation
-        observation.chunk_arrived()
-        self.document = None
-        if event == DONE_EVENT:
-            self.done = True
-            return True
-        interesting = (
-            self.decode_all
-            or not self.seen_first
-            or observation.capture_content
-            or _USAGE in event
-            or _FINISH in event
-            or _ERROR in event
-        )
-        if not interesting:
-            return True
-        self.seen_first = True
-        document = self._decode(event)
-        if document is None:
-            # A comment or an empty event is fine; a data payload that is not JSON is garbage.
-            self.garbled = bool(event_data(event).strip())
-            return not self.garbled
-        if "error" in document and "choices" not in document:
-            self.failed = True
-            return True
-        self.document = document
-        observation.note_document(document)
-        usage = parse_usage(document, with_cost=observation.provider_reports_cost)
-        if usage is not None:
-            observation.usage = usage
-            if self.hide_usage_chunk and _EMPTY_CHOICES in event:
-                return False
-        return True
-
-    @staticmethod
-    def _decode(event: bytes) -> dict[str, Any] | None:
-        try:
-            document = orjson.loads(event_data(event))
-        except orjson.JSONDecodeError:
-            return None
-        return document if isinstance(document, dict) else None
 
 
 async def relay_stream(
@@ -124,86 +62,198 @@ async def relay_stream(
     observation: ChatObservation,
     *,
     hide_usage_chunk: bool,
+    on_end: Callable[[StreamSummary], None],
     translator: StreamTranslator | None = None,
-) -> StreamSummary:
-    """Send headers now, then every event as it completes; the upstream is always closed.
+) -> web.StreamResponse:
+    """Send headers now, then every event as it completes; ``on_end`` is told once how it ended.
 
     Without a translator the caller gets the provider's events byte for byte; with one, what the
     translator makes of each decoded chunk (and its own opening, closing and error events).
     """
-    response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
-    # A translator gets every chunk, the usage chunk too: it renders usage in its own API's shape.
-    observer = _EventObserver(
-        observation,
-        hide_usage_chunk=hide_usage_chunk and translator is None,
-        decode_all=translator is not None,
+    relay = _Relay(
+        request.app[STREAMS], upstream, observation, hide_usage_chunk, translator, on_end
     )
-    try:
-        await response.prepare(request)
-        if translator is not None:
-            await response.write(translator.start())
-        scanner = SSEScanner()
-        async for data in upstream.chunks():
-            events = scanner.feed(data)
-            if not events:
-                continue
-            out = (
-                _translate(events, observer, translator)
-                if translator is not None
-                else b"".join(event for event in events if observer.forward(event))
-            )
-            if out:
-                await response.write(out)
-            if observer.garbled:
-                raise UpstreamUnavailable(
-                    "The provider sent stream data that is not JSON; the stream was ended.",
-                    code="upstream_invalid_response",
-                )
-        if not observer.done:
-            raise UpstreamUnavailable(
-                "The provider ended the stream before it was complete.",
-                code="upstream_stream_incomplete",
-            )
-        outcome, error_type = (
-            (Outcome.FAILED, "upstream_stream_error")
-            if observer.failed
-            else (Outcome.COMPLETED, None)
+    return await relay.run(request)
+
+
+class _Relay:
+    def __init__(
+        self,
+        streams: StreamSupervisor,
+        upstream: ChatStream,
+        observation: ChatObservation,
+        hide_usage_chunk: bool,
+        translator: StreamTranslator | None,
+        on_end: Callable[[StreamSummary], None],
+    ) -> None:
+        self.streams = streams
+        self.upstream = upstream
+        self.translator = translator
+        # A translator gets every chunk, the usage chunk too: it renders usage in its own shape.
+        self.observer = StreamObserver(
+            observation, hide_usage_chunk=hide_usage_chunk and translator is None
         )
-        if translator is not None and not observer.failed:
-            await response.write(translator.finish())
-    except GatewayError as error:
-        outcome, error_type = Outcome.FAILED, error.error_kind
-        await _send_error(
-            response, sse_error_event(error) if translator is None else translator.error(error)
-        )
-    except (ConnectionResetError, asyncio.CancelledError):
-        # The client went away: closing the upstream (below) cancels the generation at once.
-        raise
-    finally:
-        await upstream.close()
-    return StreamSummary(response, outcome, error_type)
+        self.scanner = SSEScanner(streams.max_event_bytes)
+        self._on_end: Callable[[StreamSummary], None] | None = on_end
 
+    async def run(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
+        observer = self.observer
+        drain = False
+        try:
+            await response.prepare(request)
+            if self.translator is not None:
+                await response.write(self.translator.start())
+            async with self.streams.bounded():
+                await self._forward(response)
+            if not observer.done:
+                if not observer.finished or observer.upstream_error:
+                    raise UpstreamUnavailable(
+                        "The provider ended the stream before it was complete.",
+                        code="upstream_stream_incomplete",
+                    )
+                if self.translator is None:  # a clean close after the finish chunk: complete
+                    await response.write(_DONE_EVENT)
+            if observer.upstream_error:
+                self._end(Outcome.FAILED, "upstream_stream_error")
+            else:
+                if self.translator is not None:
+                    await response.write(self.translator.finish())
+                self._end(Outcome.COMPLETED)
+        except GatewayError as error:
+            self._end(Outcome.FAILED, error.error_kind)
+            await self._send_error(response, error)
+        except (ConnectionResetError, asyncio.CancelledError):
+            drain = self._caller_left()
+            raise
+        finally:
+            if drain:
+                self.streams.drain(self._drain_usage())
+            else:
+                await self.upstream.close()
+                self._end(Outcome.FAILED, "internal_error")  # only if nothing above ended it
+        return response
 
-def _translate(
-    events: list[bytes], observer: _EventObserver, translator: StreamTranslator
-) -> bytes:
-    """The translator's events for these provider events; an upstream error event ends the stream."""
-    out = []
-    for event in events:
-        if not observer.forward(event):
-            continue
-        if observer.failed:
+    async def _forward(self, response: web.StreamResponse) -> None:
+        """Forward events until ``[DONE]`` or the end of the upstream."""
+        observer = self.observer
+        async with contextlib.aclosing(self._upstream_bytes()) as source:
+            async for data in source:
+                out = []
+                for event in self._events(data):
+                    if not observer.observe(event):
+                        continue
+                    if self.translator is None:
+                        out.append(_complete_crlf(event) if observer.done else event)
+                    elif observer.upstream_error:
+                        raise UpstreamUnavailable(
+                            "The provider reported an error in the stream.",
+                            code="upstream_stream_error",
+                        )
+                    elif observer.document is not None:
+                        out.append(self.translator.feed(observer.document))
+                    if observer.done:
+                        break
+                if out:
+                    await response.write(b"".join(out))
+                if observer.garbled:
+                    raise UpstreamUnavailable(
+                        "The provider sent stream data that is not JSON; the stream was ended.",
+                        code="upstream_invalid_response",
+                    )
+                if observer.done:
+                    return
+
+    async def _upstream_bytes(self) -> AsyncGenerator[bytes, None]:
+        """The upstream's stream; a JSON completion (some providers' answer) turned into one."""
+        media_type = self.upstream.content_type.partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            async for data in self.upstream.chunks():
+                yield data
+            return
+        body = bytearray()
+        async for data in self.upstream.chunks():
+            body += data
+            if len(body) > self.streams.max_event_bytes:
+                raise _event_too_large(self.streams.max_event_bytes)
+        try:
+            completion: Any = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
             raise UpstreamUnavailable(
-                "The provider reported an error in the stream.", code="upstream_stream_error"
+                "The provider answered the stream with JSON that is not a completion.",
+                code="upstream_invalid_response",
             )
-        if observer.document is not None:
-            out.append(translator.feed(observer.document))
-    return b"".join(out)
+        yield completion_events(completion)
+
+    def _events(self, data: bytes) -> list[bytes]:
+        try:
+            return self.scanner.feed(data)
+        except EventTooLarge:
+            raise _event_too_large(self.streams.max_event_bytes) from None
+
+    def _caller_left(self) -> bool:
+        """The caller hung up (or shutdown cut the handler): record it; True to drain for usage."""
+        observer = self.observer
+        if self.streams.shutdown_cut():
+            self._end(Outcome.FAILED, gateway_shutting_down().error_kind)
+        elif observer.done or (observer.finished and observer.usage is not None):
+            self._end(Outcome.COMPLETED)
+        elif not observer.finished or observer.upstream_error:
+            self._end(Outcome.CANCELLED, "cancelled", status=CLIENT_CLOSED_REQUEST)
+        else:
+            return True  # the answer was delivered, its usage not yet
+        return False
+
+    async def _drain_usage(self) -> None:
+        """Read the rest of an answer its caller no longer reads, for the provider's usage."""
+        observer = self.observer
+        try:
+            async with asyncio.timeout(USAGE_DRAIN_SECONDS):
+                async for data in self.upstream.chunks():
+                    for event in self._events(data):
+                        observer.observe(event)
+                    if observer.done or observer.usage is not None or observer.garbled:
+                        break
+        except (GatewayError, TimeoutError) as error:
+            log.info("the usage of a stream whose caller left did not come (%s)", error)
+        finally:
+            await self.upstream.close()
+            self._end(Outcome.COMPLETED)
+
+    def _end(self, outcome: str, error_type: str | None = None, *, status: int = 200) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is None:
+            return
+        observer = self.observer
+        on_end(
+            StreamSummary(
+                outcome=outcome,
+                status=status,
+                error_type=error_type,
+                usage=observer.usage,
+                output_chars=observer.output_chars,
+            )
+        )
+
+    def _error_event(self, error: GatewayError) -> bytes:
+        return sse_error_event(error) if self.translator is None else self.translator.error(error)
+
+    async def _send_error(self, response: web.StreamResponse, error: GatewayError) -> None:
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(self._error_event(error))
+            await response.write_eof()
 
 
-async def _send_error(response: web.StreamResponse, event: bytes) -> None:
-    try:
-        await response.write(event)
-        await response.write_eof()
-    except ConnectionResetError:
-        pass
+def _complete_crlf(event: bytes) -> bytes:
+    """The last event, with the LF of its final CRLF when that was still to come (no more reads)."""
+    return event + b"\n" if event.endswith(b"\r") and b"\r\n" in event else event
+
+
+def _event_too_large(limit: int) -> UpstreamUnavailable:
+    return UpstreamUnavailable(
+        f"The provider sent a stream event larger than the gateway accepts ({limit} bytes); "
+        "the stream was ended.",
+        code="upstream_event_too_large",
+    )

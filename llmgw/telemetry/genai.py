@@ -144,7 +144,6 @@ class ChatObservation:
     finish_reasons: list[str] = attrs.field(factory=list)
     usage: Usage | None = None
     usage_source: str = "reported"  # "estimated": set by the pipeline when none was reported
-    chunks: int = 0  # events received from a stream
     retries: int = 0
     output_text: list[str] = attrs.field(factory=list)
     finished: bool = False
@@ -220,7 +219,6 @@ class ChatObservation:
     # Streaming hooks ---------------------------------------------------------------------------
 
     def chunk_arrived(self) -> None:
-        self.chunks += 1
         now = time.perf_counter()
         if self.first_chunk_at is None:
             self.first_chunk_at = now

@@ -1,4 +1,8 @@
-"""JSON log lines: timestamp, level, logger, message, request id, trace id, and any ``extra`` fields."""
+"""JSON log lines: timestamp, level, logger, message, request id, trace id, and any ``extra`` fields.
+
+A worker of ``serve --workers N`` adds ``worker`` (its number, 1..N) to every line, the billing
+record included.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ _STANDARD_ATTRIBUTES = frozenset(
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, *, worker: int | None = None) -> None:
+        super().__init__()
+        self._worker = worker
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
@@ -35,6 +43,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "request_id": REQUEST_ID.get(),
         }
+        if self._worker is not None:
+            entry["worker"] = self._worker
         span_context = trace.get_current_span().get_span_context()
         entry["trace_id"] = format(span_context.trace_id, "032x") if span_context.is_valid else None
         for name, value in vars(record).items():
@@ -45,9 +55,9 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, *, worker: int | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(worker=worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

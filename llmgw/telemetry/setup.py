@@ -6,8 +6,10 @@ pass in-memory ones and several apps can run in one process.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +31,12 @@ from opentelemetry.trace import NoOpTracerProvider
 from llmgw import __version__
 from llmgw.config import Settings
 
-__all__ = ["TelemetryProviders", "build_providers", "build_resource"]
+__all__ = ["SHUTDOWN_SECONDS", "TelemetryProviders", "build_providers", "build_resource"]
+
+log = logging.getLogger(__name__)
+
+# How long the last export may take at shutdown; an unresponsive collector costs no more than this.
+SHUTDOWN_SECONDS = 3.0
 
 
 @attrs.frozen
@@ -39,11 +46,33 @@ class TelemetryProviders:
     # Set when LLMGW_PROMETHEUS=true: the registry GET /metrics renders.
     prometheus_registry: Any = None  # a prometheus_client.CollectorRegistry
 
-    def shutdown(self) -> None:
-        for provider in (self.tracer_provider, self.meter_provider):
-            shutdown = getattr(provider, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+    def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> bool:
+        """Export what is pending and stop, waiting at most ``timeout`` seconds; False if cut short.
+
+        The exporters block on their collector (and retry) for up to their own timeouts, so they
+        run in a daemon thread the process does not wait for once ``timeout`` has passed.
+        """
+        worker = threading.Thread(
+            target=self._shutdown_providers,
+            args=(timeout,),
+            name="llmgw-telemetry-shutdown",
+            daemon=True,
+        )
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            log.warning(
+                "telemetry export did not finish within %gs at shutdown; what was pending is lost",
+                timeout,
+            )
+            return False
+        return True
+
+    def _shutdown_providers(self, timeout: float) -> None:
+        if isinstance(self.tracer_provider, TracerProvider):
+            self.tracer_provider.shutdown()
+        if isinstance(self.meter_provider, MeterProvider):
+            self.meter_provider.shutdown(timeout_millis=timeout * 1000)
 
 
 def build_resource(service_name: str) -> Resource:
@@ -80,14 +109,20 @@ def build_providers(
     resource = build_resource(settings.otel_service_name)
     tracer_provider: trace.TracerProvider
     if processors:
-        sdk_tracer_provider = TracerProvider(resource=resource)
+        # shutdown_on_exit=False: an atexit shutdown would wait on the collector without bound.
+        sdk_tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for processor in processors:
             sdk_tracer_provider.add_span_processor(processor)
         tracer_provider = sdk_tracer_provider
     else:
         tracer_provider = NoOpTracerProvider()
     meter_provider: metrics.MeterProvider = (
-        MeterProvider(resource=resource, metric_readers=readers, **_exemplar_settings())
+        MeterProvider(
+            resource=resource,
+            metric_readers=readers,
+            shutdown_on_exit=False,
+            **_exemplar_settings(),
+        )
         if readers
         else NoOpMeterProvider()
     )

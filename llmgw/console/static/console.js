@@ -1,0 +1,466 @@
+// llmgw console: one page per hash (#overview, #keys, #subjects, #usage, #audit), each drawn from
+// the admin API under /console/api. No framework and no build step; the charts are plain SVG.
+"use strict";
+
+const API = "/console/api";
+const CSRF = document.querySelector('meta[name="csrf-token"]').content;
+const page = document.getElementById("page");
+const statusLine = document.getElementById("status");
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+
+function el(tag, attributes, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else if (name === "text") node.textContent = value;
+    else node.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attributes, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  for (const child of children.flat()) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function say(message) {
+  statusLine.textContent = message;
+}
+
+async function api(path, { method = "GET", body } = {}) {
+  const headers = { Accept: "application/json" };
+  if (method !== "GET") {
+    headers["X-CSRF-Token"] = CSRF;
+    headers["Content-Type"] = "application/json";
+  }
+  const response = await fetch(API + path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+  });
+  if (response.status === 401) {
+    window.location.assign("/console/sign-in");
+    throw new Error("Signed out.");
+  }
+  const data = await response.json();
+  if (!response.ok) throw new Error((data.error && data.error.message) || response.statusText);
+  return data;
+}
+
+function when(text) {
+  if (!text) return "—";
+  return new Date(text).toISOString().replace("T", " ").slice(0, 16) + " UTC";
+}
+
+function usd(text) {
+  const value = Number(text || 0);
+  return "$" + (value !== 0 && Math.abs(value) < 0.01 ? value.toPrecision(3) : value.toFixed(2));
+}
+
+function num(value) {
+  return value === null || value === undefined ? "—" : Number(value).toLocaleString("en-US");
+}
+
+function table(caption, columns, rows) {
+  const head = el("tr", {}, columns.map((c) => el("th", { scope: "col", class: c.num ? "num" : null }, c.title)));
+  const body = rows.length
+    ? rows.map((row) => el("tr", {}, columns.map((c) => el("td", { class: c.num ? "num" : null }, c.cell(row)))))
+    : [el("tr", {}, el("td", { colspan: columns.length }, "Nothing yet."))];
+  return el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, caption), el("thead", {}, head), el("tbody", {}, body)));
+}
+
+// A bar chart of one series: bars for values, labels under the first and last.
+function barChart(title, points, value, format) {
+  const width = 600;
+  const height = 160;
+  const max = Math.max(1e-12, ...points.map(value));
+  const step = points.length ? width / points.length : width;
+  const bars = points.map((point, index) => {
+    const h = (value(point) / max) * (height - 20);
+    return svg("rect", { x: index * step + 1, y: height - 14 - h, width: Math.max(1, step - 2), height: h },
+      svg("title", {}, `${point.label}: ${format(value(point))}`));
+  });
+  const labels = points.length
+    ? [svg("text", { x: 0, y: height - 2 }, points[0].label), svg("text", { x: width, y: height - 2, "text-anchor": "end" }, points[points.length - 1].label)]
+    : [svg("text", { x: width / 2, y: height / 2, "text-anchor": "middle" }, "No data in this range")];
+  return el("figure", {},
+    svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `${title}, highest ${format(max)}`, preserveAspectRatio: "none" }, bars, labels),
+    el("figcaption", { class: "hint" }, title));
+}
+
+function card(label, value) {
+  return el("div", { class: "card" }, el("div", { class: "value" }, value), el("div", { class: "label" }, label));
+}
+
+function field(label, input) {
+  return el("label", {}, label, input);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overview
+
+async function overview() {
+  const data = await api("/overview");
+  const modelColumns = [
+    { title: "Model", cell: (r) => r.model },
+    { title: "Requests", num: true, cell: (r) => num(r.requests) },
+    { title: "Errors", num: true, cell: (r) => num(r.errors) },
+    { title: "p50 latency (ms)", num: true, cell: (r) => num(r.p50_ms) },
+    { title: "p95 latency (ms)", num: true, cell: (r) => num(r.p95_ms) },
+    { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
+  ];
+  const series = data.series.map((point) => ({ ...point, label: point.hour.slice(11, 16) }));
+  return [
+    el("h1", {}, "Overview"),
+    el("div", { class: "cards" },
+      card("Requests, last hour", num(data.last_hour.requests)),
+      card("Errors, last hour", num(data.last_hour.errors)),
+      card("Spend, last hour", usd(data.last_hour.cost_usd)),
+      card("Requests today", num(data.today.requests)),
+      card("Errors today", num(data.today.errors)),
+      card("Spend today", usd(data.today.cost_usd))),
+    el("h2", {}, "Last 24 hours"),
+    barChart("Requests per hour (UTC)", series, (p) => p.requests, num),
+    barChart("Spend per hour (USD)", series, (p) => Number(p.cost_usd), usd),
+    el("h2", {}, "Last hour by model"),
+    table("Requests in the last 60 minutes, per model", modelColumns, data.last_hour.by_model),
+    el("h2", {}, "Today by model"),
+    table("Requests since midnight UTC, per model (latency from hourly buckets)", modelColumns, data.today.by_model),
+  ];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+const keyFilters = { state: "all", subject_id: "", offset: 0 };
+
+function shownOnce(title, issued) {
+  const copy = el("button", { type: "button", class: "secondary", onclick: async () => {
+    await navigator.clipboard.writeText(issued.key);
+    say("Key copied to the clipboard.");
+  } }, "Copy key");
+  return el("section", { class: "notice", "aria-label": "New key" },
+    el("h2", {}, title),
+    el("p", {}, "This is the only time the key is shown. Store it now."),
+    el("p", { class: "secret", "data-testid": "plaintext-key" }, issued.key),
+    copy);
+}
+
+function limitsText(key) {
+  const parts = [`${key.rate_limit_requests}/${key.rate_limit_window_seconds}s`];
+  if (key.tokens_per_minute) parts.push(`${num(key.tokens_per_minute)} tok/min`);
+  if (key.max_concurrent_requests) parts.push(`${key.max_concurrent_requests} concurrent`);
+  return parts.join(", ");
+}
+
+function keyState(key) {
+  if (!key.is_active) return "revoked";
+  if (key.expires_at && new Date(key.expires_at) <= new Date()) return "expired";
+  return "active";
+}
+
+function keyDialog(title, fields, submitLabel, onSubmit) {
+  const form = el("form", { method: "dialog" }, el("h2", {}, title), fields,
+    el("div", { class: "row-actions" },
+      el("button", { type: "submit" }, submitLabel),
+      el("button", { type: "button", class: "secondary", onclick: () => dialog.close() }, "Cancel")));
+  const dialog = el("dialog", { "aria-label": title }, form);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await onSubmit(new FormData(form));
+      dialog.close();
+    } catch (error) {
+      say(error.message);
+    }
+  });
+  document.body.append(dialog);
+  dialog.addEventListener("close", () => dialog.remove());
+  dialog.showModal();
+}
+
+function numberOrNull(text) {
+  return text === "" || text === null ? null : Number(text);
+}
+
+async function keys() {
+  const query = new URLSearchParams({ limit: "25", offset: String(keyFilters.offset), state: keyFilters.state });
+  if (keyFilters.subject_id) query.set("subject_id", keyFilters.subject_id);
+  const listing = await api(`/keys?${query}`);
+  const result = el("div", { id: "key-result" });
+
+  const createForm = el("form", { class: "inline", "aria-label": "Create key" },
+    field("Name", el("input", { name: "name", required: true, maxlength: 200 })),
+    field("Subject ID (optional)", el("input", { name: "subject_id", placeholder: "UUID" })),
+    field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: 60 })),
+    field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: 60 })),
+    field("Tokens per minute (optional)", el("input", { name: "tokens_per_minute", type: "number", min: 1 })),
+    field("Allowed models (comma-separated, optional)", el("input", { name: "allowed_models" })),
+    field("Expires (UTC, optional)", el("input", { name: "expires_at", type: "datetime-local" })),
+    el("button", { type: "submit" }, "Create key"));
+  createForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const form = new FormData(createForm);
+    const body = {
+      name: form.get("name"),
+      rate_limit_requests: Number(form.get("rate_limit_requests")),
+      rate_limit_window_seconds: Number(form.get("rate_limit_window_seconds")),
+    };
+    if (form.get("subject_id")) body.subject_id = form.get("subject_id");
+    if (form.get("tokens_per_minute")) body.tokens_per_minute = Number(form.get("tokens_per_minute"));
+    const models = String(form.get("allowed_models") || "").split(",").map((m) => m.trim()).filter(Boolean);
+    if (models.length) body.allowed_models = models;
+    if (form.get("expires_at")) body.expires_at = form.get("expires_at") + ":00Z";
+    try {
+      const issued = await api("/keys", { method: "POST", body });
+      await render();
+      document.getElementById("key-result").replaceChildren(shownOnce(`Key “${issued.name}” created`, issued));
+      say(`Key ${issued.prefix} created.`);
+    } catch (error) {
+      say(error.message);
+    }
+  });
+
+  const filters = el("form", { class: "filters", "aria-label": "Filter keys" },
+    field("State", el("select", { name: "state" },
+      ["all", "active", "revoked", "expired"].map((s) => el("option", { value: s, selected: s === keyFilters.state }, s)))),
+    field("Subject ID", el("input", { name: "subject_id", value: keyFilters.subject_id })),
+    el("button", { type: "submit", class: "secondary" }, "Filter"));
+  filters.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const form = new FormData(filters);
+    Object.assign(keyFilters, { state: form.get("state"), subject_id: String(form.get("subject_id")).trim(), offset: 0 });
+    render();
+  });
+
+  const actions = (key) => {
+    if (!key.is_active) return "—";
+    return el("div", { class: "row-actions" },
+      el("button", { type: "button", class: "danger", "aria-label": `Revoke ${key.name}`, onclick: async () => {
+        if (!window.confirm(`Revoke key ${key.name} (${key.prefix})? Calls with it stop at once.`)) return;
+        try {
+          await api(`/keys/${key.id}/revoke`, { method: "POST", body: {} });
+          say(`Key ${key.prefix} revoked.`);
+          render();
+        } catch (error) { say(error.message); }
+      } }, "Revoke"),
+      el("button", { type: "button", class: "secondary", "aria-label": `Rotate ${key.name}`, onclick: () =>
+        keyDialog(`Rotate ${key.name}`, [
+          field("Grace period (seconds the old key keeps working)", el("input", { name: "grace_seconds", type: "number", min: 0, value: 0 })),
+        ], "Rotate", async (form) => {
+          const issued = await api(`/keys/${key.id}/rotate`, { method: "POST", body: { grace_seconds: Number(form.get("grace_seconds")) } });
+          await render();
+          document.getElementById("key-result").replaceChildren(shownOnce(`Key “${issued.name}” rotated`, issued));
+        }) }, "Rotate"),
+      el("button", { type: "button", class: "secondary", "aria-label": `Edit limits of ${key.name}`, onclick: () =>
+        keyDialog(`Edit limits of ${key.name}`, [
+          field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: key.rate_limit_requests })),
+          field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: key.rate_limit_window_seconds })),
+          field("Tokens per minute (empty = none)", el("input", { name: "tokens_per_minute", type: "number", min: 1, value: key.tokens_per_minute ?? "" })),
+          field("Allowed models (comma-separated, empty = all)", el("input", { name: "allowed_models", value: key.allowed_models.join(", ") })),
+        ], "Save limits", async (form) => {
+          await api(`/keys/${key.id}`, { method: "PATCH", body: {
+            rate_limit_requests: Number(form.get("rate_limit_requests")),
+            rate_limit_window_seconds: Number(form.get("rate_limit_window_seconds")),
+            tokens_per_minute: numberOrNull(form.get("tokens_per_minute")),
+            allowed_models: String(form.get("allowed_models")).split(",").map((m) => m.trim()).filter(Boolean),
+          } });
+          say(`Limits of ${key.prefix} saved.`);
+          render();
+        }) }, "Edit limits"));
+  };
+
+  const pager = el("div", { class: "row-actions" },
+    el("button", { type: "button", class: "secondary", disabled: keyFilters.offset === 0, onclick: () => {
+      keyFilters.offset = Math.max(0, keyFilters.offset - 25);
+      render();
+    } }, "Previous page"),
+    el("button", { type: "button", class: "secondary", disabled: !listing.has_more, onclick: () => {
+      keyFilters.offset = listing.next_offset;
+      render();
+    } }, "Next page"));
+
+  return [
+    el("h1", {}, "Keys"),
+    el("h2", {}, "Create key"),
+    createForm,
+    result,
+    el("h2", {}, "All keys"),
+    filters,
+    table(`Keys ${keyFilters.offset + 1}–${keyFilters.offset + listing.data.length}`, [
+      { title: "Name", cell: (k) => k.name },
+      { title: "Prefix", cell: (k) => el("code", {}, k.prefix) },
+      { title: "Subject", cell: (k) => k.subject_id || "—" },
+      { title: "Limits", cell: limitsText },
+      { title: "Allowed models", cell: (k) => (k.allowed_models.length ? k.allowed_models.join(", ") : "all") },
+      { title: "Expires", cell: (k) => when(k.expires_at) },
+      { title: "State", cell: keyState },
+      { title: "Last used", cell: (k) => when(k.last_used_at) },
+      { title: "Actions", cell: actions },
+    ], listing.data),
+    pager,
+  ];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subjects
+
+async function subjects() {
+  const listing = await api("/subjects?limit=100");
+  const setForm = el("form", { class: "inline", "aria-label": "Set budget" },
+    field("Subject ID", el("input", { name: "subject_id", required: true, placeholder: "UUID" })),
+    field("Monthly budget (USD)", el("input", { name: "usd", type: "number", min: "0", step: "any", required: true })),
+    el("button", { type: "submit" }, "Set budget"));
+  setForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const form = new FormData(setForm);
+    try {
+      await api(`/subjects/${String(form.get("subject_id")).trim()}`, { method: "PUT", body: { monthly_budget_usd: Number(form.get("usd")) } });
+      say("Budget set.");
+      render();
+    } catch (error) { say(error.message); }
+  });
+  const bar = (s) => {
+    if (s.monthly_budget_usd === null) return "no cap";
+    const cap = s.monthly_budget_usd;
+    const spent = s.month_to_date_spend_usd;
+    return el("span", {},
+      el("meter", { min: 0, max: cap || 1, value: Math.min(spent, cap || 1), high: (cap || 1) * 0.8, optimum: 0,
+        "aria-label": `Spend of ${s.subject_id}: ${usd(spent)} of ${usd(cap)}` }),
+      ` ${cap ? Math.round((spent / cap) * 100) : 100}%`);
+  };
+  return [
+    el("h1", {}, "Subjects"),
+    el("p", { class: "hint" }, "A subject is the team or user keys are issued to; its monthly budget caps every key it owns."),
+    setForm,
+    table("Subjects this month, highest spend first", [
+      { title: "Subject", cell: (s) => el("code", {}, s.subject_id) },
+      { title: "Monthly budget", num: true, cell: (s) => (s.monthly_budget_usd === null ? "—" : usd(s.monthly_budget_usd)) },
+      { title: "Spent this month", num: true, cell: (s) => usd(s.month_to_date_spend_usd) },
+      { title: "Budget used", cell: bar },
+      { title: "Actions", cell: (s) => (s.monthly_budget_usd === null ? "—" : el("button", { type: "button", class: "secondary",
+          "aria-label": `Clear cap of ${s.subject_id}`, onclick: async () => {
+            try {
+              await api(`/subjects/${s.subject_id}`, { method: "PUT", body: { monthly_budget_usd: null } });
+              say("Cap cleared.");
+              render();
+            } catch (error) { say(error.message); }
+          } }, "Clear cap")) },
+    ], listing.data),
+  ];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage
+
+const usageQuery = { by: "day", from: "", to: "" };
+
+function isoDay(date) {
+  return date.toISOString().slice(0, 10);
+}
+
+async function usage() {
+  if (!usageQuery.to) {
+    const tomorrow = new Date(Date.now() + 86400000);
+    usageQuery.to = isoDay(tomorrow);
+    usageQuery.from = isoDay(new Date(tomorrow.getTime() - 30 * 86400000));
+  }
+  const query = new URLSearchParams(usageQuery);
+  const report = await api(`/usage/report?${query}`);
+  const form = el("form", { class: "filters", "aria-label": "Usage range" },
+    field("Group by", el("select", { name: "by" },
+      ["day", "model", "key", "subject"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
+    field("From (UTC day)", el("input", { name: "from", type: "date", value: usageQuery.from, required: true })),
+    field("To (UTC day, exclusive)", el("input", { name: "to", type: "date", value: usageQuery.to, required: true })),
+    el("button", { type: "submit" }, "Show usage"),
+    el("a", { href: `${API}/usage/report?${query}&format=csv`, download: "", class: "button-link" }, "Export CSV"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    Object.assign(usageQuery, { by: data.get("by"), from: data.get("from"), to: data.get("to") });
+    render();
+  });
+  const points = report.data.map((row) => ({ ...row, label: String(row[report.by] ?? "—") }));
+  return [
+    el("h1", {}, "Usage"),
+    form,
+    barChart(`Requests by ${report.by}`, points, (p) => p.requests, num),
+    barChart(`Spend by ${report.by} (USD)`, points, (p) => Number(p.cost_usd), usd),
+    table(`Usage by ${report.by}, ${report.from} to ${report.to}`, [
+      { title: report.by[0].toUpperCase() + report.by.slice(1), cell: (r) => r[report.by] ?? "—" },
+      { title: "Requests", num: true, cell: (r) => num(r.requests) },
+      { title: "Errors", num: true, cell: (r) => num(r.errors) },
+      { title: "Input tokens", num: true, cell: (r) => num(r.input_tokens) },
+      { title: "Output tokens", num: true, cell: (r) => num(r.output_tokens) },
+      { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
+    ], report.data),
+  ];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Audit
+
+async function audit() {
+  const entries = [];
+  let next = null;
+  const body = el("div", {});
+  const more = el("button", { type: "button", class: "secondary", onclick: () => load() }, "Load more");
+  async function load() {
+    const listing = await api(`/audit?limit=50${next ? `&before_id=${next}` : ""}`);
+    entries.push(...listing.data);
+    next = listing.next_before_id;
+    more.hidden = next === null;
+    body.replaceChildren(table("Admin changes, newest first", [
+      { title: "When", cell: (e) => when(e.occurred_at) },
+      { title: "Actor", cell: (e) => e.actor },
+      { title: "Action", cell: (e) => e.action },
+      { title: "Target", cell: (e) => e.target || "—" },
+      { title: "Change", cell: (e) => describeChange(e) },
+    ], entries));
+  }
+  await load();
+  return [el("h1", {}, "Audit"), body, more];
+}
+
+function describeChange(entry) {
+  const before = entry.before || {};
+  const after = entry.after || {};
+  const changed = Object.keys(after).filter((name) => JSON.stringify(before[name]) !== JSON.stringify(after[name]));
+  if (!entry.before) return "created";
+  return changed.length ? changed.map((name) => `${name}: ${JSON.stringify(before[name])} → ${JSON.stringify(after[name])}`).join("; ") : "—";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+
+const pages = { overview, keys, subjects, usage, audit };
+
+async function render() {
+  const name = (window.location.hash || "#overview").slice(1);
+  const draw = pages[name] || overview;
+  for (const link of document.querySelectorAll("nav a")) {
+    if (link.getAttribute("href") === `#${name}`) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  try {
+    page.replaceChildren(...(await draw()));
+    document.title = `${name[0].toUpperCase()}${name.slice(1)} · llmgw console`;
+  } catch (error) {
+    page.replaceChildren(el("h1", {}, "Something went wrong"), el("p", { class: "error", role: "alert" }, error.message));
+  }
+}
+
+window.addEventListener("hashchange", render);
+render();

@@ -1,0 +1,112 @@
+"""SIGHUP: read ``LLMGW_CONFIG`` again and route new requests with what it says now.
+
+Everything derived from the file is rebuilt by :meth:`ConfigReloader.reload` and nowhere else: the
+providers (each with a new session) and the model aliases. A file that does not load changes nothing
+and is logged. Requests already running keep the providers they started with; those providers'
+sessions are closed once the last such request has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from llmgw.api.models import ModelListCache
+from llmgw.config import ConfigError, Settings, load_settings
+from llmgw.providers.base import Provider
+from llmgw.providers.registry import ProviderRegistry
+
+__all__ = ["RELOADER", "ConfigReloader", "RequestGenerations"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Generation:
+    """The requests that started while one configuration was current."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.retired = False
+        self.drained = asyncio.Event()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.retired and self.in_flight == 0:
+            self.drained.set()
+
+
+class RequestGenerations:
+    """Counts running requests per configuration, so a replaced one is closed once unused."""
+
+    def __init__(self) -> None:
+        self._current = _Generation()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        generation = self._current
+        generation.in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            generation.leave()
+
+    def advance(self) -> _Generation:
+        """Start a new generation; the previous one is returned, to wait until it has drained."""
+        previous, self._current = self._current, _Generation()
+        previous.retired = True
+        if previous.in_flight == 0:
+            previous.drained.set()
+        return previous
+
+
+class ConfigReloader:
+    def __init__(
+        self,
+        registry: ProviderRegistry,
+        build_registry: Callable[[Settings], ProviderRegistry],
+        models_cache: ModelListCache,
+        generations: RequestGenerations,
+    ) -> None:
+        self._registry = registry
+        self._build_registry = build_registry
+        self._models_cache = models_cache
+        self._generations = generations
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def reload(self) -> bool:
+        """Apply the configuration file as it is now; False (and a log line) if it is invalid."""
+        try:
+            settings = load_settings(require_venice_key=True)
+        except ConfigError as exc:
+            log.error("configuration reload failed, the running configuration stays: %s", exc)
+            return False
+        retired = self._registry.replace_with(self._build_registry(settings))
+        self._models_cache.clear()
+        task = asyncio.create_task(self._close_when_drained(self._generations.advance(), retired))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        log.info(
+            "configuration reloaded: providers %s; model aliases %s",
+            ", ".join(provider.name for provider in self._registry.providers),
+            ", ".join(self._registry.aliases) or "none",
+        )
+        return True
+
+    async def _close_when_drained(
+        self, generation: _Generation, providers: tuple[Provider, ...]
+    ) -> None:
+        await generation.drained.wait()
+        for provider in providers:
+            await provider.close()
+
+    async def close(self) -> None:
+        """At shutdown, after the server stopped: close what earlier reloads replaced."""
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+RELOADER = web.AppKey("reloader", ConfigReloader)

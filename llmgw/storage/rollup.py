@@ -1,0 +1,298 @@
+"""Hourly usage rollups: what the console and ``llmgw usage report`` read instead of the raw ledger.
+
+The ledger writer adds each batch to ``usage_hourly`` (one row per hour, key and model) in the same
+transaction as the raw rows, so reports over any range read at most hours x keys x models rows, not
+one row per request. Latency is kept as counts per fixed bucket, so today's p50/p95 come from the
+rollup too (as the upper bound of the bucket the percentile falls in); the last hour's are exact,
+from the raw rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import attrs
+
+from llmgw.accounting.usage import UsageRecord, cost_decimal
+
+__all__ = [
+    "LATENCY_BUCKETS_MS",
+    "REPORT_GROUPINGS",
+    "UsageReportQuery",
+    "add_to_rollup",
+    "hour_start",
+    "overview",
+    "percentile_from_buckets",
+    "usage_report",
+]
+
+# Upper bounds (ms) of the latency buckets; a last, open bucket holds everything slower.
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 600_000,
+)  # fmt: skip
+_BUCKET_COUNT = len(LATENCY_BUCKETS_MS) + 1
+
+_UPSERT = """
+INSERT INTO usage_hourly AS h (
+    hour, api_key_id, model, subject_id, requests, errors, input_tokens, output_tokens,
+    cost_usd, cost_diem, duration_ms_sum, latency_buckets
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+ON CONFLICT (hour, api_key_id, model) DO UPDATE SET
+    requests = h.requests + excluded.requests,
+    errors = h.errors + excluded.errors,
+    input_tokens = h.input_tokens + excluded.input_tokens,
+    output_tokens = h.output_tokens + excluded.output_tokens,
+    cost_usd = h.cost_usd + excluded.cost_usd,
+    cost_diem = h.cost_diem + excluded.cost_diem,
+    duration_ms_sum = h.duration_ms_sum + excluded.duration_ms_sum,
+    latency_buckets = (
+        SELECT array_agg(a + b ORDER BY i)
+        FROM unnest(h.latency_buckets, excluded.latency_buckets) WITH ORDINALITY AS t(a, b, i)
+    )
+"""
+
+
+def hour_start(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _bucket(duration_ms: float) -> int:
+    for index, bound in enumerate(LATENCY_BUCKETS_MS):
+        if duration_ms <= bound:
+            return index
+    return len(LATENCY_BUCKETS_MS)
+
+
+@attrs.define
+class _Cell:
+    subject_id: uuid.UUID | None
+    requests: int = 0
+    errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    cost_diem: Decimal = Decimal(0)
+    duration_ms_sum: float = 0.0
+    latency: list[int] = attrs.field(factory=lambda: [0] * _BUCKET_COUNT)
+
+
+def _decimal(value: float | None) -> Decimal:
+    return Decimal(0) if value is None else cost_decimal(value)
+
+
+async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
+    """Add a batch to the hourly rollup; call inside the transaction that writes the raw rows."""
+    cells: dict[tuple[datetime, uuid.UUID, str], _Cell] = {}
+    for r in records:
+        key = (hour_start(r.occurred_at), r.api_key_id, r.model)
+        cell = cells.get(key)
+        if cell is None:
+            cell = cells[key] = _Cell(r.subject_id)
+        cell.requests += 1
+        cell.errors += r.status is None or r.status >= 400  # None: a status no HTTP has
+        cell.input_tokens += r.input_tokens or 0
+        cell.output_tokens += r.output_tokens or 0
+        cell.cost_usd += _decimal(r.cost_usd)
+        cell.cost_diem += _decimal(r.cost_diem)
+        cell.duration_ms_sum += r.duration_ms
+        cell.latency[_bucket(r.duration_ms)] += 1
+    # Sorted, so concurrent replicas lock rows in the same order and cannot deadlock.
+    await conn.executemany(
+        _UPSERT,
+        [
+            (
+                hour, key_id, model, c.subject_id, c.requests, c.errors, c.input_tokens,
+                c.output_tokens, c.cost_usd, c.cost_diem, c.duration_ms_sum, c.latency,
+            )
+            for (hour, key_id, model), c in sorted(cells.items(), key=lambda item: item[0])
+        ],
+    )  # fmt: skip
+
+
+def percentile_from_buckets(counts: Sequence[int], fraction: float) -> float | None:
+    """The upper bound (ms) of the bucket holding the ``fraction`` percentile; None if empty.
+
+    The open last bucket reports the largest finite bound: "at least" that slow.
+    """
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = fraction * total
+    seen = 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= rank and count:
+            return LATENCY_BUCKETS_MS[min(index, len(LATENCY_BUCKETS_MS) - 1)]
+    return LATENCY_BUCKETS_MS[-1]
+
+
+def _add_buckets(into: list[int], more: Sequence[int]) -> None:
+    for index, count in enumerate(more):
+        into[index] += count
+
+
+REPORT_GROUPINGS = {
+    "day": "to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+    "hour": "to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')",
+    "model": "model",
+    "key": "api_key_id::text",
+    "subject": "coalesce(subject_id::text, '')",
+}
+# Longest range a report may cover: a bound on the rows one query reads.
+MAX_REPORT_DAYS = 400
+
+
+@attrs.frozen
+class UsageReportQuery:
+    by: str  # one of REPORT_GROUPINGS
+    start: date  # first day, inclusive (UTC)
+    end: date  # last day, exclusive (UTC)
+    key_id: uuid.UUID | None = None
+    subject_id: uuid.UUID | None = None
+
+
+async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> list[dict[str, Any]]:
+    """Requests, errors, tokens and spend per group over whole UTC days."""
+    rows = await conn.fetch(
+        f"""
+        SELECT {REPORT_GROUPINGS[query.by]} AS grp,
+               sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
+               sum(input_tokens)::bigint AS input_tokens,
+               sum(output_tokens)::bigint AS output_tokens,
+               sum(cost_usd) AS cost_usd, sum(cost_diem) AS cost_diem
+        FROM usage_hourly
+        WHERE hour >= $1 AND hour < $2
+          AND ($3::uuid IS NULL OR api_key_id = $3) AND ($4::uuid IS NULL OR subject_id = $4)
+        GROUP BY grp ORDER BY grp
+        """,
+        _midnight(query.start),
+        _midnight(query.end),
+        query.key_id,
+        query.subject_id,
+    )
+    return [
+        {
+            query.by: row["grp"] or None,
+            "requests": row["requests"],
+            "errors": row["errors"],
+            "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"],
+            "cost_usd": _usd(row["cost_usd"]),
+            "cost_diem": _usd(row["cost_diem"]),
+        }
+        for row in rows
+    ]
+
+
+# Today's figures per model, with latency percentiles from the summed bucket counts.
+_TODAY = """
+SELECT model, sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
+       sum(cost_usd) AS cost_usd, array_agg(latency_buckets) AS latency
+FROM usage_hourly WHERE hour >= $1 GROUP BY model ORDER BY model
+"""
+
+
+def _today_row(row: asyncpg.Record) -> dict[str, Any]:
+    latency = [0] * _BUCKET_COUNT
+    for counts in row["latency"]:
+        _add_buckets(latency, counts)
+    return {
+        "model": row["model"],
+        "requests": row["requests"],
+        "errors": row["errors"],
+        "cost_usd": _usd(row["cost_usd"]),
+        "p50_ms": percentile_from_buckets(latency, 0.50),
+        "p95_ms": percentile_from_buckets(latency, 0.95),
+    }
+
+
+def _usd(amount: Decimal | None) -> str:
+    """An exact decimal amount as plain text without trailing zeros ("0.000104", never "1E-4")."""
+    if amount is None:
+        return "0"
+    text = format(amount, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _midnight(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+# The last hour is read from the raw ledger (minute-exact), newest rows first, at most this many.
+LAST_HOUR_ROW_CAP = 200_000
+
+_LAST_HOUR = """
+SELECT model, count(*) AS requests, count(*) FILTER (WHERE status IS NULL OR status >= 400) AS errors,
+       coalesce(sum(cost_usd), 0) AS cost_usd,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms) AS p95_ms
+FROM (
+    SELECT model, status, cost_usd, duration_ms FROM usage_events
+    WHERE occurred_at >= $1 ORDER BY occurred_at DESC LIMIT $2
+) recent
+GROUP BY model ORDER BY model
+"""
+
+
+async def overview(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
+    """The console's first page: the last hour (raw ledger), today and the last 24 hours (rollup)."""
+    last_hour = [
+        {
+            "model": row["model"],
+            "requests": row["requests"],
+            "errors": row["errors"],
+            "cost_usd": _usd(row["cost_usd"]),
+            "p50_ms": None if row["p50_ms"] is None else round(row["p50_ms"], 3),
+            "p95_ms": None if row["p95_ms"] is None else round(row["p95_ms"], 3),
+        }
+        for row in await conn.fetch(_LAST_HOUR, now - timedelta(hours=1), LAST_HOUR_ROW_CAP)
+    ]
+    today = now.astimezone(UTC).date()
+    by_model = [_today_row(row) for row in await conn.fetch(_TODAY, _midnight(today))]
+    series_rows = await conn.fetch(
+        """
+        SELECT hour, sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
+               sum(cost_usd) AS cost_usd
+        FROM usage_hourly WHERE hour > $1 AND hour <= $2
+        GROUP BY hour ORDER BY hour
+        """,
+        hour_start(now) - timedelta(hours=24),
+        hour_start(now),
+    )
+    return {
+        "generated_at": now.isoformat(),
+        "last_hour": {"by_model": last_hour, **_totals(last_hour)},
+        "today": {"by_model": by_model, **_totals(by_model)},
+        "series": _hourly_series(series_rows, hour_start(now)),
+    }
+
+
+def _hourly_series(rows: list[asyncpg.Record], last_hour: datetime) -> list[dict[str, Any]]:
+    """The 24 hours ending with ``last_hour``, oldest first; hours without requests as zeros."""
+    found = {row["hour"]: row for row in rows}
+    series = []
+    for back in range(23, -1, -1):
+        hour = last_hour - timedelta(hours=back)
+        row = found.get(hour)
+        series.append(
+            {
+                "hour": hour.isoformat(),
+                "requests": 0 if row is None else row["requests"],
+                "errors": 0 if row is None else row["errors"],
+                "cost_usd": "0" if row is None else _usd(row["cost_usd"]),
+            }
+        )
+    return series
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "requests": sum(row["requests"] for row in rows),
+        "errors": sum(row["errors"] for row in rows),
+        "cost_usd": _usd(sum((Decimal(row["cost_usd"]) for row in rows), Decimal(0))),
+    }

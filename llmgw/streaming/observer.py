@@ -1,0 +1,128 @@
+"""Reading one chat completions stream event by event: what it carried, and what the caller sees.
+
+Every event with data is decoded: counting the characters produced needs the content anyway, and
+orjson reads a typical 250-byte chunk in about 1.5 µs (scanning and observing cost 6.5 µs of CPU per
+event on a recorded Venice stream, against 3-4.5 µs for byte patterns that only worked on compact
+JSON). The bytes forwarded are always the provider's own. Byte patterns are never trusted to find usage or the end
+of the stream: any JSON whitespace, escape or key order is read the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from llmgw.accounting.usage import Usage, parse_usage
+from llmgw.streaming.sse import DONE, event_data
+from llmgw.telemetry.genai import ChatObservation
+
+__all__ = ["StreamObserver"]
+
+# Delta fields whose text the model produced (and so is billed for).
+_TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
+
+
+class StreamObserver:
+    __slots__ = (
+        "document",
+        "done",
+        "finished",
+        "garbled",
+        "hide_usage_chunk",
+        "observation",
+        "output_chars",
+        "upstream_error",
+        "usage",
+    )
+
+    def __init__(self, observation: ChatObservation, *, hide_usage_chunk: bool) -> None:
+        self.observation = observation
+        self.hide_usage_chunk = hide_usage_chunk
+        self.document: dict[str, Any] | None = None  # the last event's chunk, when it had one
+        self.done = False  # [DONE] came
+        self.finished = False  # a finish_reason came: the answer is complete
+        self.garbled = False  # an event's data was not a JSON object
+        self.upstream_error = False  # the provider sent an error event
+        self.usage: Usage | None = None
+        self.output_chars = 0
+
+    def observe(self, event: bytes) -> bool:
+        """Read one event; False when the caller must not see it."""
+        self.document = None
+        if self.garbled:
+            return False
+        data = event_data(event)
+        if data is None or not data.strip():
+            return True  # a comment, a keep-alive or a blank line: harmless, passed on
+        if data.strip() == DONE:
+            self.done = True
+            return True
+        try:
+            document = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            document = None
+        if not isinstance(document, dict):
+            self.garbled = True
+            return False
+        self.document = document
+        observation = self.observation
+        observation.chunk_arrived()
+        if "error" in document and "choices" not in document:
+            self.upstream_error = True
+            return True
+        observation.note_document(document)
+        choices = document.get("choices")
+        if choices.__class__ is list:
+            self._count(choices)
+        usage = parse_usage(document, with_cost=observation.provider_reports_cost)
+        if usage is None:
+            return True
+        self.usage = usage
+        # The usage chunk the gateway asked for on the caller's behalf, when nothing else is in it.
+        return not self.hide_usage_chunk or _carries(choices)
+
+    def _count(self, choices: list[Any]) -> None:
+        """Note finish reasons and count the characters produced (the hot path: every chunk)."""
+        for choice in choices:
+            if choice.__class__ is not dict:
+                continue
+            if choice.get("finish_reason") is not None:
+                self.finished = True
+            delta = choice.get("delta")
+            if delta.__class__ is not dict:
+                continue
+            for field in _TEXT_FIELDS:
+                text = delta.get(field)
+                if text.__class__ is str:
+                    self.output_chars += len(text)
+            if "tool_calls" in delta:
+                self.output_chars += _argument_chars(delta["tool_calls"])
+
+
+def _carries(choices: Any) -> bool:
+    """True when the choices carry anything for the caller: a finish reason or a non-empty delta."""
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("finish_reason") is not None or (
+            isinstance(delta, dict) and any(_meaningful(value) for value in delta.values())
+        ):
+            return True
+    return False
+
+
+def _argument_chars(tool_calls: Any) -> int:
+    chars = 0
+    for call in tool_calls if isinstance(tool_calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            chars += len(arguments)
+    return chars
+
+
+def _meaningful(value: Any) -> bool:
+    # None, "", [], {} and false are what an empty delta is made of.
+    return value is not None and value is not False and value not in ("", [], {})

@@ -1,0 +1,22 @@
+"""What one relayed stream came to: the pipeline finishes its observation and record from this."""
+
+from __future__ import annotations
+
+import attrs
+
+from llmgw.accounting.usage import Usage
+
+__all__ = ["CLIENT_CLOSED_REQUEST", "StreamSummary"]
+
+# Status recorded for a request whose client went away before the answer (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
+
+
+@attrs.frozen(slots=True)
+class StreamSummary:
+    outcome: str  # telemetry.genai.Outcome: completed, failed or cancelled
+    status: int  # 200 (the status the caller was sent), or 499 when the caller left mid-stream
+    error_type: str | None
+    usage: Usage | None  # as the provider reported it; None when it never came
+    # Characters of content, reasoning and tool-call arguments the provider sent (for an estimate).
+    output_chars: int

@@ -1,0 +1,89 @@
+"""SIGHUP's reload: new requests get the new providers, the old ones close once no request uses them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from llmgw.api.models import ModelListCache
+from llmgw.config import Settings
+from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
+from llmgw.providers.registry import ProviderRegistry
+
+
+class StubProvider:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def registry_of(name: str) -> ProviderRegistry:
+    return ProviderRegistry([StubProvider(name)])  # type: ignore[list-item]
+
+
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("LLMGW_CONFIG", "DATABASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("VENICE_API_KEY", "unused")
+
+
+async def test_old_providers_close_when_the_last_request_that_may_use_them_ends(
+    environment: None,
+) -> None:
+    built: list[ProviderRegistry] = []
+
+    def build(_settings: Settings) -> ProviderRegistry:
+        built.append(registry_of(f"new-{len(built)}"))
+        return built[-1]
+
+    registry = registry_of("old")
+    (old,) = registry.providers
+    generations = RequestGenerations()
+    reloader = ConfigReloader(registry, build, ModelListCache(), generations)
+    release = asyncio.Event()
+
+    async def slow_handler(_request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.Response()
+
+    request: Any = None
+    in_flight = asyncio.create_task(generations.middleware(request, slow_handler))
+    await asyncio.sleep(0)
+    assert reloader.reload() is True
+    assert [p.name for p in registry.providers] == ["new-0"]
+    await asyncio.sleep(0.01)
+    assert not old.closed, "a request that started before the reload may still use it"
+    release.set()
+    await in_flight
+    await reloader.close()
+    assert old.closed
+    assert not registry.providers[0].closed  # type: ignore[attr-defined]
+
+
+async def test_an_invalid_file_keeps_the_running_configuration(
+    environment: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = tmp_path / "llmgw.toml"
+    config.write_text("[[providers]]\nname = 'unterminated\n")
+    monkeypatch.setenv("LLMGW_CONFIG", str(config))
+    registry = registry_of("running")
+    reloader = ConfigReloader(
+        registry, lambda _s: registry_of("never"), ModelListCache(), RequestGenerations()
+    )
+    with caplog.at_level(logging.ERROR, logger="llmgw.lifecycle.reload"):
+        assert reloader.reload() is False
+    assert [p.name for p in registry.providers] == ["running"]
+    assert "configuration reload failed, the running configuration stays" in caplog.text
+    assert str(config) in caplog.text

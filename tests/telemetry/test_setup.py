@@ -1,0 +1,55 @@
+"""Stopping the telemetry providers takes a bounded time, whatever the exporter does."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from llmgw.config import Settings
+from llmgw.telemetry.setup import build_providers
+
+
+class StuckExporter(SpanExporter):
+    """A collector that never answers: every export blocks until the test releases it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exports = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exports += 1
+        self.release.wait(60)
+        return SpanExportResult.FAILURE
+
+
+def test_shutdown_gives_up_on_a_stuck_exporter_after_its_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exporter = StuckExporter()
+    providers = build_providers(Settings(), span_processors=[BatchSpanProcessor(exporter)])
+    with providers.tracer_provider.get_tracer("test").start_as_current_span("pending"):
+        pass
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="llmgw.telemetry.setup"):
+            assert providers.shutdown(timeout=0.5) is False
+        assert time.monotonic() - started < 2.0
+        assert exporter.exports == 1
+        assert "telemetry export did not finish within 0.5s" in caplog.text
+    finally:
+        exporter.release.set()
+
+
+def test_shutdown_reports_success_when_the_exporter_answers() -> None:
+    exporter = StuckExporter()
+    exporter.release.set()
+    providers = build_providers(Settings(), span_processors=[BatchSpanProcessor(exporter)])
+    with providers.tracer_provider.get_tracer("test").start_as_current_span("pending"):
+        pass
+    assert providers.shutdown(timeout=5) is True

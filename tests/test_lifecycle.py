@@ -1,0 +1,269 @@
+"""serve's lifecycle with real processes: exact timeouts, a bounded stop whatever the collector does,
+half-closed clients, SIGHUP reload, and an embedded cluster that outlives a killed process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+
+from llmgw.storage import api_keys
+from tests.conftest import GatewayProcess, StartGateways, gateway_env, spawn_gateway
+from tests.fake_venice import Behaviour, FakeVenice
+from tests.processes import clean_env, free_port
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+BODY = {"model": "qwen3-5-9b", "messages": MESSAGES}
+
+
+async def new_key(db: asyncpg.Connection, **settings: Any) -> str:
+    issued = await api_keys.create_key(db, api_keys.KeySettings(name="lifecycle", **settings))
+    return issued.plaintext
+
+
+async def timed_chat(base: str, key: str, body: dict[str, Any]) -> tuple[int, float]:
+    started = time.monotonic()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=aiohttp.ClientTimeout(total=30),
+        ) as response,
+    ):
+        await response.read()
+        return response.status, time.monotonic() - started
+
+
+async def wait_for_log(gateway: GatewayProcess, text: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in gateway.log_text():
+        assert time.monotonic() < deadline, f"no log line with {text!r}"
+        await asyncio.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timeouts
+
+
+async def test_upstream_timeout_of_5s_is_met_within_10_percent(
+    gateway_processes: StartGateways, database_url: str, fake_venice: FakeVenice, db: Any
+) -> None:
+    # 5 s is where aiohttp starts rounding timeouts up to a whole second of loop time.
+    fake_venice.default_behaviour = Behaviour(delay_before_headers=30)
+    fake_venice.enqueue(Behaviour(status=503))  # one retry first: it must not add time
+    (gateway,) = gateway_processes(
+        gateway_env(database_url, fake_venice.base_url, REQUEST_TIMEOUT_SECONDS="5")
+    )
+    key = await new_key(db)
+    results = await asyncio.gather(
+        timed_chat(gateway.url, key, BODY),
+        timed_chat(gateway.url, key, {**BODY, "stream": True}),
+        timed_chat(gateway.url, key, BODY),
+    )
+    for status, elapsed in results:
+        assert status == 504
+        assert 4.9 <= elapsed <= 5.5, results
+
+
+# ---------------------------------------------------------------------------------------------
+# Shutdown
+
+
+@pytest.fixture
+def silent_collector() -> Iterator[str]:
+    """An OTLP endpoint that accepts connections and never answers (nobody calls accept())."""
+    with socket.create_server(("127.0.0.1", 0), backlog=128) as sock:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_sigterm_exits_within_the_grace_whatever_the_collector_does(
+    gateway_processes: StartGateways,
+    database_url: str,
+    fake_venice: FakeVenice,
+    db: Any,
+    silent_collector: str,
+) -> None:
+    grace = 2.0
+    env = gateway_env(
+        database_url,
+        fake_venice.base_url,
+        SHUTDOWN_GRACE_SECONDS=str(grace),
+        OTEL_EXPORTER_OTLP_ENDPOINT=silent_collector,
+    )
+    (gateway,) = gateway_processes(env)
+    status, _ = await timed_chat(gateway.url, await new_key(db), BODY)
+    assert status == 200  # spans and metrics are waiting for the collector
+    started = time.monotonic()
+    gateway.process.send_signal(signal.SIGTERM)
+    try:
+        code = await asyncio.to_thread(gateway.process.wait, grace + 20)
+    except subprocess.TimeoutExpired:
+        code = None
+    elapsed = time.monotonic() - started
+    assert code == 0 and elapsed < grace + 6, (code, elapsed)
+    assert "telemetry export did not finish" in gateway.log_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Half-closed clients
+
+
+async def half_closed_exchange(gateway: GatewayProcess, key: str) -> bytes:
+    """Send one request, shut down the write side (``shutdown(SHUT_WR)``), read to the end."""
+    body = orjson.dumps(BODY)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        b"Authorization: Bearer " + key.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n"
+        b"\r\n" + body
+    )
+    await writer.drain()
+    writer.write_eof()
+    try:
+        return await asyncio.wait_for(reader.read(), 15)
+    finally:
+        writer.close()
+
+
+def final_answer(exchange: bytes) -> tuple[bytes, dict[str, Any]]:
+    """The last response of the exchange: its status line and its JSON body."""
+    head, _, body = exchange.rpartition(b"\r\n\r\n")
+    status_line = head.rpartition(b"HTTP/1.1 ")[2].split(b"\r\n")[0]
+    return status_line, orjson.loads(body)
+
+
+async def test_half_closed_client_gets_its_answer(
+    gateway_processes: StartGateways, database_url: str, fake_venice: FakeVenice, db: Any
+) -> None:
+    (gateway,) = gateway_processes(gateway_env(database_url, fake_venice.base_url))
+    key = await new_key(db)
+    quick = await half_closed_exchange(gateway, key)
+    status_line, answer = final_answer(quick)
+    assert status_line.startswith(b"200 "), quick[:200]
+    assert answer["choices"][0]["message"]["content"]
+    # A slower answer is preceded by an interim 100 Continue: it tells a client that left (and
+    # resets) from one that only half-closed.
+    fake_venice.enqueue(Behaviour(delay_before_headers=1.0))
+    slow = await half_closed_exchange(gateway, key)
+    assert slow.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 "), slow[:200]
+    assert final_answer(slow)[1]["choices"][0]["message"]["content"]
+    records = [r for r in gateway.billing_records() if r.get("status") == 200]
+    assert len(records) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGHUP
+
+
+def providers_file(path: Path, base_url: str) -> None:
+    path.write_text(
+        "[[providers]]\n"
+        'name = "up"\nkind = "openai-compatible"\n'
+        f'base_url = "{base_url}"\napi_key_env = "VENICE_API_KEY"\n\n'
+        '[[models]]\nalias = "fast"\ndeployments = ["up:qwen3-5-9b"]\n'
+    )
+
+
+async def test_sighup_rereads_the_config_without_dropping_a_request(
+    gateway_processes: StartGateways,
+    database_url: str,
+    fake_venice: FakeVenice,
+    db: Any,
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "llmgw.toml"
+    providers_file(config, fake_venice.base_url)
+    env = gateway_env(database_url, fake_venice.base_url, LLMGW_CONFIG=str(config))
+    (gateway,) = gateway_processes(env)
+    key = await new_key(db)
+    fast = {"model": "fast", "messages": MESSAGES}
+    async with FakeVenice() as replacement, aiohttp.ClientSession() as session:
+        fake_venice.enqueue(Behaviour(chunk_delay=0.3))
+        async with session.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={**fast, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as in_flight:
+            assert in_flight.status == 200
+            await in_flight.content.readline()
+            providers_file(config, replacement.base_url)
+            gateway.process.send_signal(signal.SIGHUP)
+            await wait_for_log(gateway, "configuration reloaded")
+            status, _ = await timed_chat(gateway.url, key, fast)
+            assert status == 200
+            assert len(replacement.received) == 1, "new requests use the new provider"
+            streamed = await in_flight.read()
+        assert streamed.rstrip().endswith(b"data: [DONE]"), "the old provider finished its stream"
+        assert fake_venice.completed_streams == 1
+
+        config.write_text("[[providers]]\nname = 'broken\n")
+        gateway.process.send_signal(signal.SIGHUP)
+        await wait_for_log(gateway, "configuration reload failed")
+        status, _ = await timed_chat(gateway.url, key, fast)
+        assert status == 200
+        assert len(replacement.received) == 2, "an invalid file keeps the running configuration"
+    assert gateway.process.poll() is None
+    assert gateway.problems("configuration reload failed") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded cluster
+
+
+def postmaster_pid(pgdata: Path) -> int | None:
+    try:
+        return int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@pytest.fixture
+def embedded_data_dir(tmp_path: Path) -> Iterator[Path]:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    os.chmod(tmp_path, 0o755)  # the embedded server runs as its own user when we are root
+    yield data_dir
+    pid = postmaster_pid(data_dir / "postgres")
+    if pid is not None:  # the test failed: do not leave its cluster running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+
+
+def test_the_last_live_process_stops_the_cluster_after_one_was_killed(
+    embedded_data_dir: Path, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    env = clean_env(
+        VENICE_API_KEY="unused",
+        VENICE_BASE_URL=fake_venice.base_url,
+        LLMGW_DATA_DIR=str(embedded_data_dir),
+    )
+    pgdata = embedded_data_dir / "postgres"
+    killed = spawn_gateway(env, tmp_path / "killed.log", free_port())
+    killed.wait_ready(timeout=120)
+    killed.process.kill()
+    killed.process.wait()
+    assert postmaster_pid(pgdata) is not None, "the cluster outlives a killed process"
+    assert killed.process.pid in orjson.loads((pgdata / ".handle_pids.json").read_bytes())
+
+    last = spawn_gateway(env, tmp_path / "last.log", free_port())
+    last.wait_ready(timeout=120)
+    assert last.stop() == 0
+    deadline = time.monotonic() + 20
+    while postmaster_pid(pgdata) is not None:
+        assert time.monotonic() < deadline, "the last live process did not stop the cluster"
+        time.sleep(0.1)

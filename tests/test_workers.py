@@ -1,0 +1,169 @@
+"""``serve --workers 2``: one address, two worker processes under a supervisor, behaving like replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+import pytest
+
+from llmgw.storage import api_keys
+from tests.conftest import GatewayProcess, PostgresServer, StartGateways, gateway_env, spawn_gateway
+from tests.fake_venice import Behaviour, FakeVenice
+from tests.processes import free_port
+
+BODY = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def worker_pids(gateway: GatewayProcess, number: int) -> list[int]:
+    """The PIDs worker ``number`` has had, oldest first (from the supervisor's log)."""
+    found = re.findall(rf"worker {number} started \(pid (\d+)\)", gateway.log_text())
+    return [int(pid) for pid in found]
+
+
+async def wait_until_serving(gateway: GatewayProcess, *times: int, timeout: float = 60) -> None:
+    """Until worker n has said it is serving ``times[n-1]`` times."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = gateway.log_text()
+        counts = [text.count(f"worker {n} serving") for n in range(1, len(times) + 1)]
+        if all(count >= wanted for count, wanted in zip(counts, times, strict=True)):
+            return
+        assert gateway.process.poll() is None, gateway.log_text()[-2000:]
+        assert time.monotonic() < deadline, f"workers serving {counts}, wanted {times}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def supervisor(
+    gateway_processes: StartGateways, database_url: str, fake_venice: FakeVenice
+) -> GatewayProcess:
+    (gateway,) = gateway_processes(
+        gateway_env(database_url, fake_venice.base_url, LLMGW_WORKERS="2")
+    )
+    await wait_until_serving(gateway, 1, 1)
+    return gateway
+
+
+async def post(base: str, key: str, body: dict[str, Any] = BODY) -> tuple[int, str]:
+    """One request on a connection of its own (the kernel picks the worker per connection)."""
+    request_id = uuid.uuid4().hex
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+        session.post(
+            f"{base}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}", "X-Request-Id": request_id},
+        ) as response,
+    ):
+        await response.read()
+        return response.status, request_id
+
+
+def workers_of(gateway: GatewayProcess, request_ids: list[str]) -> Counter[Any]:
+    wanted = set(request_ids)
+    return Counter(r.get("worker") for r in gateway.billing_records() if r["request_id"] in wanted)
+
+
+async def test_two_workers_serve_and_one_limit_is_exact_across_them(
+    supervisor: GatewayProcess, db: asyncpg.Connection
+) -> None:
+    issued = await api_keys.create_key(
+        db, api_keys.KeySettings(name="w", rate_limit_requests=20, rate_limit_window_seconds=60)
+    )
+    results = await asyncio.gather(*(post(supervisor.url, issued.plaintext) for _ in range(40)))
+    assert sorted(status for status, _ in results) == [200] * 20 + [429] * 20
+    served = [request_id for status, request_id in results if status == 200]
+    await asyncio.sleep(0.2)  # the billing line is written as the request ends
+    by_worker = workers_of(supervisor, served)
+    assert sum(by_worker.values()) == 20
+    assert set(by_worker) == {1, 2}, by_worker
+
+
+async def test_a_killed_worker_is_replaced(
+    supervisor: GatewayProcess, db: asyncpg.Connection
+) -> None:
+    key = (await api_keys.create_key(db, api_keys.KeySettings(name="w"))).plaintext
+    (first,) = worker_pids(supervisor, 1)
+    os.kill(first, signal.SIGKILL)
+    await wait_until_serving(supervisor, 2, 1)
+    (_, replacement) = worker_pids(supervisor, 1)
+    assert replacement != first
+    results = await asyncio.gather(*(post(supervisor.url, key) for _ in range(30)))
+    assert {status for status, _ in results} == {200}
+    await asyncio.sleep(0.2)
+    assert workers_of(supervisor, [request_id for _, request_id in results])[1] > 0
+
+
+async def open_stream(session: aiohttp.ClientSession, base: str, key: str) -> Any:
+    response = await session.post(
+        f"{base}/v1/chat/completions",
+        json={**BODY, "stream": True},
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": uuid.uuid4().hex},
+    )
+    assert response.status == 200
+    await response.content.readline()
+    return response
+
+
+async def test_sigterm_drains_both_workers(
+    supervisor: GatewayProcess, db: asyncpg.Connection, fake_venice: FakeVenice
+) -> None:
+    key = (await api_keys.create_key(db, api_keys.KeySettings(name="w"))).plaintext
+    streams = 16
+    fake_venice.enqueue(*(Behaviour(chunk_delay=0.3) for _ in range(streams)))
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        responses = await asyncio.gather(
+            *(open_stream(session, supervisor.url, key) for _ in range(streams))
+        )
+        supervisor.process.send_signal(signal.SIGTERM)
+        bodies = await asyncio.gather(*(response.read() for response in responses))
+    assert all(body.rstrip().endswith(b"data: [DONE]") for body in bodies)
+    assert await asyncio.to_thread(supervisor.process.wait, 20) == 0
+    records = [r for r in supervisor.billing_records() if r.get("outcome") == "completed"]
+    assert len(records) == streams
+    assert {r["worker"] for r in records} == {1, 2}
+
+
+def as_role(url: str, role: str) -> str:
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{parts.port}" if parts.hostname else ""
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
+async def test_supervisor_exits_non_zero_when_workers_cannot_start(
+    postgres_server: PostgresServer, database_url: str, fake_venice: FakeVenice, tmp_path: Path
+) -> None:
+    # A role the supervisor can check the schema with (one connection), but whose connection
+    # limit leaves no room for a worker's pool: every worker fails at start.
+    role = f"llmgw_one_connection_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
+        await admin.execute(f"GRANT SELECT ON alembic_version TO {role}")
+        env = gateway_env(as_role(database_url, role), fake_venice.base_url, LLMGW_WORKERS="2")
+        gateway = spawn_gateway(env, tmp_path / "supervisor.log", free_port())
+        try:
+            code = await asyncio.to_thread(gateway.process.wait, 120)
+        finally:
+            gateway.stop()
+        assert code != 0
+        text = gateway.log_text()
+        assert "at start 3 times in a row; giving up" in text
+        assert "could not start: TooManyConnectionsError" in text
+        assert "Traceback" not in text
+    finally:
+        await admin.execute(f"REVOKE ALL ON alembic_version FROM {role}")
+        await admin.execute(f"DROP ROLE {role}")
+        await admin.close()
