@@ -11,6 +11,7 @@ import asyncpg
 from aiohttp import web
 
 from llmgw import app_keys
+from llmgw.accounting.prices import Price, PriceTable
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api import messages
@@ -21,6 +22,9 @@ from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
+from llmgw.limits.policy import LimitPolicy
+from llmgw.limits.postgres import PostgresLimitStore
+from llmgw.limits.store import LimitStore
 from llmgw.middleware import (
     add_response_headers,
     auth_middleware,
@@ -28,11 +32,9 @@ from llmgw.middleware import (
     rate_limit_middleware,
     request_context_middleware,
 )
-from llmgw.policy.guards import PolicyGuard
 from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
-from llmgw.ratelimit.base import RateLimiter
-from llmgw.ratelimit.postgres import PostgresRateLimiter
+from llmgw.providers.venice import VeniceProvider
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
@@ -47,13 +49,21 @@ __all__ = ["create_app"]
 ProvidersFactory = Callable[[Settings], ProviderRegistry]
 
 
-def _rate_limiter(settings: Settings, pool: asyncpg.Pool, database_url: str) -> RateLimiter:
+def _limit_store(settings: Settings, pool: asyncpg.Pool, database_url: str) -> LimitStore:
     if settings.rate_limit_backend == "redis":
-        from llmgw.ratelimit.redis import RedisRateLimiter
+        from llmgw.limits.redis import RedisLimitStore
 
         assert settings.redis_url is not None  # load_settings requires it for this backend
-        return RedisRateLimiter(settings.redis_url)
-    return PostgresRateLimiter(pool, database_url)
+        return RedisLimitStore(settings.redis_url)
+    return PostgresLimitStore(pool, database_url)
+
+
+def _configured_prices(settings: Settings) -> dict[tuple[str, str | None], Price]:
+    return {
+        (spec.name, None): Price(spec.input_usd_per_mtok, spec.output_usd_per_mtok)
+        for spec in settings.providers
+        if spec.input_usd_per_mtok is not None and spec.output_usd_per_mtok is not None
+    }
 
 
 async def _list_models_once(
@@ -90,6 +100,9 @@ def create_app(
     app[app_keys.SETTINGS] = settings
     app[app_keys.TELEMETRY] = telemetry
     app[MODELS_CACHE] = ModelListCache()
+    prices = PriceTable(
+        _configured_prices(settings), refresh_seconds=settings.price_refresh_seconds
+    )
 
     async def database(app: web.Application) -> AsyncIterator[None]:
         pool = await create_pool(database_url)
@@ -97,10 +110,14 @@ def create_app(
         authenticator = Authenticator(pool, database_url)
         await authenticator.start()
         app[app_keys.AUTHENTICATOR] = authenticator
-        limiter = _rate_limiter(settings, pool, database_url)
-        await limiter.start()
-        app[app_keys.RATE_LIMITER] = limiter
-        policy = app[app_keys.POLICY] = PolicyGuard(pool)
+        limits = LimitPolicy(
+            _limit_store(settings, pool, database_url),
+            prices,
+            default_max_output_tokens=settings.default_max_output_tokens,
+            on_window_refusal=lambda: telemetry.instruments.rate_limit_refusals.add(1),
+        )
+        await limits.start()
+        app[app_keys.LIMITS] = limits
         ledger = UsageLedger(
             pool,
             on_drop=telemetry.instruments.usage_ledger_dropped.add,
@@ -108,14 +125,14 @@ def create_app(
         )
         await ledger.start()
         app[app_keys.LEDGER] = ledger
-        app[app_keys.USAGE] = UsageAccounting(policy, ledger)
+        app[app_keys.USAGE] = UsageAccounting(limits, ledger)
         responses = app[RESPONSE_STORE] = ResponseStore(
             pool, retention=timedelta(days=settings.responses_retention_days)
         )
         yield
         await responses.close()
         await ledger.close()  # after the server stopped: every finished request is written
-        await limiter.close()
+        await limits.close()  # and every reservation settled
         await authenticator.close()
         await pool.close()
 
@@ -125,6 +142,7 @@ def create_app(
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
         remember_listed(registry.aliases)
+        await prices.start([p for p in registry.providers if isinstance(p, VeniceProvider)])
         reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
         app[RELOADER] = reloader
         check = (
@@ -141,6 +159,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await check
         await reloader.close()
+        await prices.close()
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:
@@ -174,7 +193,7 @@ def create_app(
                 public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
                 instruments=telemetry.instruments,
             ),
-            rate_limit_middleware(instruments=telemetry.instruments),
+            rate_limit_middleware(),
         ]
     )
     app.on_response_prepare.append(add_response_headers)

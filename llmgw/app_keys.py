@@ -8,19 +8,18 @@ from aiohttp import web
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
-from llmgw.policy.guards import PolicyGuard
+from llmgw.limits.policy import LimitPolicy
+from llmgw.limits.store import RateLimitDecision
 from llmgw.providers.registry import ProviderRegistry
-from llmgw.ratelimit.base import RateLimitDecision, RateLimiter
 from llmgw.storage.ledger import UsageLedger
 from llmgw.telemetry.runtime import Telemetry
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
-RATE_LIMITER = web.AppKey("rate_limiter", RateLimiter)
+LIMITS = web.AppKey("limits", LimitPolicy)
 PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
-POLICY = web.AppKey("policy", PolicyGuard)
 LEDGER = web.AppKey("ledger", UsageLedger)
 USAGE = web.AppKey("usage", UsageAccounting)
 

@@ -116,8 +116,18 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "1048576",
         "largest single event of a provider's stream (and JSON answer to a stream)",
     ),
-    EnvVar("RATE_LIMIT_BACKEND", "postgres", "where rate-limit windows live: postgres or redis"),
+    EnvVar(
+        "RATE_LIMIT_BACKEND",
+        "postgres",
+        "where limits live (windows, reservations, concurrency): postgres or redis",
+    ),
     EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
+    EnvVar(
+        "DEFAULT_MAX_OUTPUT_TOKENS",
+        "4096",
+        "output tokens reserved for a request that sets no max_tokens (capped by the model's own)",
+    ),
+    EnvVar("PRICE_REFRESH_SECONDS", "3600", "how often Venice's model prices are fetched again"),
     EnvVar("LLMGW_PROMETHEUS", "false", "true = also serve metrics at GET /metrics"),
     EnvVar("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
     EnvVar(
@@ -157,6 +167,8 @@ class Settings:
     upstream_max_event_bytes: int = 1_048_576
     rate_limit_backend: str = "postgres"
     redis_url: str | None = attrs.field(default=None, repr=False)
+    default_max_output_tokens: int = 4096
+    price_refresh_seconds: float = 3600.0
     prometheus: bool = False
     log_level: str = "INFO"
     admin_token: str | None = attrs.field(default=None, repr=False)
@@ -255,6 +267,12 @@ def load_settings(
         ),
         rate_limit_backend=backend,
         redis_url=redis_url,
+        default_max_output_tokens=reader.get(
+            "DEFAULT_MAX_OUTPUT_TOKENS", _parse_int(1, 10_000_000), "an integer 1-10000000"
+        ),
+        price_refresh_seconds=reader.get(
+            "PRICE_REFRESH_SECONDS", _parse_positive_float, "a positive number of seconds"
+        ),
         prometheus=reader.get("LLMGW_PROMETHEUS", _parse_bool, "true or false"),
         admin_token=reader.optional(
             "LLMGW_ADMIN_TOKEN", _parse_admin_token, "at least 16 printable characters"

@@ -4,6 +4,7 @@
     ├── InvalidRequest                400 invalid_request_error   (param names the field)
     ├── AuthenticationFailed          401 invalid_request_error / invalid_api_key
     ├── ModelNotAllowed               403 permission_error / model_not_allowed
+    ├── PriceUnknown                  403 permission_error / price_unknown
     ├── NotFound                      404 invalid_request_error / not_found
     ├── MethodNotAllowed              405 invalid_request_error / method_not_allowed
     ├── RequestTimeout                408 invalid_request_error / request_timeout
@@ -37,6 +38,7 @@ __all__ = [
     "ModelNotAllowed",
     "NotFound",
     "PayloadTooLarge",
+    "PriceUnknown",
     "ProviderError",
     "RateLimited",
     "RequestTimeout",
@@ -110,6 +112,14 @@ class ModelNotAllowed(GatewayError):
     status = 403
     error_type = "permission_error"
     code = "model_not_allowed"
+
+
+class PriceUnknown(GatewayError):
+    """A budget applies but the model has no price, so the request cannot be metered."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "price_unknown"
 
 
 class NotFound(GatewayError):

@@ -23,13 +23,13 @@ from llmgw.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
-    RateLimited,
 )
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import GatewayInstruments
 from llmgw.telemetry.logs import REQUEST_ID
 
 __all__ = [
+    "ADMITS_ITSELF",
     "add_response_headers",
     "auth_middleware",
     "error_middleware",
@@ -40,6 +40,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Set on a route handler that admits its requests itself (the proxy pipeline): see rate_limit_middleware.
+ADMITS_ITSELF = "llmgw_admits_itself"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _ERROR_TYPE_ON_SPAN = web.RequestKey("error_type", str)
 # The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
@@ -212,23 +214,21 @@ def auth_middleware(
     return impl
 
 
-def rate_limit_middleware(*, instruments: GatewayInstruments) -> Middleware:
-    """Count the request against its key's window; refuse with 429 and Retry-After when full."""
+def rate_limit_middleware() -> Middleware:
+    """Count the request against its key's window; refuse with 429 and Retry-After when full.
+
+    Requests whose handler admits them itself (``admits_itself``) and whose key reserves limits
+    are counted there instead, in the same round trip as their reservations.
+    """
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
         key = request.get(app_keys.API_KEY)
         if key is None:
             return await handler(request)
-        decision = await request.app[app_keys.RATE_LIMITER].hit(key)
-        request[app_keys.RATE_LIMIT] = decision
-        if not decision.allowed:
-            instruments.rate_limit_refusals.add(1)
-            raise RateLimited(
-                f"Rate limit of {decision.limit} requests per {key.rate_limit_window_seconds}s "
-                f"reached for this key; retry in {decision.retry_after}s.",
-                headers={"Retry-After": str(decision.retry_after)},
-            )
+        limits = request.app[app_keys.LIMITS]
+        if not (limits.reserves(key) and getattr(request.match_info.handler, ADMITS_ITSELF, False)):
+            request[app_keys.RATE_LIMIT] = await limits.hit(key)
         return await handler(request)
 
     return impl

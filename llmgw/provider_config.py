@@ -10,6 +10,8 @@
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
     responses = "native"             # optional: it serves POST /responses itself; default
                                      # "translate" (Responses requests become chat completions)
+    input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
+    output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
     [[models]]
     alias = "fast"                   # what callers send as "model"
@@ -77,6 +79,8 @@ class ProviderSpec:
     max_retries: int | None = None  # None: VENICE_MAX_RETRIES
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
     responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
+    input_usd_per_mtok: float | None = None  # both or neither
+    output_usd_per_mtok: float | None = None
 
 
 @attrs.frozen
@@ -200,6 +204,16 @@ class _Parser:
         retries = self.optional(table, where, "max_retries", int)
         if retries is not None and not 0 <= retries <= 10:
             self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
+        price_keys = ("input_usd_per_mtok", "output_usd_per_mtok")
+        prices = [self.optional(table, where, price_key, _NUMBER) for price_key in price_keys]
+        for price_key, value in zip(price_keys, prices, strict=True):
+            if value is not None and not 0 <= value < float("inf"):
+                self.fail(f"{where}.{price_key}", f"expected a number >= 0, got {_show(value)}")
+        if (prices[0] is None) != (prices[1] is None):
+            self.fail(
+                f"{where}.input_usd_per_mtok",
+                "input_usd_per_mtok and output_usd_per_mtok go together; set both or neither",
+            )
         headers = self.optional(table, where, "headers", dict) or {}
         for header, value in headers.items():
             if not isinstance(value, str):
@@ -218,6 +232,8 @@ class _Parser:
             max_retries=retries,
             headers=dict(headers),
             responses=cast(ResponsesMode, responses),
+            input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
+            output_usd_per_mtok=None if prices[1] is None else float(prices[1]),
         )
 
     def model_alias(

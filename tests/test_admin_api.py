@@ -87,7 +87,8 @@ async def test_key_lifecycle_through_the_admin_api(admin: Admin) -> None:
     assert created["is_active"] is True
     expected_fields = {
         "id", "prefix", "name", "subject_id", "rate_limit_requests", "rate_limit_window_seconds",
-        "allowed_models", "expires_at", "tokens_per_minute", "is_active", "created_at",
+        "allowed_models", "expires_at", "tokens_per_minute", "max_concurrent_requests", "is_active",
+        "created_at",
         "last_used_at", "revoked_at",
     }  # fmt: skip
     assert set(created) == expected_fields
@@ -277,3 +278,13 @@ async def test_budgets_at_the_edges_are_stored(admin: Admin, budget: float) -> N
     )
     assert status == 200, answer
     assert float(answer["monthly_budget_usd"]) > 0 or budget == 0
+
+
+async def test_max_concurrent_requests_is_set_checked_and_cleared(admin: Any) -> None:
+    status, created = await admin.call("POST", "/keys", {"name": "c", "max_concurrent_requests": 2})
+    assert (status, created["max_concurrent_requests"]) == (201, 2)
+    status, refused = await admin.call("POST", "/keys", {"name": "c", "max_concurrent_requests": 0})
+    assert (status, refused["error"]["type"]) == (400, "invalid_request_error")
+    path = f"/keys/{created['id']}"
+    status, changed = await admin.call("PATCH", path, {"max_concurrent_requests": None})
+    assert (status, changed["max_concurrent_requests"]) == (200, None)

@@ -127,6 +127,6 @@ async def test_expired_windows_are_pruned(gateway: Gateway, api_key: str) -> Non
         key_id,
     )
     assert (await post(gateway, {"Authorization": f"Bearer {api_key}"}))[0] == 200
-    limiter = gateway.server.app[app_keys.RATE_LIMITER]
-    assert await limiter.prune() == 1
+    store = gateway.server.app[app_keys.LIMITS].store
+    assert await store.prune() == 1  # type: ignore[attr-defined]
     assert await gateway.db.fetchval("SELECT count(*) FROM api_key_rate_limit_windows") == 1

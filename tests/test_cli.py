@@ -17,14 +17,17 @@ from tests.processes import run_llmgw as llmgw
 
 async def test_keys_create_list_revoke_rotate(database_url: str, db: asyncpg.Connection) -> None:
     env = clean_env(DATABASE_URL=database_url)
-    created = llmgw("keys", "create", "--name", "demo", "--rate-limit-requests", "7", env=env)
+    created = llmgw(
+        "keys", "create", "--name", "demo", "--rate-limit-requests", "7",
+        "--max-concurrent-requests", "3", env=env,
+    )  # fmt: skip
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
     assert key.startswith("llmg_") and len(key) >= 5 + 43
 
     row = await db.fetchrow("SELECT * FROM api_keys")
     assert row["prefix"] == key[:12] and bytes(row["key_hash"]) == hash_key(key)
-    assert row["rate_limit_requests"] == 7
+    assert (row["rate_limit_requests"], row["max_concurrent_requests"]) == (7, 3)
     assert key not in " ".join(map(str, row.values()))
 
     listed = llmgw("keys", "list", "--json", env=env)
@@ -38,6 +41,7 @@ async def test_keys_create_list_revoke_rotate(database_url: str, db: asyncpg.Con
     assert rotated.returncode == 0, rotated.stderr
     new = json.loads(rotated.stdout)
     assert new["key"] != key and new["rate_limit_requests"] == 7 and new["is_active"]
+    assert new["max_concurrent_requests"] == 3
     assert await db.fetchval("SELECT is_active FROM api_keys WHERE prefix = $1", key[:12]) is False
 
     revoked = llmgw("keys", "revoke", new["id"], env=env)

@@ -52,6 +52,11 @@ async def flush(gateway: Gateway) -> None:
     assert await gateway.server.app[app_keys.LEDGER].flush()
 
 
+async def settle(gateway: Gateway) -> None:
+    """Wait for the settlements of finished requests (they are sent in the background)."""
+    assert await gateway.server.app[app_keys.LIMITS].flush()
+
+
 async def test_a_key_limited_to_one_model_gets_403_for_another(gateway: Gateway) -> None:
     key = await gateway.create_key(allowed_models=("qwen3-5-9b",))
     async with aiohttp.ClientSession() as session:
@@ -75,27 +80,44 @@ async def test_subject_over_its_budget_gets_budget_exceeded(gateway: Gateway) ->
         "INSERT INTO subjects (subject_id, monthly_budget_usd) VALUES ($1, 0.01)", subject
     )
     key = await gateway.create_key(subject_id=subject)
+    limits = gateway.server.app[app_keys.LIMITS]
+    await limits.prices.loaded()
+    worst = limits.worst_case(
+        {"messages": MESSAGES, "max_tokens": 5},
+        gateway.server.app[app_keys.PROVIDERS].resolve("qwen3-5-9b").deployments,
+        produces_output=True,
+        priced=True,
+        model="qwen3-5-9b",
+    )
+    assert worst.cost_usd is not None
     admitted = 0
     async with aiohttp.ClientSession() as session:
         for _ in range(40):
-            status, body = await chat(session, gateway, key)
+            status, body = await chat(session, gateway, key, max_tokens=5)
             if status != 200:
                 break
             admitted += 1
+            await settle(gateway)
     assert status == 429
     assert body["error"]["code"] == "budget_exceeded"
     assert "resets on" in body["error"]["message"]
-    assert admitted == int(Decimal("0.01") / Decimal(str(COST))) + 1
+    # Admitted while what was spent plus this request's worst case fitted: never over the cap.
+    spent = admitted * COST
+    assert spent <= 0.01 < spent + worst.cost_usd
     await flush(gateway)
-    spent = await gateway.db.fetchval("SELECT spend_usd FROM subject_monthly_spend")
-    assert Decimal("0.01") <= spent < Decimal("0.01") + Decimal(str(COST))
+    ledger = await gateway.db.fetchval("SELECT spend_usd FROM subject_monthly_spend")
+    assert ledger == Decimal(str(COST)) * admitted
 
 
 async def test_tokens_per_minute_limit_is_charged_from_reported_usage(gateway: Gateway) -> None:
-    key = await gateway.create_key(tokens_per_minute=20)  # 8 tokens per request at the fake
+    # Worst case 17 tokens (12 estimated input + max_tokens 5); the fake reports 8 per request.
+    key = await gateway.create_key(tokens_per_minute=40)
+    statuses = []
     async with aiohttp.ClientSession() as session:
-        statuses = [(await chat(session, gateway, key))[0] for _ in range(4)]
-        _, body = await chat(session, gateway, key)
+        for _ in range(4):
+            statuses.append((await chat(session, gateway, key, max_tokens=5))[0])
+            await settle(gateway)
+        _, body = await chat(session, gateway, key, max_tokens=5)
     assert statuses == [200, 200, 200, 429]
     assert body["error"]["code"] == "tokens_per_minute_exceeded"
 
@@ -177,3 +199,20 @@ async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> 
     assert result.returncode == 0, result.stderr
     assert "deleted 3" in result.stdout
     assert await gateway.db.fetchval("SELECT count(*) FROM usage_events") == 0
+
+
+async def test_a_budgeted_key_calling_an_unpriced_model_gets_price_unknown(
+    gateway: Gateway,
+) -> None:
+    subject = uuid.uuid4()
+    await gateway.db.execute(
+        "INSERT INTO subjects (subject_id, monthly_budget_usd) VALUES ($1, 10)", subject
+    )
+    key = await gateway.create_key(subject_id=subject)
+    async with aiohttp.ClientSession() as session:
+        status, body = await chat(session, gateway, key, model="not-in-the-listing", max_tokens=5)
+        assert (status, body["error"]["code"]) == (403, "price_unknown")
+        assert (await chat(session, gateway, key, max_tokens=5))[0] == 200
+    assert [r.path for r in gateway.fake.received if r.method == "POST"] == [
+        "/api/v1/chat/completions"
+    ]

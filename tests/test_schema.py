@@ -56,6 +56,7 @@ async def test_a_valid_key_row_is_accepted_with_defaults(db: asyncpg.Connection)
         ({"rate_limit_window_seconds": -1}, asyncpg.CheckViolationError),
         ({"revoked_at": NOW}, asyncpg.CheckViolationError),
         ({"name": None}, asyncpg.NotNullViolationError),
+        ({"max_concurrent_requests": 0}, asyncpg.CheckViolationError),
     ],
 )
 async def test_impossible_key_rows_are_rejected(
@@ -235,7 +236,7 @@ async def test_impossible_dead_letters_are_rejected(
 
 
 async def test_0004_keeps_the_ledger_rows_of_0003_and_back(empty_database: str) -> None:
-    await asyncio.to_thread(migrations.upgrade, empty_database, "0003")
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0004")
     connection = await asyncpg.connect(empty_database)
     try:
         await insert_usage(connection, cost_usd=Decimal("0.00000001"))
@@ -253,5 +254,51 @@ async def test_0004_keeps_the_ledger_rows_of_0003_and_back(empty_database: str) 
             (200, Decimal("0.00000001")),
             (502, Decimal("0.00010472")),  # 0003 keeps 8 places
         ]
+    finally:
+        await connection.close()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [("", 0, 0), ("c", -1, 0), ("c", 0, -0.5)],
+)
+async def test_impossible_limit_counters_are_rejected(
+    db: asyncpg.Connection, values: tuple[str, float, float]
+) -> None:
+    with pytest.raises(asyncpg.CheckViolationError):
+        await db.execute(
+            "INSERT INTO limit_counters (counter, used, reserved, keep_until) "
+            "VALUES ($1, $2, $3, now())",
+            *values,
+        )
+
+
+async def test_a_lease_needs_its_counter_and_goes_with_it(db: asyncpg.Connection) -> None:
+    lease = "INSERT INTO limit_leases VALUES ($1, 'c', $2, now())"
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await db.execute(lease, uuid.uuid4(), 1)
+    await db.execute("INSERT INTO limit_counters (counter, keep_until) VALUES ('c', now())")
+    with pytest.raises(asyncpg.CheckViolationError):
+        await db.execute(lease, uuid.uuid4(), -1)
+    await db.execute(lease, uuid.uuid4(), 1)
+    await db.execute("DELETE FROM limit_counters")
+    assert await db.fetchval("SELECT count(*) FROM limit_leases") == 0
+
+
+async def test_the_limits_migration_keeps_this_months_spend(empty_database: str) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0004")
+    connection = await asyncpg.connect(empty_database)
+    try:
+        subject = uuid.uuid4()
+        await connection.execute(
+            "INSERT INTO subject_monthly_spend VALUES "
+            "($1, date_trunc('month', now() AT TIME ZONE 'UTC')::date, 1.5), "
+            "($1, '2020-01-01', 9)",
+            subject,
+        )
+        await asyncio.to_thread(migrations.upgrade, empty_database, "0005")
+        rows = await connection.fetch("SELECT counter, used FROM limit_counters")
+        month = datetime.now(UTC).strftime("%Y-%m")
+        assert [(r["counter"], r["used"]) for r in rows] == [(f"budget:{subject}:{month}", 1.5)]
     finally:
         await connection.close()

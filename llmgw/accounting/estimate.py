@@ -14,7 +14,12 @@ from typing import Any
 
 import orjson
 
-__all__ = ["BYTES_PER_TOKEN", "estimate_input_tokens", "estimate_output_tokens"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "estimate_input_tokens",
+    "estimate_output_tokens",
+    "worst_case_output_tokens",
+]
 
 BYTES_PER_TOKEN = 4
 # Fields of a chat completions body that reach the model's context.
@@ -34,3 +39,24 @@ def estimate_input_tokens(chat_body: dict[str, Any]) -> int:
 def estimate_output_tokens(output_chars: int) -> int:
     """Output tokens of ``output_chars`` characters the provider produced (content, tool arguments)."""
     return math.ceil(max(0, output_chars) / BYTES_PER_TOKEN)
+
+
+def worst_case_output_tokens(
+    chat_body: dict[str, Any], *, model_max: int | None, default_max: int
+) -> int:
+    """The most output tokens a chat request can produce: what it asks for (``max_completion_tokens``,
+    else ``max_tokens``), else the model's maximum capped by ``default_max``; times ``n`` choices."""
+    asked = next(
+        (
+            value
+            for value in (chat_body.get("max_completion_tokens"), chat_body.get("max_tokens"))
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0
+        ),
+        None,
+    )
+    if asked is None:
+        asked = default_max if model_max is None else min(model_max, default_max)
+    choices = chat_body.get("n")
+    if not isinstance(choices, int) or isinstance(choices, bool) or choices < 1:
+        choices = 1
+    return asked * choices

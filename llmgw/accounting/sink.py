@@ -1,21 +1,27 @@
-"""Where a finished request's usage goes: the local policy view at once, the ledger in batches."""
+"""Where a finished request's one usage record goes: the billing log line, the settlement of what
+it reserved (limits), and the usage ledger (in batches, off the request path)."""
 
 from __future__ import annotations
+
+import logging
 
 import attrs
 
 from llmgw.accounting.usage import UsageRecord
-from llmgw.policy.guards import PolicyGuard
+from llmgw.limits.policy import Admitted, LimitPolicy
 from llmgw.storage.ledger import UsageLedger
 
 __all__ = ["UsageAccounting"]
 
+billing_log = logging.getLogger("llmgw.billing")
+
 
 @attrs.frozen
 class UsageAccounting:
-    policy: PolicyGuard
+    limits: LimitPolicy
     ledger: UsageLedger
 
-    def __call__(self, record: UsageRecord) -> None:
-        self.policy.account(record)
+    def __call__(self, record: UsageRecord, admitted: Admitted) -> None:
+        billing_log.info("billing record", extra={"event": "venice.billing", **record.log_fields()})
+        self.limits.settle(admitted, record)
         self.ledger.record(record)

@@ -127,6 +127,7 @@ class UsageRecord:
     time_to_first_chunk_ms: float | None
     trace_id: str | None
     usage_source: str = "reported"  # or "estimated": computed by the gateway, not the provider's
+    cost_computed: bool = False  # the cost is from the price table, not the provider
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
 

@@ -94,6 +94,7 @@ class KeyCreate:
     allowed_models: tuple[str, ...] = attrs.field(default=(), validator=_model_names)
     expires_at: datetime | None = None
     tokens_per_minute: int | None = attrs.field(default=None, validator=_optional_positive)
+    max_concurrent_requests: int | None = attrs.field(default=None, validator=_optional_positive)
 
 
 @attrs.frozen

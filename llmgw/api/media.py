@@ -22,6 +22,7 @@ from llmgw import app_keys
 from llmgw.api.body import read_json_object
 from llmgw.api.pipeline import (
     CLIENT_CLOSED_REQUEST,
+    Exchange,
     Operation,
     UpstreamRequest,
     observe_upstream,
@@ -36,9 +37,10 @@ from llmgw.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
-from llmgw.providers.base import Provider, UpstreamCall, UpstreamStream
+from llmgw.providers.base import UpstreamCall, UpstreamStream
+from llmgw.providers.fallback import FallbackChain
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.genai import ChatObservation, Outcome
+from llmgw.telemetry.genai import Outcome
 
 __all__ = ["create_image", "create_speech", "create_transcription"]
 
@@ -68,6 +70,7 @@ IMAGES = Operation(
     name=sc.OPERATION_IMAGE_GENERATION,
     validate=_validate_image,
     complete=lambda provider, call: provider.forward("/images/generations", call),
+    produces_output=False,
 )
 
 
@@ -82,23 +85,35 @@ async def create_speech(request: web.Request, key: AuthenticatedKey) -> web.Stre
     raw, body = await read_json_object(request)
     model = _require_model(body)
     _require_text(body, "input")
-    upstream = UpstreamRequest(sc.OPERATION_TEXT_TO_SPEECH, model, True, body, raw)
-    route, call, observation = await start_call(request, key, upstream)
+    upstream = UpstreamRequest(
+        sc.OPERATION_TEXT_TO_SPEECH, model, True, body, raw, produces_output=False
+    )
+    route, call, exchange = await start_call(request, key, upstream)
     opened = await observe_upstream(
-        observation,
-        functools.partial(route.forward_stream, "/audio/speech", call, accept="*/*"),
+        exchange,
+        functools.partial(_open_speech, route, call, exchange),
         translate_errors=False,
     )
     if isinstance(opened, web.StreamResponse):
         return opened  # the provider's error, forwarded
-    observation.retries = opened.retries
-    return await _relay_audio(request, opened, observation)
+    exchange.observation.retries = opened.retries
+    return await _relay_audio(request, opened, exchange)
+
+
+async def _open_speech(
+    route: FallbackChain, call: UpstreamCall, exchange: Exchange
+) -> UpstreamStream:
+    answer = await route.first_answer(
+        call, lambda provider, c: provider.forward_stream("/audio/speech", c, accept="*/*")
+    )
+    return exchange.answered(answer)
 
 
 async def _relay_audio(
-    request: web.Request, upstream: UpstreamStream, observation: ChatObservation
+    request: web.Request, upstream: UpstreamStream, exchange: Exchange
 ) -> web.StreamResponse:
     """The provider's audio, written to the client chunk by chunk as it arrives."""
+    observation = exchange.observation
     response = web.StreamResponse(
         status=200,
         headers={
@@ -122,7 +137,7 @@ async def _relay_audio(
             request.transport.abort()
     finally:
         await upstream.close()
-        observation.finish(status=status, outcome=outcome, error_type=error_type)
+        exchange.finish(status=status, outcome=outcome, error_type=error_type)
     return response
 
 
@@ -228,20 +243,21 @@ async def create_transcription(request: web.Request, key: AuthenticatedKey) -> w
         content_type=_FORM_TYPE,
         encode_for_model=upload.encode,
     )
-    route, call, observation = await start_call(request, key, upstream)
+    route, call, exchange = await start_call(request, key, upstream)
     return await observe_upstream(
-        observation,
-        functools.partial(_transcribe, route, call, observation),
-        translate_errors=False,
+        exchange, functools.partial(_transcribe, route, call, exchange), translate_errors=False
     )
 
 
 async def _transcribe(
-    provider: Provider, call: UpstreamCall, observation: ChatObservation
+    route: FallbackChain, call: UpstreamCall, exchange: Exchange
 ) -> web.StreamResponse:
-    result = await provider.forward("/audio/transcriptions", call)
-    observation.retries = result.retries
-    observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    answer = await route.first_answer(
+        call, lambda provider, c: provider.forward("/audio/transcriptions", c)
+    )
+    result = exchange.answered(answer)
+    exchange.observation.retries = result.retries
+    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     # JSON or text/plain (response_format=text), as the provider answered.
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}

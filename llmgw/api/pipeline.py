@@ -1,11 +1,13 @@
 """The one pipeline every proxied operation (chat, embeddings, messages, responses, media) goes
 through.
 
-    read the body → validate (→ translate) → admit → route the model → open the observation
-    → call the route → answer (→ translate back)
+    read the body → validate (→ translate) → route the model → admit (limits) → open the
+    observation → call the route → answer (→ translate back) → finish the observation → one
+    usage record to accounting
 
-The key and the route are both known right after ``resolve``; the observation finishes exactly once,
-whatever the outcome. An :class:`Operation` says what differs between JSON operations; an operation
+The pipeline owns the outcome: the provider call returns its answer (or a stream the relay
+summarises), and only here is the observation finished and the usage record made, exactly once,
+whatever happened. An :class:`Operation` says what differs between JSON operations; an operation
 whose body is not JSON (an upload) or whose answer is not (audio) reads its own body, starts with
 :func:`start_call` and calls the provider through :func:`observe_upstream`.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import attrs
@@ -23,26 +26,33 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
-from llmgw.accounting.estimate import estimate_input_tokens
-from llmgw.accounting.usage import parse_usage
+from llmgw.accounting.charges import charge
+from llmgw.accounting.estimate import estimate_input_tokens, estimate_output_tokens
+from llmgw.accounting.prices import Price
+from llmgw.accounting.usage import UsageRecord, parse_usage
 from llmgw.api.body import read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
+from llmgw.limits.policy import Admitted
 from llmgw.providers.base import (
     ChatStream,
+    Deployment,
     Provider,
     UpstreamCall,
     UpstreamHTTPError,
     UpstreamResponse,
 )
+from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.streaming.relay import relay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
+from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
+    "Exchange",
     "Operation",
     "UpstreamRequest",
     "forward_upstream_error",
@@ -61,6 +71,7 @@ class Operation:
     name: str  # gen_ai.operation.name, and the first word of the span name
     validate: Callable[[dict[str, Any]], tuple[str, bool]]  # the body -> (model, stream)
     complete: Callable[[Provider, UpstreamCall], Awaitable[UpstreamResponse]]  # not streamed
+    produces_output: bool = True  # False: no output tokens (embeddings, images)
     # Another API served through chat completions (or a provider's own dialect of it): the
     # request, answers and errors translated.
     codec: ApiCodec | None = None
@@ -76,6 +87,89 @@ def forward_upstream_error(response: UpstreamResponse) -> web.Response:
     if response.retry_after is not None:
         headers["Retry-After"] = response.retry_after
     return web.Response(status=response.status, body=response.body, headers=headers)
+
+
+@attrs.define(slots=True)
+class Exchange:
+    """One proxied request from its admission to its one usage record."""
+
+    request: web.Request
+    key: AuthenticatedKey
+    body: dict[str, Any]
+    admitted: Admitted
+    observation: ChatObservation
+    deployment: Deployment | None = None  # the one that answered
+    provider_worked: bool = False  # a deployment accepted the request: it bills it
+    output_chars: int = 0  # what the provider produced, for an estimate
+    finished: bool = False
+
+    def _estimate(self) -> tuple[int, int]:
+        return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
+
+    def stream_ended(self, summary: StreamSummary) -> None:
+        """The relay's one report of how the stream ended (possibly after a background drain)."""
+        self.observation.usage = summary.usage
+        self.output_chars = summary.output_chars
+        self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
+
+    def answered(self, answer: Answer[T]) -> T:
+        """The route answered: that deployment bills the request, whatever happens next."""
+        self.deployment = answer.deployment
+        self.provider_worked = True
+        return answer.result
+
+    def _price(self) -> Price | None:
+        if self.deployment is None:
+            return None
+        prices = self.request.app[app_keys.LIMITS].prices
+        prices.warm()  # a price from a listing not fetched yet is there for the next request
+        return prices.price(self.deployment.provider.name, self.deployment.model)
+
+    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        observation = self.observation
+        charged = charge(
+            observation.usage,
+            provider_worked=self.provider_worked,
+            estimate=self._estimate,
+            price=self._price,
+        )
+        if charged.source != "reported":
+            observation.usage = attrs.evolve(charged.usage, cost_usd=None)
+            observation.usage_source = charged.source
+        finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
+        usage = charged.usage
+        attributes = observation.metric_attributes
+        record = UsageRecord(
+            occurred_at=datetime.now(UTC),
+            api_key_id=self.key.id,
+            subject_id=self.key.subject_id,
+            request_id=self.request[app_keys.REQUEST_ID],
+            response_id=observation.response_id,
+            operation=attributes[sc.GEN_AI_OPERATION_NAME],
+            provider=attributes[sc.GEN_AI_PROVIDER_NAME],
+            deployment=observation.deployment,
+            model=attributes[sc.GEN_AI_REQUEST_MODEL],
+            response_model=observation.response_model,
+            stream=observation.stream,
+            status=status,
+            outcome=outcome,
+            error_type=error_type,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=usage.cost_usd,
+            cost_diem=usage.cost_diem,
+            duration_ms=round(finished.duration_s * 1000, 3),
+            time_to_first_chunk_ms=None
+            if finished.time_to_first_chunk_s is None
+            else round(finished.time_to_first_chunk_s * 1000, 3),
+            trace_id=finished.trace_id,
+            usage_source=charged.source,
+            cost_computed=charged.cost_computed,
+        )
+        self.request.app[app_keys.USAGE](record, self.admitted)
 
 
 async def proxy(
@@ -96,40 +190,28 @@ async def proxy(
             "include_usage": True,
         }
     sent = orjson.dumps(body) if hide_usage_chunk or codec is not None else raw
-    route, call, observation = await start_call(
-        request, key, UpstreamRequest(operation.name, model, stream, body, sent)
-    )
-    translator = (
-        codec.stream_translator(
-            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
-        )
-        if codec is not None and stream
-        else None
+    route, call, exchange = await start_call(
+        request,
+        key,
+        UpstreamRequest(
+            operation.name, model, stream, body, sent, produces_output=operation.produces_output
+        ),
     )
     translate_errors = codec is not None
     if not stream:
         return await observe_upstream(
-            observation,
-            functools.partial(_complete, operation, route, call, observation, caller_body),
+            exchange,
+            functools.partial(_complete, operation, route, call, exchange, caller_body),
             translate_errors=translate_errors,
         )
-    opened = await observe_upstream(
-        observation,
-        functools.partial(operation.open_stream, route, call),
-        translate_errors=translate_errors,
+    translator = (
+        codec.stream_translator(
+            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+        )
+        if codec is not None
+        else None
     )
-    if isinstance(opened, web.StreamResponse):
-        return opened  # the provider's error, forwarded
-    observation.retries = opened.retries
-    # From here the relay tells how the stream ended, once, possibly after the caller left.
-    return await relay_stream(
-        request,
-        opened,
-        observation,
-        hide_usage_chunk=hide_usage_chunk,
-        on_end=functools.partial(_finish_stream, observation),
-        translator=translator,
-    )
+    return await _stream(request, operation, route, call, exchange, hide_usage_chunk, translator)
 
 
 @attrs.frozen
@@ -139,44 +221,59 @@ class UpstreamRequest:
     operation: str  # gen_ai.operation.name
     model: str
     stream: bool
-    fields: dict[str, Any]  # the request's fields, for the span's request attributes
+    fields: dict[str, Any]  # the request's fields: span attributes and the admission's estimate
     body: bytes  # what is sent
     content_type: str = "application/json"
     encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
+    produces_output: bool = True  # False: no output tokens to reserve
 
 
 async def start_call(
     request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest
-) -> tuple[Provider, UpstreamCall, ChatObservation]:
-    """Admit, route and open the observation: what every operation shares once its body is read.
-    Returns the route, the call to send it, and the observation (which the caller finishes)."""
+) -> tuple[FallbackChain, UpstreamCall, Exchange]:
+    """Route, admit and open the observation: what every operation shares once its body is read.
+
+    Returns the route, the call to send it, and the exchange, which the caller finishes (through
+    :func:`observe_upstream` on failure).
+    """
     refuse_control_characters(upstream.model)
-    await request.app[app_keys.POLICY].admit(key, upstream.model)
     route = request.app[app_keys.PROVIDERS].resolve(upstream.model)
-    telemetry = request.app[app_keys.TELEMETRY]
-    observation = ChatObservation.start(
-        telemetry.tracer,
-        telemetry.instruments,
-        operation=upstream.operation,
-        provider_name=route.name,
-        server_address=route.server_address,
-        server_port=route.server_port,
-        provider_reports_cost=route.reports_cost,
-        body=upstream.fields,
+    limits = request.app[app_keys.LIMITS]
+    admitted = await limits.admit(
+        key,
         model=upstream.model,
-        stream=upstream.stream,
-        capture_content=telemetry.capture_content,
-        request_id=request[app_keys.REQUEST_ID],
-        key_id=key.id,
-        subject_id=key.subject_id,
-        record_sink=request.app[app_keys.USAGE],
+        body=upstream.fields,
+        deployments=route.deployments,
+        produces_output=upstream.produces_output,
+        window_counted=app_keys.RATE_LIMIT in request,
     )
-    call = attrs.evolve(
-        _upstream_call(request, upstream.body, upstream.model, observation),
-        content_type=upstream.content_type,
-        encode_for_model=upstream.encode_for_model,
-    )
-    return route, call, observation
+    if admitted.window is not None:
+        request[app_keys.RATE_LIMIT] = admitted.window
+    try:
+        telemetry = request.app[app_keys.TELEMETRY]
+        observation = ChatObservation.start(
+            telemetry.tracer,
+            telemetry.instruments,
+            operation=upstream.operation,
+            provider_name=route.name,
+            server_address=route.server_address,
+            server_port=route.server_port,
+            provider_reports_cost=route.reports_cost,
+            body=upstream.fields,
+            model=upstream.model,
+            stream=upstream.stream,
+            capture_content=telemetry.capture_content,
+        )
+        exchange = Exchange(request, key, upstream.fields, admitted, observation)
+        call = attrs.evolve(
+            _upstream_call(request, upstream.body, upstream.model, exchange),
+            content_type=upstream.content_type,
+            encode_for_model=upstream.encode_for_model,
+        )
+    except BaseException:
+        limits.settle(admitted, None)  # nothing was used: give it back
+        raise
+    return route, call, exchange
 
 
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
@@ -185,36 +282,83 @@ def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
 
 
 def _upstream_call(
-    request: web.Request, body: bytes, model: str, observation: ChatObservation
+    request: web.Request, body: bytes, model: str, exchange: Exchange
 ) -> UpstreamCall:
     settings = request.app[app_keys.SETTINGS]
     trace_headers: dict[str, str] = {}
-    propagate.inject(trace_headers, context=trace.set_span_in_context(observation.tracer_span))
+    span = exchange.observation.tracer_span
+    propagate.inject(trace_headers, context=trace.set_span_in_context(span))
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_seconds
     return UpstreamCall(
         body=body,
         deadline=deadline,
         trace_headers=trace_headers,
         model=model,
-        on_deployment=observation.deployment_tried,
+        on_deployment=exchange.observation.deployment_tried,
     )
 
 
-def _finish_stream(observation: ChatObservation, summary: StreamSummary) -> None:
-    observation.usage = summary.usage
-    observation.finish(
-        status=summary.status, outcome=summary.outcome, error_type=summary.error_type
+async def _open_stream(
+    operation: Operation, route: FallbackChain, call: UpstreamCall, exchange: Exchange
+) -> ChatStream:
+    return exchange.answered(await route.first_answer(call, operation.open_stream))
+
+
+async def _stream(
+    request: web.Request,
+    operation: Operation,
+    route: FallbackChain,
+    call: UpstreamCall,
+    exchange: Exchange,
+    hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
+) -> web.StreamResponse:
+    opened = await observe_upstream(
+        exchange,
+        functools.partial(_open_stream, operation, route, call, exchange),
+        translate_errors=translator is not None,
     )
+    if isinstance(opened, web.StreamResponse):
+        return opened  # the provider's error, forwarded
+    exchange.observation.retries = opened.retries
+    # From here the relay tells how the stream ended, once, possibly after the caller left.
+    return await relay_stream(
+        request,
+        opened,
+        exchange.observation,
+        hide_usage_chunk=hide_usage_chunk,
+        on_end=exchange.stream_ended,
+        translator=translator,
+    )
+
+
+def _output_chars(document: dict[str, Any]) -> int:
+    """Characters of content and tool-call arguments in a completion (for an estimate)."""
+    size = 0
+    choices = document.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        size += len(content) if isinstance(content, str) else 0
+        calls = message.get("tool_calls")
+        for tool_call in calls if isinstance(calls, list) else []:
+            function = tool_call.get("function") if isinstance(tool_call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            size += len(arguments) if isinstance(arguments, str) else 0
+    return size
 
 
 async def _complete(
     operation: Operation,
-    provider: Provider,
+    route: FallbackChain,
     call: UpstreamCall,
-    observation: ChatObservation,
+    exchange: Exchange,
     caller_body: dict[str, Any],
 ) -> web.StreamResponse:
-    result = await operation.complete(provider, call)
+    observation = exchange.observation
+    result = exchange.answered(await route.first_answer(call, operation.complete))
     observation.retries = result.retries
     answered_by = observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]
     try:
@@ -231,7 +375,12 @@ async def _complete(
         )
     observation.note_document(document)
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
-    observation.finish(status=result.status, outcome=Outcome.COMPLETED)
+    exchange.output_chars = _output_chars(document)
+    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
+    if exchange.admitted.lease_id is not None:
+        # One turn of the loop: the settlement (a freed concurrency slot) goes to the store before
+        # the answer goes to the client, so a client's next request finds the slot free.
+        await asyncio.sleep(0)
     if operation.codec is not None:
         answer = operation.codec.from_chat(document, request=caller_body)
         return web.Response(status=result.status, body=answer, content_type="application/json")
@@ -241,12 +390,12 @@ async def _complete(
 
 
 async def observe_upstream(
-    observation: ChatObservation,
+    exchange: Exchange,
     call: Callable[[], Awaitable[T]],
     *,
     translate_errors: bool,
 ) -> T | web.Response:
-    """Run ``call``; finish the observation on any failure it raises (success finishes itself).
+    """Run ``call``; finish the exchange on any failure it raises (success finishes itself).
 
     A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the
     error middleware renders in the route's own error shape.
@@ -254,8 +403,8 @@ async def observe_upstream(
     try:
         return await call()
     except UpstreamHTTPError as exc:
-        observation.retries = exc.response.retries
-        observation.finish(
+        exchange.observation.retries = exc.response.retries
+        exchange.finish(
             status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
         )
         if translate_errors:
@@ -265,10 +414,13 @@ async def observe_upstream(
             ) from None
         return forward_upstream_error(exc.response)
     except GatewayError as exc:
-        observation.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
+        exchange.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
         raise
-    except asyncio.CancelledError:
-        observation.finish(
+    except (asyncio.CancelledError, ConnectionResetError):
+        exchange.finish(
             status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
         )
+        raise
+    except Exception:
+        exchange.finish(status=500, outcome=Outcome.FAILED, error_type="internal_error")
         raise

@@ -38,9 +38,12 @@ __all__ = ["AuthenticatedKey", "Authenticator"]
 log = logging.getLogger(__name__)
 
 _LOOKUP = """
-SELECT id, subject_id, key_hash, rate_limit_requests, rate_limit_window_seconds,
-       extract(epoch FROM expires_at)::float8 AS expires_at_epoch, allowed_models, tokens_per_minute
-FROM api_keys WHERE prefix = $1 AND is_active AND revoked_at IS NULL
+SELECT k.id, k.subject_id, k.key_hash, k.rate_limit_requests, k.rate_limit_window_seconds,
+       extract(epoch FROM k.expires_at)::float8 AS expires_at_epoch, k.allowed_models,
+       k.tokens_per_minute, k.max_concurrent_requests,
+       s.monthly_budget_usd::float8 AS monthly_budget_usd
+FROM api_keys k LEFT JOIN subjects s ON s.subject_id = k.subject_id
+WHERE k.prefix = $1 AND k.is_active AND k.revoked_at IS NULL
 """
 _TOUCH = "UPDATE api_keys SET last_used_at = now() WHERE id = ANY($1::uuid[])"
 # Compared against when no row matches, so an unknown prefix costs the same as a wrong secret.
@@ -59,6 +62,9 @@ class AuthenticatedKey:
     expires_at_epoch: float | None = None  # Unix time after which the key is refused
     allowed_models: frozenset[str] = frozenset()  # empty: every model
     tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
+    # The subject's cap, read with the key (a change to it is announced like a key change).
+    monthly_budget_usd: float | None = None
 
     def allows_model(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -185,6 +191,8 @@ class Authenticator:
                 expires_at_epoch=row["expires_at_epoch"],
                 allowed_models=frozenset(row["allowed_models"]),
                 tokens_per_minute=row["tokens_per_minute"],
+                max_concurrent_requests=row["max_concurrent_requests"],
+                monthly_budget_usd=row["monthly_budget_usd"],
             )
             entry = _CacheEntry(key, bytes(row["key_hash"]), now + self._cache_ttl)
             self._store(prefix, entry, generation, self._known)

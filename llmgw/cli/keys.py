@@ -86,6 +86,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--tokens-per-minute", type=positive_int, help="tokens the key may use per minute"
     )
     create.add_argument(
+        "--max-concurrent-requests",
+        type=positive_int,
+        help="requests of the key in flight at once, across replicas (default: unlimited)",
+    )
+    create.add_argument(
         "--key",
         metavar="PLAINTEXT",
         help="use this exact key (e.g. a known local dev key like llmg_dev_0123456789abcdef)",
@@ -176,6 +181,7 @@ def _create(args: argparse.Namespace) -> int:
         allowed_models=tuple(args.allowed_model),
         expires_at=args.expires_at,
         tokens_per_minute=args.tokens_per_minute,
+        max_concurrent_requests=args.max_concurrent_requests,
     )
     try:
         issued = run_with_connection(

@@ -10,7 +10,9 @@ never after a byte has reached the client.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
+
+import attrs
 
 from llmgw.errors import UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import (
@@ -24,9 +26,19 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.retry import RETRYABLE_STATUSES
 
-__all__ = ["FallbackChain"]
+__all__ = ["Answer", "FallbackChain"]
 
 T = TypeVar("T")
+
+
+@attrs.frozen(slots=True)
+class Answer(Generic[T]):
+    """What a route's call came back with: the deployment that answered, after how many tried
+    (this one included), and its result (a response or an open stream, each with its retries)."""
+
+    deployment: Deployment
+    tries: int
+    result: T
 
 
 class FallbackChain:
@@ -44,15 +56,17 @@ class FallbackChain:
         # Native only when every deployment is: a fallback must be able to take the same body.
         self.speaks_responses = all(d.provider.speaks_responses for d in self.deployments)
 
-    async def _first_answer(
+    async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
-    ) -> T:
+    ) -> Answer[T]:
+        """``attempt`` on each deployment in turn until one answers (or the last one fails)."""
         last = len(self.deployments)
         for tried, deployment in enumerate(self.deployments, start=1):
             if call.on_deployment is not None:
                 call.on_deployment(deployment, tried)
             try:
-                return await attempt(deployment.provider, call.with_model(deployment.model))
+                result = await attempt(deployment.provider, call.with_model(deployment.model))
+                return Answer(deployment, tried, result)
             except UpstreamHTTPError as exc:
                 if tried == last or exc.response.status not in RETRYABLE_STATUSES:
                     raise
@@ -62,19 +76,22 @@ class FallbackChain:
         raise AssertionError("unreachable: the last deployment returns or raises")
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
-        return await self._first_answer(call, lambda p, c: p.chat_completion(c))
+        return (await self.first_answer(call, lambda p, c: p.chat_completion(c))).result
 
     async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
-        return await self._first_answer(call, lambda p, c: p.stream_chat_completion(c))
+        return (await self.first_answer(call, lambda p, c: p.stream_chat_completion(c))).result
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
-        return await self._first_answer(call, lambda p, c: p.embeddings(c))
+        return (await self.first_answer(call, lambda p, c: p.embeddings(c))).result
 
     async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
-        return await self._first_answer(call, lambda p, c: p.forward(path, c))
+        return (await self.first_answer(call, lambda p, c: p.forward(path, c))).result
 
     async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
-        return await self._first_answer(call, lambda p, c: p.forward_stream(path, c, accept=accept))
+        answer = await self.first_answer(
+            call, lambda p, c: p.forward_stream(path, c, accept=accept)
+        )
+        return answer.result
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         return await self.deployments[0].provider.list_models(deadline)

@@ -36,7 +36,8 @@ __all__ = [
 
 _COLUMNS = (
     "id, name, subject_id, prefix, rate_limit_requests, rate_limit_window_seconds, "
-    "allowed_models, expires_at, tokens_per_minute, is_active, created_at, last_used_at, revoked_at"
+    "allowed_models, expires_at, tokens_per_minute, max_concurrent_requests, is_active, created_at, "
+    "last_used_at, revoked_at"
 )
 
 
@@ -57,6 +58,7 @@ class KeySettings:
     allowed_models: tuple[str, ...] = ()
     expires_at: datetime | None = None
     tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
 
 
 # What PATCH may change, and nothing else (subject and secrets are fixed for a key's life).
@@ -67,6 +69,7 @@ MUTABLE_FIELDS = (
     "allowed_models",
     "expires_at",
     "tokens_per_minute",
+    "max_concurrent_requests",
 )
 
 
@@ -81,6 +84,7 @@ class ApiKeyRecord:
     allowed_models: tuple[str, ...]
     expires_at: datetime | None
     tokens_per_minute: int | None
+    max_concurrent_requests: int | None
     is_active: bool
     created_at: datetime
     last_used_at: datetime | None
@@ -108,8 +112,8 @@ async def create_key(
             f"""
             INSERT INTO api_keys
                 (name, subject_id, prefix, key_hash, rate_limit_requests, rate_limit_window_seconds,
-                 allowed_models, expires_at, tokens_per_minute)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                 allowed_models, expires_at, tokens_per_minute, max_concurrent_requests)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
             RETURNING {_COLUMNS}
             """,
             settings.name,
@@ -121,6 +125,7 @@ async def create_key(
             list(settings.allowed_models),
             settings.expires_at,
             settings.tokens_per_minute,
+            settings.max_concurrent_requests,
         )
     except asyncpg.UniqueViolationError as exc:
         raise DuplicateKeyPrefix(
@@ -236,6 +241,7 @@ async def rotate_key(
                 allowed_models=old.allowed_models,
                 expires_at=old.expires_at,
                 tokens_per_minute=old.tokens_per_minute,
+                max_concurrent_requests=old.max_concurrent_requests,
             ),
         )
         if grace_seconds > 0:

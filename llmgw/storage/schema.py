@@ -11,6 +11,8 @@ __all__ = [
     "api_key_token_windows",
     "api_keys",
     "console_sessions",
+    "limit_counters",
+    "limit_leases",
     "metadata",
     "responses",
     "subject_monthly_spend",
@@ -58,6 +60,7 @@ api_keys = sa.Table(
         "allowed_models", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")
     ),
     sa.Column("tokens_per_minute", sa.Integer(), nullable=True),
+    sa.Column("max_concurrent_requests", sa.Integer(), nullable=True),
     sa.UniqueConstraint("prefix"),
     sa.UniqueConstraint("key_hash"),
     sa.CheckConstraint("char_length(prefix) = 12", name="prefix_length"),
@@ -67,6 +70,10 @@ api_keys = sa.Table(
     sa.CheckConstraint("revoked_at IS NULL OR NOT is_active", name="revoked_only_when_inactive"),
     sa.CheckConstraint(
         "tokens_per_minute IS NULL OR tokens_per_minute > 0", name="tokens_per_minute_positive"
+    ),
+    sa.CheckConstraint(
+        "max_concurrent_requests IS NULL OR max_concurrent_requests > 0",
+        name="max_concurrent_requests_positive",
     ),
     sa.CheckConstraint(
         "array_position(allowed_models, '') IS NULL AND array_position(allowed_models, NULL) IS NULL",
@@ -157,6 +164,7 @@ usage_events = sa.Table(
     sa.Column("usage_source", sa.Text(), nullable=False, server_default=sa.text("'reported'")),
     # "field:reason" for each value dropped or changed to make the row storable (UsageRecord).
     sa.Column("flags", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")),
+    sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
     sa.Index("ix_usage_events_subject_id", "subject_id", "occurred_at"),
@@ -211,6 +219,37 @@ admin_audit = sa.Table(
     sa.Column("after", JSONB(), nullable=True),
     sa.CheckConstraint("actor <> ''", name="actor_not_empty"),
     sa.CheckConstraint("action <> ''", name="action_not_empty"),
+)
+
+# Limit counters (llmgw.limits): ``used + reserved <= cap``, named by what and which period they
+# count; each reservation is a lease that settlement removes or that expires.
+limit_counters = sa.Table(
+    "limit_counters",
+    metadata,
+    sa.Column("counter", sa.Text(), primary_key=True),
+    sa.Column("used", sa.Numeric(30, 12), nullable=False, server_default=sa.text("0")),
+    sa.Column("reserved", sa.Numeric(30, 12), nullable=False, server_default=sa.text("0")),
+    sa.Column("keep_until", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("used >= 0", name="used_non_negative"),
+    sa.CheckConstraint("reserved >= 0", name="reserved_non_negative"),
+    sa.CheckConstraint("counter <> ''", name="counter_not_empty"),
+)
+
+limit_leases = sa.Table(
+    "limit_leases",
+    metadata,
+    sa.Column("lease_id", UUID(as_uuid=True), nullable=False),
+    sa.Column(
+        "counter",
+        sa.Text(),
+        sa.ForeignKey("limit_counters.counter", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("amount", sa.Numeric(30, 12), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.PrimaryKeyConstraint("lease_id", "counter"),
+    sa.Index("ix_limit_leases_counter", "counter", "expires_at"),
+    sa.CheckConstraint("amount >= 0", name="amount_non_negative"),
 )
 
 # Per hour, key and model: what the console and `llmgw usage report` read (llmgw/storage/rollup.py).

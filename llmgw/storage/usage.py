@@ -33,8 +33,8 @@ _INSERT = """
 INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
-    time_to_first_chunk_ms, usage_source, flags
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+    time_to_first_chunk_ms, usage_source, flags, cost_computed
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
 """
 # Saturates just below what numeric(30,18) holds, so no amount of spend can make a later row of
 # the same subject unstorable (each row's cost is bounded by accounting.usage.MAX_COST).
@@ -82,6 +82,7 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
                 r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
                 r.input_tokens, r.output_tokens, cost_usd, _decimal(r.cost_diem),
                 r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
+                r.cost_computed,
             )
         )  # fmt: skip
         if r.subject_id is not None and cost_usd:

@@ -1,17 +1,15 @@
-"""One GenAI client span and its metrics per upstream operation, plus the billing record.
+"""One GenAI client span and its metrics per upstream operation.
 
-A ``ChatObservation`` is opened before the provider is called and finished exactly once, when the
-response (or the stream) ends: completed, failed or cancelled. Per-chunk work is two clock reads and
-one histogram point.
+A ``ChatObservation`` is opened before the provider is called and finished exactly once, by the
+pipeline, when the response (or the stream) ends: completed, failed or cancelled. It only observes:
+what a request is charged is accounting's business. Per-chunk work is two clock reads and one
+histogram point.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-import uuid
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,16 +17,14 @@ import orjson
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from llmgw.accounting.usage import Usage, UsageRecord
+from llmgw.accounting.usage import Usage
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.model_names import metric_model_name, remember_answered
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment
 
-__all__ = ["ChatObservation", "GatewayInstruments", "Outcome", "content_messages"]
-
-billing_log = logging.getLogger("llmgw.billing")
+__all__ = ["ChatObservation", "Finished", "GatewayInstruments", "Outcome", "content_messages"]
 
 # Request fields the conventions name, and the attribute each becomes.
 _REQUEST_PARAMETERS: Mapping[str, str] = {
@@ -124,6 +120,15 @@ def content_messages(messages: Any) -> str:
     return orjson.dumps(converted).decode()
 
 
+@attrs.frozen(slots=True)
+class Finished:
+    """What the observation measured, for the billing record."""
+
+    duration_s: float
+    time_to_first_chunk_s: float | None
+    trace_id: str | None
+
+
 @attrs.define(slots=True)
 class ChatObservation:
     tracer_span: trace.Span
@@ -132,10 +137,6 @@ class ChatObservation:
     provider_reports_cost: bool
     capture_content: bool
     stream: bool
-    request_id: str
-    key_id: uuid.UUID
-    subject_id: uuid.UUID | None
-    record_sink: Callable[[UsageRecord], None]
     started: float = attrs.field(factory=time.perf_counter)
     first_chunk_at: float | None = None
     last_chunk_at: float | None = None
@@ -143,6 +144,7 @@ class ChatObservation:
     response_model: str | None = None
     finish_reasons: list[str] = attrs.field(factory=list)
     usage: Usage | None = None
+    usage_source: str = "reported"  # "estimated": set by the pipeline when none was reported
     retries: int = 0
     output_text: list[str] = attrs.field(factory=list)
     finished: bool = False
@@ -164,10 +166,6 @@ class ChatObservation:
         model: str,
         stream: bool,
         capture_content: bool,
-        request_id: str,
-        key_id: uuid.UUID,
-        subject_id: uuid.UUID | None,
-        record_sink: Callable[[UsageRecord], None],
     ) -> ChatObservation:
         attributes: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: operation,
@@ -203,10 +201,6 @@ class ChatObservation:
             provider_reports_cost=provider_reports_cost,
             capture_content=capture_content,
             stream=stream,
-            request_id=request_id,
-            key_id=key_id,
-            subject_id=subject_id,
-            record_sink=record_sink,
         )
 
     def deployment_tried(self, deployment: Deployment, tried: int) -> None:
@@ -270,9 +264,8 @@ class ChatObservation:
             bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(self.response_model)
         return bounded
 
-    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
-        if self.finished:
-            return
+    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> Finished:
+        assert not self.finished, "an observation finishes once"
         self.finished = True
         now = time.perf_counter()
         duration = now - self.started
@@ -301,6 +294,7 @@ class ChatObservation:
             span_attributes[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttfc
             self.instruments.time_to_first_chunk.record(ttfc, metric_attributes)
         if self.usage is not None:
+            span_attributes[sc.LLMGW_USAGE_SOURCE] = self.usage_source
             self._record_usage(self.usage, span_attributes, metric_attributes)
         if self.capture_content and self.output_text:
             span_attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(
@@ -321,7 +315,12 @@ class ChatObservation:
         if self.retries:
             self.instruments.upstream_retries.add(self.retries, metric_attributes)
         span.end()
-        self._write_billing_record(status, outcome, error_type, duration, ttfc, span)
+        context = span.get_span_context()
+        return Finished(
+            duration_s=duration,
+            time_to_first_chunk_s=ttfc,
+            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
+        )
 
     def _record_usage(
         self, usage: Usage, span_attributes: dict[str, Any], metric_attributes: dict[str, Any]
@@ -353,41 +352,3 @@ class ChatObservation:
                 usage.cost_usd,
                 {sc.GEN_AI_REQUEST_MODEL: metric_attributes[sc.GEN_AI_REQUEST_MODEL]},
             )
-
-    def _write_billing_record(
-        self,
-        status: int,
-        outcome: str,
-        error_type: str | None,
-        duration: float,
-        ttfc: float | None,
-        span: trace.Span,
-    ) -> None:
-        """The billing record: one JSON log line, and the same record to the usage ledger."""
-        usage = self.usage or Usage()
-        context = span.get_span_context()
-        record = UsageRecord(
-            occurred_at=datetime.now(UTC),
-            api_key_id=self.key_id,
-            subject_id=self.subject_id,
-            request_id=self.request_id,
-            response_id=self.response_id,
-            operation=self.metric_attributes[sc.GEN_AI_OPERATION_NAME],
-            provider=self.metric_attributes[sc.GEN_AI_PROVIDER_NAME],
-            deployment=self.deployment,
-            model=self.metric_attributes[sc.GEN_AI_REQUEST_MODEL],
-            response_model=self.response_model,
-            stream=self.stream,
-            status=status,
-            outcome=outcome,
-            error_type=error_type,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost_usd=usage.cost_usd,
-            cost_diem=usage.cost_diem,
-            duration_ms=round(duration * 1000, 3),
-            time_to_first_chunk_ms=None if ttfc is None else round(ttfc * 1000, 3),
-            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
-        )
-        billing_log.info("billing record", extra={"event": "venice.billing", **record.log_fields()})
-        self.record_sink(record)

@@ -51,6 +51,7 @@ LLMGW_STREAM_OUTCOME: Final = "llmgw.stream.outcome"
 LLMGW_REQUEST_ID: Final = "llmgw.request_id"
 LLMGW_DEPLOYMENT: Final = "llmgw.deployment"  # "provider:model" that answered (or failed last)
 LLMGW_DEPLOYMENTS_TRIED: Final = "llmgw.deployments_tried"
+LLMGW_USAGE_SOURCE: Final = "llmgw.usage.source"  # "reported" by the provider, or "estimated"
 
 # Values
 OPERATION_CHAT: Final = "chat"

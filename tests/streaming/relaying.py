@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -73,10 +72,6 @@ def observation() -> ChatObservation:
         model="m",
         stream=True,
         capture_content=False,
-        request_id="r",
-        key_id=uuid.uuid4(),
-        subject_id=None,
-        record_sink=lambda record: None,
     )
 
 

@@ -1,0 +1,165 @@
+"""The price table: USD per million tokens for each (provider, model), and each model's maximum
+output, from the configuration and from providers that publish them (Venice's ``/models``).
+
+Prices turn a request's worst case into the amount a budget reservation holds, and price the usage
+of providers that report tokens but no cost, so every ledger row has a cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+from llmgw.errors import GatewayError
+from llmgw.providers.base import Provider, UpstreamHTTPError
+
+__all__ = ["Price", "PriceTable", "parse_venice_models"]
+
+log = logging.getLogger(__name__)
+
+_PER_TOKEN = 1e-6  # prices are per million tokens
+
+
+@attrs.frozen(slots=True)
+class Price:
+    input_usd_per_mtok: float
+    output_usd_per_mtok: float
+    cached_input_usd_per_mtok: float | None = None
+    max_output_tokens: int | None = None  # the model's own limit, where published
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
+        """USD for the given tokens; cached input tokens at the cached price where there is one."""
+        cached = min(max(0, cached_input_tokens), max(0, input_tokens))
+        cached_price = (
+            self.input_usd_per_mtok
+            if self.cached_input_usd_per_mtok is None
+            else self.cached_input_usd_per_mtok
+        )
+        return _PER_TOKEN * (
+            (max(0, input_tokens) - cached) * self.input_usd_per_mtok
+            + cached * cached_price
+            + max(0, output_tokens) * self.output_usd_per_mtok
+        )
+
+
+def _usd(value: Any) -> float | None:
+    usd = value.get("usd") if isinstance(value, dict) else None
+    if isinstance(usd, int | float) and not isinstance(usd, bool) and 0 <= usd < math.inf:
+        return float(usd)
+    return None
+
+
+def parse_venice_models(document: Any) -> dict[str, Price]:
+    """Prices in a Venice ``/models`` listing (``model_spec.pricing``); unpriced models are skipped."""
+    prices: dict[str, Price] = {}
+    items = document.get("data") if isinstance(document, dict) else None
+    for item in items if isinstance(items, list) else []:
+        spec = item.get("model_spec") if isinstance(item, dict) else None
+        if not isinstance(spec, dict) or not isinstance(item.get("id"), str):
+            continue
+        pricing = spec.get("pricing")
+        if not isinstance(pricing, dict):
+            continue
+        input_price, output_price = _usd(pricing.get("input")), _usd(pricing.get("output"))
+        if input_price is None:
+            continue
+        max_output = spec.get("maxCompletionTokens")
+        prices[item["id"]] = Price(
+            input_usd_per_mtok=input_price,
+            output_usd_per_mtok=0.0 if output_price is None else output_price,
+            cached_input_usd_per_mtok=_usd(pricing.get("cache_input")),
+            max_output_tokens=max_output
+            if isinstance(max_output, int) and not isinstance(max_output, bool) and max_output > 0
+            else None,
+        )
+    return prices
+
+
+class PriceTable:
+    """Configured prices win over published ones; a provider-wide price covers all its models.
+
+    ``configured`` maps ``(provider, model)`` to a price, with model None for the whole provider.
+    Publishers (given to ``start``) are the providers whose listings carry prices (Venice),
+    fetched at start and refreshed in the background.
+    """
+
+    def __init__(
+        self,
+        configured: Mapping[tuple[str, str | None], Price] | None = None,
+        *,
+        refresh_seconds: float = 3600.0,
+    ) -> None:
+        self._configured = dict(configured or {})
+        self._published: dict[tuple[str, str], Price] = {}
+        self._publishers: tuple[Provider, ...] = ()
+        self._refresh_seconds = refresh_seconds
+        self._refresher: asyncio.Task[None] | None = None
+        self._fetched = asyncio.Event()  # the first fetch ended (whatever its result)
+
+    def price(self, provider: str, model: str) -> Price | None:
+        found = self._configured.get((provider, model))
+        if found is not None:
+            return found
+        published = self._published.get((provider, model))
+        configured = self._configured.get((provider, None))
+        if configured is None:
+            return published
+        if published is not None and configured.max_output_tokens is None:
+            # The operator's price, the model's published output limit.
+            return attrs.evolve(configured, max_output_tokens=published.max_output_tokens)
+        return configured
+
+    def publish(self, provider: str, prices: Mapping[str, Price]) -> None:
+        """Replace what ``provider`` publishes (a fresh listing)."""
+        for key in [k for k in self._published if k[0] == provider]:
+            del self._published[key]
+        self._published.update({(provider, model): p for model, p in prices.items()})
+
+    async def refresh(self, *, timeout: float = 5.0) -> None:
+        """Fetch every publisher's listing once; a failure keeps the prices it had."""
+        for provider in self._publishers:
+            deadline = asyncio.get_running_loop().time() + timeout
+            try:
+                answer = await provider.list_models(deadline)
+                prices = parse_venice_models(orjson.loads(answer.body))
+            except (GatewayError, UpstreamHTTPError, orjson.JSONDecodeError) as exc:
+                log.warning("price table: %s's model listing failed (%s)", provider.name, exc)
+                continue
+            self.publish(provider.name, prices)
+
+    async def start(self, publishers: Sequence[Provider] = ()) -> None:
+        """Remember the publishers; their listings are fetched when a price is first needed."""
+        self._publishers = tuple(publishers)
+
+    async def loaded(self) -> None:
+        """Wait (once) for the publishers' listings; afterwards they refresh in the background."""
+        self.warm()
+        if self._publishers:
+            await self._fetched.wait()
+
+    def warm(self) -> None:
+        """Start fetching the listings if that has not happened yet; do not wait."""
+        if self._refresher is None and self._publishers:
+            self._refresher = asyncio.create_task(self._refresh_forever(), name="llmgw-prices")
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+
+    async def _refresh_forever(self) -> None:
+        try:
+            await self.refresh()
+        finally:
+            self._fetched.set()
+        while True:
+            await asyncio.sleep(self._refresh_seconds)
+            await self.refresh()

@@ -1,0 +1,371 @@
+"""The one place that answers "is this request admitted, and why not", and settles it afterwards.
+
+- request window (every key): 429 ``rate_limit_exceeded`` with Retry-After and x-ratelimit-*;
+- model allowlist: 403 ``model_not_allowed``;
+- concurrency slots (``max_concurrent_requests``): 429 ``concurrency_limit_exceeded``;
+- tokens per minute: the request's worst case (estimated input + the most output it may produce)
+  is reserved in the current minute: 429 ``tokens_per_minute_exceeded``;
+- the subject's monthly budget: the worst case priced by the price table is reserved in the current
+  month (UTC): 429 ``budget_exceeded``; a model with no known price: 403 ``price_unknown``.
+
+Everything a request reserves is taken in one store round trip together with its window hit, all or
+nothing. When the request ends, :meth:`LimitPolicy.settle` queues the actual figures; a background
+task sends them in batches (one round trip each, never before the answer). Live leases are renewed
+while their request runs (long streams); a killed replica's leases expire after ``lease_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import attrs
+
+from llmgw.accounting.estimate import estimate_input_tokens, worst_case_output_tokens
+from llmgw.accounting.prices import Price, PriceTable
+from llmgw.accounting.usage import UsageRecord
+from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
+from llmgw.limits.store import (
+    Admission,
+    Charge,
+    LimitStore,
+    RateLimitDecision,
+    Reservation,
+    Window,
+)
+from llmgw.providers.base import Deployment
+
+__all__ = ["Admitted", "LimitPolicy", "WorstCase"]
+
+log = logging.getLogger(__name__)
+
+_CONCURRENCY = "concurrency"
+_TOKENS = "tokens"
+_BUDGET = "budget"
+# Float sums in a store may land a hair above an exactly-fitting cap; this much is not an overshoot.
+_CAP_SLACK = 1e-9
+_MAX_QUEUED_CHARGES = 100_000
+
+
+@attrs.frozen(slots=True)
+class WorstCase:
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None  # None: not priced (no budget applies)
+
+
+@attrs.frozen(slots=True)
+class Admitted:
+    """An admitted request: the window decision made with it (if any) and what it reserved."""
+
+    window: RateLimitDecision | None = None
+    lease_id: uuid.UUID | None = None
+    counters: tuple[str, ...] = ()
+    worst: WorstCase | None = None
+
+
+_NOTHING_RESERVED = Admitted()
+
+
+def _month(moment: datetime) -> date:
+    return moment.date().replace(day=1)
+
+
+def _seconds_until_next_month(moment: datetime) -> float:
+    days = calendar.monthrange(moment.year, moment.month)[1]
+    start = datetime(moment.year, moment.month, 1, tzinfo=UTC)
+    return start.timestamp() + days * 86400 - moment.timestamp()
+
+
+class LimitPolicy:
+    def __init__(
+        self,
+        store: LimitStore,
+        prices: PriceTable,
+        *,
+        default_max_output_tokens: int = 4096,
+        lease_seconds: float = 60.0,
+        clock: Callable[[], float] = time.time,
+        on_window_refusal: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.prices = prices
+        self._default_max_output = default_max_output_tokens
+        self._lease_seconds = lease_seconds
+        self._clock = clock
+        self._on_window_refusal = on_window_refusal
+        self._live: dict[uuid.UUID, tuple[str, ...]] = {}
+        self._charges: list[Charge] = []
+        self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.start()
+        self._tasks = [
+            asyncio.create_task(self._settle_forever(), name="llmgw-limits-settle"),
+            asyncio.create_task(self._renew_forever(), name="llmgw-limits-renew"),
+        ]
+
+    async def close(self) -> None:
+        """Settle what is queued, then stop (after the server stopped serving)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.flush()
+        await self.store.close()
+
+    # Admission --------------------------------------------------------------------------------
+
+    @staticmethod
+    def reserves(key: AuthenticatedKey) -> bool:
+        """Whether the key's requests reserve anything (else: a window hit, as always)."""
+        return (
+            key.max_concurrent_requests is not None
+            or key.tokens_per_minute is not None
+            or (key.subject_id is not None and key.monthly_budget_usd is not None)
+        )
+
+    @staticmethod
+    def _window(key: AuthenticatedKey) -> Window:
+        return Window(key.id, key.rate_limit_requests, key.rate_limit_window_seconds)
+
+    def _check_window(self, key: AuthenticatedKey, decision: RateLimitDecision) -> None:
+        if not decision.allowed:
+            self._on_window_refusal()
+            raise RateLimited(
+                f"Rate limit of {decision.limit} requests per {key.rate_limit_window_seconds}s "
+                f"reached for this key; retry in {decision.retry_after}s.",
+                headers={"Retry-After": str(decision.retry_after), **decision.headers()},
+            )
+
+    async def hit(self, key: AuthenticatedKey) -> RateLimitDecision:
+        """Count a request against its key's window; raise 429 when the window is full."""
+        decision = await self.store.hit(self._window(key))
+        self._check_window(key, decision)
+        return decision
+
+    async def admit(
+        self,
+        key: AuthenticatedKey,
+        *,
+        model: str,
+        body: dict[str, Any],
+        deployments: Sequence[Deployment],
+        produces_output: bool,
+        window_counted: bool,
+    ) -> Admitted:
+        """Admit the request or raise the error it breaks; reserve its worst case if limits apply.
+
+        ``window_counted``: the window was already hit for this request (the middleware does that
+        for keys that reserve nothing, and for routes that do not admit here).
+        """
+        if not key.allows_model(model):
+            raise ModelNotAllowed(
+                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowed_models))}.",
+                param="model",
+            )
+        if not self.reserves(key):
+            if window_counted:
+                return _NOTHING_RESERVED
+            return Admitted(window=await self.hit(key))
+        budgeted = key.subject_id is not None and key.monthly_budget_usd is not None
+        await self.prices.loaded()
+        worst = self.worst_case(
+            body, deployments, produces_output=produces_output, priced=budgeted, model=model
+        )
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        reservations = self._reservations(key, worst, now)
+        lease_id = uuid.uuid4()
+        result = await self.store.admit(
+            Admission(
+                lease_id=lease_id,
+                lease_seconds=self._lease_seconds,
+                window=None if window_counted else self._window(key),
+                reservations=reservations,
+            )
+        )
+        if result.window is not None:
+            self._check_window(key, result.window)
+        if result.refused is not None:
+            refusal = self._refusal(key, result.refused, now)
+            if result.window is not None:
+                refusal.headers = {**refusal.headers, **result.window.headers()}
+            raise refusal
+        counters = tuple(r.counter for r in reservations)
+        self._live[lease_id] = counters
+        return Admitted(result.window, lease_id, counters, worst)
+
+    def worst_case(
+        self,
+        body: dict[str, Any],
+        deployments: Sequence[Deployment],
+        *,
+        produces_output: bool,
+        priced: bool,
+        model: str,
+    ) -> WorstCase:
+        """The most a request can use on any deployment of its route (the first that answers)."""
+        prices = [self.prices.price(d.provider.name, d.model) for d in deployments]
+        input_tokens = estimate_input_tokens(body)
+        output_tokens = 0
+        if produces_output:
+            model_maxima = [p.max_output_tokens for p in prices if p is not None]
+            output_tokens = worst_case_output_tokens(
+                body,
+                model_max=max((m for m in model_maxima if m is not None), default=None),
+                default_max=self._default_max_output,
+            )
+        if not priced:
+            return WorstCase(input_tokens, output_tokens, None)
+        known: list[Price] = [p for p in prices if p is not None]
+        if len(known) < len(prices):
+            raise PriceUnknown(
+                f"Model {model!r} has no known price, and this key's spending is capped by a "
+                "budget; the operator must price it (see the README, price table).",
+                param="model",
+            )
+        cost = max(p.cost(input_tokens, output_tokens) for p in known)
+        return WorstCase(input_tokens, output_tokens, cost)
+
+    def _reservations(
+        self, key: AuthenticatedKey, worst: WorstCase, now: datetime
+    ) -> tuple[Reservation, ...]:
+        reservations = []
+        if key.max_concurrent_requests is not None:
+            reservations.append(
+                Reservation(
+                    f"{_CONCURRENCY}:{key.id}",
+                    key.max_concurrent_requests,
+                    1,
+                    keep_seconds=self._lease_seconds * 2,
+                )
+            )
+        if key.tokens_per_minute is not None:
+            minute = math.floor(now.timestamp() / 60) * 60
+            reservations.append(
+                Reservation(
+                    f"{_TOKENS}:{key.id}:{minute}",
+                    key.tokens_per_minute,
+                    worst.input_tokens + worst.output_tokens,
+                    keep_seconds=120,
+                )
+            )
+        if worst.cost_usd is not None:
+            assert key.subject_id is not None
+            assert key.monthly_budget_usd is not None
+            cap = key.monthly_budget_usd
+            reservations.append(
+                Reservation(
+                    f"{_BUDGET}:{key.subject_id}:{_month(now).strftime('%Y-%m')}",
+                    cap + cap * _CAP_SLACK,
+                    worst.cost_usd,
+                    keep_seconds=_seconds_until_next_month(now) + 86400,
+                )
+            )
+        # One global locking order (by name) for every store, so concurrent calls never deadlock.
+        return tuple(sorted(reservations, key=lambda r: r.counter))
+
+    def _refusal(self, key: AuthenticatedKey, refused: Reservation, now: datetime) -> RateLimited:
+        kind = refused.counter.split(":", 1)[0]
+        if kind == _CONCURRENCY:
+            return RateLimited(
+                f"This key already has {key.max_concurrent_requests} requests in flight, its "
+                "limit; retry when one has finished.",
+                code="concurrency_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+        if kind == _TOKENS:
+            wait = max(1, math.ceil(60 - now.timestamp() % 60))
+            amount = int(refused.amount)
+            if amount > (key.tokens_per_minute or 0):
+                message = (
+                    f"This request may use up to {amount} tokens, more than this key's "
+                    f"{key.tokens_per_minute} tokens per minute; lower max_tokens."
+                )
+            else:
+                message = (
+                    f"This key's {key.tokens_per_minute} tokens per minute cannot cover this "
+                    f"request's worst case of {amount} tokens now; retry in {wait}s."
+                )
+            return RateLimited(
+                message, code="tokens_per_minute_exceeded", headers={"Retry-After": str(wait)}
+            )
+        reset = (_month(now).replace(day=28) + timedelta(days=4)).replace(day=1)
+        return RateLimited(
+            f"The monthly budget of subject {key.subject_id} cannot cover this request (worst "
+            f"case ${refused.amount:.6f}); it resets on {reset.isoformat()} (UTC).",
+            code="budget_exceeded",
+            headers={"Retry-After": str(max(1, math.ceil(_seconds_until_next_month(now))))},
+        )
+
+    # Settlement -------------------------------------------------------------------------------
+
+    def settle(self, admitted: Admitted, record: UsageRecord | None) -> None:
+        """Queue the actual figures of a finished request (None: it used nothing, e.g. it failed
+        before any provider was called); never blocks, never raises."""
+        if admitted.lease_id is None:
+            return
+        self._live.pop(admitted.lease_id, None)
+        tokens = (
+            0.0
+            if record is None
+            else float((record.input_tokens or 0) + (record.output_tokens or 0))
+        )
+        cost = 0.0 if record is None else float(record.cost_usd or 0)
+        for counter in admitted.counters:
+            kind = counter.split(":", 1)[0]
+            actual = tokens if kind == _TOKENS else cost if kind == _BUDGET else 0.0
+            self._charges.append(Charge(admitted.lease_id, counter, actual))
+        self._wake.set()
+
+    async def flush(self) -> bool:
+        """Send every queued settlement now; False if the store refused (they stay queued)."""
+        async with self._flushing:
+            if not self._charges:
+                return True
+            batch, self._charges = self._charges, []
+            try:
+                await self.store.settle(batch)
+            except ServiceUnavailable:
+                # Kept for the next try, up to a bound: past it, the oldest leases expire instead.
+                self._charges[:0] = batch[-_MAX_QUEUED_CHARGES:]
+                log.warning("limit settlement failed; %d charges will be retried", len(batch))
+                return False
+            except asyncio.CancelledError:
+                self._charges[:0] = batch
+                raise
+            except Exception:
+                # A batch the store refuses is not retried forever; its leases expire.
+                log.exception("limit settlement of %d charges was refused", len(batch))
+            return True
+
+    async def _settle_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not await self.flush():
+                await asyncio.sleep(1.0)
+                self._wake.set()
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_seconds / 3)
+            if self._live:
+                try:
+                    await self.store.renew(list(self._live.items()), self._lease_seconds)
+                except ServiceUnavailable:
+                    log.warning("limit leases could not be renewed; retrying")

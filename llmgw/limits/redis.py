@@ -1,0 +1,258 @@
+"""Limits in Redis: one atomic Lua call per request, the same semantics as Postgres.
+
+Scripts read the clock of the Redis server (``TIME``), so every replica agrees on window boundaries
+and lease expiry. A counter ``C`` is three keys: the hash ``C`` (``used``, ``reserved``), the sorted
+set ``C:l`` of its leases by expiry, and the hash ``C:a`` of each lease's amount. Keys are derived
+from the ones passed, so this needs a single Redis server (not Cluster).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from llmgw.errors import ServiceUnavailable
+from llmgw.limits.store import (
+    Admission,
+    AdmissionResult,
+    Charge,
+    RateLimitDecision,
+    Window,
+)
+
+__all__ = ["RedisLimitStore"]
+
+# Shared by the scripts: the clock, and giving back a counter's expired leases.
+_PRELUDE = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
+local function expire_leases(counter)
+    local expired = redis.call('ZRANGEBYSCORE', counter .. ':l', '-inf', '(' .. now)
+    for _, lease in ipairs(expired) do
+        local given = tonumber(redis.call('HGET', counter .. ':a', lease) or '0')
+        redis.call('HDEL', counter .. ':a', lease)
+        redis.call('ZREM', counter .. ':l', lease)
+        redis.call('HINCRBYFLOAT', counter, 'reserved', -given)
+    end
+end
+local function taken(counter)
+    local used = tonumber(redis.call('HGET', counter, 'used') or '0')
+    local reserved = tonumber(redis.call('HGET', counter, 'reserved') or '0')
+    return used + math.max(0, reserved), used, math.max(0, reserved)
+end
+"""
+
+# KEYS[1]: the key's window prefix ('' for none); KEYS[2..]: counters.
+# ARGV: window limit ('' for none), window seconds, lease id, lease seconds, then per counter:
+# cap, amount, keep seconds. Returns {window allowed, count, reset, refused counter index}.
+_HIT_WINDOW = """
+local function window_state(prefix, limit, seconds)
+    local start = math.floor(now / seconds) * seconds
+    local key = prefix .. ':' .. seconds .. ':' .. start
+    return key, tonumber(redis.call('GET', key) or '0'), start + seconds - now, start + seconds
+end
+local function count_window(key, ends)
+    local count = redis.call('INCR', key)
+    if count == 1 then
+        redis.call('EXPIREAT', key, math.ceil(ends) + 60)
+    end
+    return count
+end
+"""
+
+_HIT = (
+    _PRELUDE
+    + _HIT_WINDOW
+    + """
+local limit = tonumber(ARGV[1])
+local key, count, reset, ends = window_state(KEYS[1], limit, tonumber(ARGV[2]))
+if count >= limit then
+    return {0, count, tostring(reset)}
+end
+return {1, count_window(key, ends), tostring(reset)}
+"""
+)
+
+_ADMIT = (
+    _PRELUDE
+    + _HIT_WINDOW
+    + """
+local window_key, count, reset, ends = nil, 0, 0, 0
+local limit = tonumber(ARGV[1])
+if limit then
+    window_key, count, reset, ends = window_state(KEYS[1], limit, tonumber(ARGV[2]))
+    if count >= limit then
+        return {0, count, tostring(reset), 0}
+    end
+end
+local lease, lease_seconds = ARGV[3], tonumber(ARGV[4])
+for i = 2, #KEYS do
+    local at = 5 + (i - 2) * 3
+    expire_leases(KEYS[i])
+    if taken(KEYS[i]) + tonumber(ARGV[at + 1]) > tonumber(ARGV[at]) then
+        return {1, count, tostring(reset), i - 1}
+    end
+end
+if window_key then
+    count = count_window(window_key, ends)
+end
+for i = 2, #KEYS do
+    local at = 5 + (i - 2) * 3
+    local counter, amount, keep = KEYS[i], ARGV[at + 1], math.ceil(tonumber(ARGV[at + 2]))
+    redis.call('HINCRBYFLOAT', counter, 'reserved', amount)
+    redis.call('ZADD', counter .. ':l', now + lease_seconds, lease)
+    redis.call('HSET', counter .. ':a', lease, amount)
+    for _, key in ipairs({counter, counter .. ':l', counter .. ':a'}) do
+        if redis.call('TTL', key) < keep then
+            redis.call('EXPIRE', key, keep)
+        end
+    end
+end
+return {1, count, tostring(reset), 0}
+"""
+)
+
+# KEYS: counters; ARGV: per counter, the lease id and the actual amount.
+_SETTLE = (
+    _PRELUDE
+    + """
+for i = 1, #KEYS do
+    local counter, lease, actual = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+    if redis.call('EXISTS', counter) == 1 then
+        local given = redis.call('HGET', counter .. ':a', lease)
+        if given then
+            redis.call('HDEL', counter .. ':a', lease)
+            redis.call('ZREM', counter .. ':l', lease)
+            redis.call('HINCRBYFLOAT', counter, 'reserved', -tonumber(given))
+        end
+        if actual ~= 0 then
+            redis.call('HINCRBYFLOAT', counter, 'used', actual)
+        end
+    end
+end
+return 0
+"""
+)
+
+# KEYS: counters; ARGV[1]: seconds; ARGV[2..]: the lease id for each counter.
+_RENEW = (
+    _PRELUDE
+    + """
+for i = 1, #KEYS do
+    redis.call('ZADD', KEYS[i] .. ':l', 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
+end
+return 0
+"""
+)
+
+_USAGE = (
+    _PRELUDE
+    + """
+expire_leases(KEYS[1])
+local _, used, reserved = taken(KEYS[1])
+return {tostring(used), tostring(reserved)}
+"""
+)
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        # Fail closed: without the shared counts no replica can know whether a key is over.
+        raise ServiceUnavailable(
+            "The gateway cannot reach its rate-limit store right now; retry in a few seconds.",
+            code="rate_limit_store_unavailable",
+        ) from exc
+
+
+class RedisLimitStore:
+    def __init__(self, url: str, *, key_prefix: str = "llmgw:ratelimit") -> None:
+        self._client: aioredis.Redis = aioredis.from_url(
+            url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+        self._hit: Any = self._client.register_script(_HIT)
+        self._admit: Any = self._client.register_script(_ADMIT)
+        self._settle: Any = self._client.register_script(_SETTLE)
+        self._renew: Any = self._client.register_script(_RENEW)
+        self._usage: Any = self._client.register_script(_USAGE)
+        self._key_prefix = key_prefix
+
+    def _counter(self, name: str) -> str:
+        return f"{self._key_prefix}:counter:{name}"
+
+    async def start(self) -> None:
+        """Nothing to start: keys expire by themselves (EXPIRE), so there is no pruning."""
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def hit(self, window: Window) -> RateLimitDecision:
+        with _store_errors():
+            allowed, count, reset = await self._hit(
+                keys=[f"{self._key_prefix}:{window.key_id}"], args=[window.limit, window.seconds]
+            )
+        return RateLimitDecision(
+            allowed=bool(allowed),
+            limit=window.limit,
+            remaining=max(0, window.limit - int(count)),
+            reset_seconds=float(reset),
+        )
+
+    async def admit(self, admission: Admission) -> AdmissionResult:
+        window = admission.window
+        args: list[Any] = [
+            "" if window is None else window.limit,
+            0 if window is None else window.seconds,
+            str(admission.lease_id),
+            admission.lease_seconds,
+        ]
+        for reservation in admission.reservations:
+            args.extend((repr(reservation.cap), repr(reservation.amount), reservation.keep_seconds))
+        keys = [
+            "" if window is None else f"{self._key_prefix}:{window.key_id}",
+            *(self._counter(r.counter) for r in admission.reservations),
+        ]
+        with _store_errors():
+            allowed, count, reset, refused = await self._admit(keys=keys, args=args)
+        decision = None
+        if window is not None:
+            decision = RateLimitDecision(
+                allowed=bool(allowed),
+                limit=window.limit,
+                remaining=max(0, window.limit - int(count)),
+                reset_seconds=float(reset),
+            )
+        index = int(refused)
+        return AdmissionResult(decision, admission.reservations[index - 1] if index > 0 else None)
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        args: list[Any] = []
+        for charge in charges:
+            args.extend((str(charge.lease_id), repr(charge.actual)))
+        with _store_errors():
+            await self._settle(keys=[self._counter(c.counter) for c in charges], args=args)
+
+    async def renew(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        keys: list[str] = []
+        args: list[Any] = [seconds]
+        for lease_id, counters in leases:
+            for counter in counters:
+                keys.append(self._counter(counter))
+                args.append(str(lease_id))
+        if keys:
+            with _store_errors():
+                await self._renew(keys=keys, args=args)
+
+    async def usage(self, counter: str) -> tuple[float, float]:
+        with _store_errors():
+            used, reserved = await self._usage(keys=[self._counter(counter)], args=[])
+        return float(used), float(reserved)

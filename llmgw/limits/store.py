@@ -1,0 +1,136 @@
+"""What every limit store does, and the values that cross its boundary.
+
+A store keeps two kinds of state, shared by every replica:
+
+- request windows: a fixed window per key, counted one request at a time (the store's clock);
+- counters: ``used + reserved <= cap``. A request reserves an amount on each counter it falls
+  under, all or nothing, under a lease; settling the lease moves the reservation to ``used`` at
+  the actual amount. A lease that is neither settled nor renewed expires and its reservation is
+  given back.
+
+Counter names say what they count and for which period (``tokens:<key>:<minute>``); the policy makes
+them, the store only compares and adds. Every call is one round trip. Stores fail closed: an
+unreachable store raises ServiceUnavailable.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+__all__ = [
+    "Admission",
+    "AdmissionResult",
+    "Charge",
+    "LimitStore",
+    "RateLimitDecision",
+    "Reservation",
+    "Window",
+]
+
+
+@attrs.frozen(slots=True)
+class Window:
+    """A key's fixed request window: at most ``limit`` requests per ``seconds``."""
+
+    key_id: uuid.UUID
+    limit: int
+    seconds: int
+
+
+@attrs.frozen(slots=True)
+class RateLimitDecision:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds until the window ends, at least 1 (the Retry-After header)."""
+        return max(1, math.ceil(self.reset_seconds))
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ratelimit-limit-requests": str(self.limit),
+            "x-ratelimit-remaining-requests": str(self.remaining),
+            "x-ratelimit-reset-requests": f"{self.retry_after}s",
+        }
+
+
+@attrs.frozen(slots=True)
+class Reservation:
+    """``amount`` reserved on ``counter`` if ``used + reserved + amount <= cap``.
+
+    ``keep_seconds``: how long the counter outlives its last use (its period, plus a margin).
+    """
+
+    counter: str
+    cap: float
+    amount: float
+    keep_seconds: float
+
+
+@attrs.frozen(slots=True)
+class Admission:
+    """One request's admission: a window hit (unless already counted) and its reservations."""
+
+    lease_id: uuid.UUID
+    lease_seconds: float
+    window: Window | None
+    reservations: tuple[Reservation, ...]
+
+
+@attrs.frozen(slots=True)
+class AdmissionResult:
+    """``window`` is the window decision (None if none was asked); ``refused`` the reservation
+    that did not fit (None: admitted). Nothing is counted or reserved unless all of it fits."""
+
+    window: RateLimitDecision | None
+    refused: Reservation | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.refused is None and (self.window is None or self.window.allowed)
+
+
+@attrs.frozen(slots=True)
+class Charge:
+    """Settle ``lease_id``'s reservation on ``counter``: give it back, and use ``actual``.
+
+    ``actual`` is charged even when the lease already expired: the usage happened.
+    """
+
+    lease_id: uuid.UUID
+    counter: str
+    actual: float
+
+
+class LimitStore(Protocol):
+    async def hit(self, window: Window) -> RateLimitDecision:
+        """Count one request against the window (today's per-request path: nothing reserved)."""
+        ...
+
+    async def admit(self, admission: Admission) -> AdmissionResult: ...
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        """Settle many leases at once (one round trip); settling twice changes nothing more."""
+        ...
+
+    async def renew(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        """Push back the expiry of live leases (lease id, its counters) to ``seconds`` from now."""
+        ...
+
+    async def usage(self, counter: str) -> tuple[float, float]:
+        """``(used, reserved)`` of a counter, expired leases excluded (tests and reports)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...

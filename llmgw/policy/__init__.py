@@ -1,1 +1,0 @@
-"""Per-key and per-subject policy beyond authentication: model allowlists, budgets, token limits."""

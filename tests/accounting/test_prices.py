@@ -1,0 +1,40 @@
+"""The price table: Venice's published prices, configured prices, and what wins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from llmgw.accounting.prices import Price, PriceTable, parse_venice_models
+
+RECORDED = Path(__file__).resolve().parents[2] / "../shared/venice/recorded/model_listing"
+
+
+def test_a_venice_listing_gives_prices_and_output_limits() -> None:
+    path = RECORDED / "list_models_smoke.yaml"
+    if not path.exists():
+        pytest.skip("the recorded Venice traffic is not beside the checkout")
+    body = yaml.safe_load(path.read_text())["then"]["body"]
+    prices = parse_venice_models(orjson.loads(body))
+    flash = prices["gemini-3-6-flash"]
+    assert flash == Price(1.875, 9.375, cached_input_usd_per_mtok=0.1875, max_output_tokens=65536)
+    assert flash.cost(1_000_000, 0, cached_input_tokens=1_000_000) == pytest.approx(0.1875)
+
+
+def test_unpriced_or_malformed_models_are_skipped() -> None:
+    listing = {"data": [{"id": "a", "model_spec": {}}, {"id": "b"}, "junk", {"id": "c",
+        "model_spec": {"pricing": {"input": {"usd": -1}, "output": {"usd": 1}}}}]}  # fmt: skip
+    assert parse_venice_models(listing) == {}
+
+
+def test_configured_prices_win_and_cover_a_whole_provider() -> None:
+    table = PriceTable({("local", None): Price(1.0, 2.0), ("venice", "m"): Price(3.0, 4.0)})
+    table.publish("venice", {"m": Price(9.0, 9.0), "n": Price(5.0, 6.0, max_output_tokens=7)})
+    assert table.price("local", "anything") == Price(1.0, 2.0)
+    assert table.price("venice", "m") == Price(3.0, 4.0)
+    assert table.price("venice", "n") == Price(5.0, 6.0, max_output_tokens=7)
+    assert table.price("venice", "unknown") is None
+    assert Price(1.0, 2.0).cost(1_000, 500) == pytest.approx(0.002)

@@ -1,0 +1,152 @@
+"""The limit policy over the in-memory store with a fake clock: no database, no network."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from llmgw.accounting.prices import Price, PriceTable
+from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
+from llmgw.limits.memory import MemoryLimitStore
+from llmgw.limits.policy import LimitPolicy
+from llmgw.providers.base import Deployment
+from tests.usage_records import usage_record
+
+NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC).timestamp()
+BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+
+
+class _Provider:
+    name = "p"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(**fields: Any) -> AuthenticatedKey:
+    values: dict[str, Any] = {"id": uuid.uuid4(), "prefix": "llmg_abcdefg", "subject_id": None}
+    values |= {"rate_limit_requests": 1000, "rate_limit_window_seconds": 60, **fields}
+    return AuthenticatedKey(**values)
+
+
+def policy(clock: Clock, **prices: Price) -> LimitPolicy:
+    table = PriceTable({("p", model): price for model, price in prices.items()})
+    return LimitPolicy(MemoryLimitStore(clock=clock), table, lease_seconds=30, clock=clock)
+
+
+async def admit(limits: LimitPolicy, k: AuthenticatedKey, model: str = "m") -> Any:
+    return await limits.admit(
+        k,
+        model=model,
+        body=BODY,
+        deployments=[Deployment(_Provider(), model)],  # type: ignore[arg-type]
+        produces_output=True,
+        window_counted=False,
+    )
+
+
+async def test_concurrency_slots_are_taken_and_freed() -> None:
+    clock = Clock()
+    limits = policy(clock)
+    k = key(max_concurrent_requests=2)
+    first, _ = await admit(limits, k), await admit(limits, k)
+    with pytest.raises(RateLimited) as refused:
+        await admit(limits, k)
+    assert refused.value.code == "concurrency_limit_exceeded"
+    limits.settle(first, _record(k))
+    assert await limits.flush()
+    await admit(limits, k)
+
+
+async def test_a_killed_replicas_slot_expires_with_its_lease() -> None:
+    clock = Clock()
+    limits = policy(clock)
+    k = key(max_concurrent_requests=1)
+    await admit(limits, k)  # never settled
+    with pytest.raises(RateLimited):
+        await admit(limits, k)
+    clock.now += 31
+    await admit(limits, k)
+
+
+async def test_budget_reserves_the_worst_case_and_prices_are_required() -> None:
+    clock = Clock()
+    price = Price(input_usd_per_mtok=1_000.0, output_usd_per_mtok=10_000.0)
+    limits = policy(clock, m=price)
+    # Worst case: ceil(len('[{"role":"user","content":"hi"}]') / 4) = 8 input + 10 output tokens.
+    worst = price.cost(8, 10)
+    k = key(subject_id=uuid.uuid4(), monthly_budget_usd=worst * 3)
+    for _ in range(3):
+        await admit(limits, k)
+    with pytest.raises(RateLimited) as refused:
+        await admit(limits, k)
+    assert refused.value.code == "budget_exceeded"
+    assert refused.value.headers["Retry-After"] == str(31 * 86400 - 12 * 3600 - 30)
+    with pytest.raises(PriceUnknown):
+        await admit(limits, k, model="unpriced")
+
+
+async def test_tokens_per_minute_reserve_in_the_current_minute() -> None:
+    clock = Clock()
+    limits = policy(clock)
+    k = key(tokens_per_minute=36)  # two worst cases of 18 tokens
+    await admit(limits, k)
+    await admit(limits, k)
+    with pytest.raises(RateLimited) as refused:
+        await admit(limits, k)
+    assert refused.value.code == "tokens_per_minute_exceeded"
+    assert refused.value.headers["Retry-After"] == "30"
+    clock.now += 30
+    await admit(limits, k)
+
+
+async def test_the_window_and_the_allowlist_come_first() -> None:
+    limits = policy(Clock())
+    with pytest.raises(ModelNotAllowed):
+        await admit(limits, key(allowed_models=frozenset({"other"})))
+    k = key(rate_limit_requests=1, max_concurrent_requests=5)
+    await admit(limits, k)
+    with pytest.raises(RateLimited) as refused:
+        await admit(limits, k)
+    assert refused.value.code == "rate_limit_exceeded"
+    assert refused.value.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def _record(k: AuthenticatedKey) -> Any:
+    return usage_record(api_key_id=k.id, input_tokens=1, output_tokens=1, cost_usd=0.0)
+
+
+class _FlakyStore(MemoryLimitStore):
+    """Refuses the first settlement as an unreachable store would."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.down = True
+
+    async def settle(self, charges: Any) -> None:
+        if self.down:
+            self.down = False
+            raise ServiceUnavailable("down")
+        await super().settle(charges)
+
+
+async def test_a_settlement_the_store_refuses_is_sent_again() -> None:
+    clock = Clock()
+    store = _FlakyStore(clock)
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
+    k = key(max_concurrent_requests=1)
+    limits.settle(await admit(limits, k), None)
+    assert not await limits.flush()
+    with pytest.raises(RateLimited):
+        await admit(limits, k)  # the slot is still taken...
+    assert await limits.flush()
+    await admit(limits, k)  # ...until the settlement got through
