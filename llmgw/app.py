@@ -11,7 +11,7 @@ import asyncpg
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.accounting.prices import Price, PriceTable
+from llmgw.accounting.prices import PriceTable, configured_prices, publishers
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.api import messages
@@ -34,7 +34,6 @@ from llmgw.middleware import (
 )
 from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
-from llmgw.providers.venice import VeniceProvider
 from llmgw.routes import PUBLIC_PATHS, add_routes
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
@@ -56,14 +55,6 @@ def _limit_store(settings: Settings, pool: asyncpg.Pool, database_url: str) -> L
         assert settings.redis_url is not None  # load_settings requires it for this backend
         return RedisLimitStore(settings.redis_url)
     return PostgresLimitStore(pool, database_url)
-
-
-def _configured_prices(settings: Settings) -> dict[tuple[str, str | None], Price]:
-    return {
-        (spec.name, None): Price(spec.input_usd_per_mtok, spec.output_usd_per_mtok)
-        for spec in settings.providers
-        if spec.input_usd_per_mtok is not None and spec.output_usd_per_mtok is not None
-    }
 
 
 async def _list_models_once(
@@ -100,9 +91,7 @@ def create_app(
     app[app_keys.SETTINGS] = settings
     app[app_keys.TELEMETRY] = telemetry
     app[MODELS_CACHE] = ModelListCache()
-    prices = PriceTable(
-        _configured_prices(settings), refresh_seconds=settings.price_refresh_seconds
-    )
+    prices = PriceTable(configured_prices(settings), refresh_seconds=settings.price_refresh_seconds)
 
     async def database(app: web.Application) -> AsyncIterator[None]:
         pool = await create_pool(database_url)
@@ -142,8 +131,8 @@ def create_app(
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
         remember_listed(registry.aliases)
-        await prices.start([p for p in registry.providers if isinstance(p, VeniceProvider)])
-        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations)
+        await prices.start(publishers(registry.providers))
+        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations, prices)
         app[RELOADER] = reloader
         check = (
             asyncio.create_task(

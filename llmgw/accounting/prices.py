@@ -17,10 +17,12 @@ from typing import Any
 import attrs
 import orjson
 
+from llmgw.config import Settings
 from llmgw.errors import GatewayError
 from llmgw.providers.base import Provider, UpstreamHTTPError
+from llmgw.providers.venice import VeniceProvider
 
-__all__ = ["Price", "PriceTable", "parse_venice_models"]
+__all__ = ["Price", "PriceTable", "configured_prices", "parse_venice_models", "publishers"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,20 @@ def parse_venice_models(document: Any) -> dict[str, Price]:
     return prices
 
 
+def configured_prices(settings: Settings) -> dict[tuple[str, str | None], Price]:
+    """The prices LLMGW_CONFIG gives, per provider (model None: every model of it)."""
+    return {
+        (spec.name, None): Price(spec.input_usd_per_mtok, spec.output_usd_per_mtok)
+        for spec in settings.providers
+        if spec.input_usd_per_mtok is not None and spec.output_usd_per_mtok is not None
+    }
+
+
+def publishers(providers: Sequence[Provider]) -> tuple[Provider, ...]:
+    """The providers whose model listings carry prices (Venice's ``model_spec.pricing``)."""
+    return tuple(p for p in providers if isinstance(p, VeniceProvider))
+
+
 class PriceTable:
     """Configured prices win over published ones; a provider-wide price covers all its models.
 
@@ -102,6 +118,7 @@ class PriceTable:
         self._refresh_seconds = refresh_seconds
         self._refresher: asyncio.Task[None] | None = None
         self._fetched = asyncio.Event()  # the first fetch ended (whatever its result)
+        self._reloads: set[asyncio.Task[None]] = set()
 
     def price(self, provider: str, model: str) -> Price | None:
         found = self._configured.get((provider, model))
@@ -138,6 +155,24 @@ class PriceTable:
         """Remember the publishers; their listings are fetched when a price is first needed."""
         self._publishers = tuple(publishers)
 
+    def reconfigure(
+        self, configured: Mapping[tuple[str, str | None], Price], publishers: Sequence[Provider]
+    ) -> None:
+        """A reloaded configuration (SIGHUP): its prices, and the listings of its providers.
+
+        Published prices of providers that are gone are dropped; the new publishers' listings
+        are fetched at once, in the background (until then their last published prices stay).
+        """
+        self._configured = dict(configured)
+        self._publishers = tuple(publishers)
+        names = {provider.name for provider in self._publishers}
+        for key in [k for k in self._published if k[0] not in names]:
+            del self._published[key]
+        if self._refresher is not None:
+            task = asyncio.create_task(self.refresh(), name="llmgw-prices-reload")
+            self._reloads.add(task)
+            task.add_done_callback(self._reloads.discard)
+
     async def loaded(self) -> None:
         """Wait (once) for the publishers' listings; afterwards they refresh in the background."""
         self.warm()
@@ -150,6 +185,8 @@ class PriceTable:
             self._refresher = asyncio.create_task(self._refresh_forever(), name="llmgw-prices")
 
     async def close(self) -> None:
+        for task in self._reloads:
+            task.cancel()
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

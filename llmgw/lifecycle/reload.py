@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from llmgw.accounting.prices import PriceTable, configured_prices, publishers
 from llmgw.api.models import ModelListCache
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
@@ -71,8 +72,10 @@ class ConfigReloader:
         build_registry: Callable[[Settings], ProviderRegistry],
         models_cache: ModelListCache,
         generations: RequestGenerations,
+        prices: PriceTable | None = None,
     ) -> None:
         self._registry = registry
+        self._prices = prices
         self._build_registry = build_registry
         self._models_cache = models_cache
         self._generations = generations
@@ -87,6 +90,10 @@ class ConfigReloader:
             return False
         retired = self._registry.replace_with(self._build_registry(settings))
         self._models_cache.clear()
+        if self._prices is not None:
+            self._prices.reconfigure(
+                configured_prices(settings), publishers(self._registry.providers)
+            )
         task = asyncio.create_task(self._close_when_drained(self._generations.advance(), retired))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from llmgw.accounting.prices import Price, PriceTable
 from llmgw.api.models import ModelListCache
 from llmgw.config import Settings
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
@@ -87,3 +88,33 @@ async def test_an_invalid_file_keeps_the_running_configuration(
     assert [p.name for p in registry.providers] == ["running"]
     assert "configuration reload failed, the running configuration stays" in caplog.text
     assert str(config) in caplog.text
+
+
+async def test_a_reload_brings_the_new_files_prices(
+    environment: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "llmgw.toml"
+    config.write_text(
+        "[[providers]]\n"
+        'name = "local"\n'
+        'kind = "openai-compatible"\n'
+        'base_url = "http://127.0.0.1:9/v1"\n'
+        "input_usd_per_mtok = 0.5\n"
+        "output_usd_per_mtok = 2.0\n"
+    )
+    monkeypatch.setenv("LLMGW_CONFIG", str(config))
+    prices = PriceTable({("local", None): Price(9.0, 9.0)})
+    reloader = ConfigReloader(
+        registry_of("local"),
+        lambda _s: registry_of("local"),
+        ModelListCache(),
+        RequestGenerations(),
+        prices,
+    )
+    assert reloader.reload() is True
+    assert prices.price("local", "any-model") == Price(0.5, 2.0)
+    config.write_text(config.read_text().replace("2.0", "3.0"))
+    assert reloader.reload() is True
+    assert prices.price("local", "any-model") == Price(0.5, 3.0)
+    await reloader.close()
+    await prices.close()
