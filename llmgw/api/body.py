@@ -82,8 +82,11 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
     # client may take to send it, so a slow-loris body cannot hold a handler open forever.
     timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
     try:
-        async with asyncio.timeout(timeout):
-            raw = await request.read()
+        if request.content.is_eof():
+            raw = await request.read()  # all of it has arrived: nothing to wait for
+        else:
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
     except TimeoutError:
         raise RequestTimeout(
             f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Protocol
 
 import attrs
@@ -69,7 +69,7 @@ class ChatStream(Protocol):
     retries: int
     content_type: str  # the provider's Content-Type: an event stream, or a whole JSON answer
 
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    def chunks(self) -> AsyncGenerator[bytes, None]: ...
 
     async def close(self) -> None: ...
 

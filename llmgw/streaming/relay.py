@@ -166,13 +166,14 @@ class _Relay:
                 if observer.done:
                     return
 
-    async def _upstream_bytes(self) -> AsyncGenerator[bytes, None]:
+    def _upstream_bytes(self) -> AsyncGenerator[bytes, None]:
         """The upstream's stream; a JSON completion (some providers' answer) turned into one."""
         media_type = self.upstream.content_type.partition(";")[0].strip().lower()
         if media_type != "application/json":
-            async for data in self.upstream.chunks():
-                yield data
-            return
+            return self.upstream.chunks()  # not wrapped: a generator less to resume per read
+        return self._completion_events()
+
+    async def _completion_events(self) -> AsyncGenerator[bytes, None]:
         body = bytearray()
         async for data in self.upstream.chunks():
             body += data

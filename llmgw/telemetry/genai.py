@@ -2,8 +2,8 @@
 
 A ``ChatObservation`` is opened before the provider is called and finished exactly once, by the
 pipeline, when the response (or the stream) ends: completed, failed or cancelled. It only observes:
-what a request is charged is accounting's business. Per-chunk work is two clock reads and one
-histogram point.
+what a request is charged is accounting's business. Per-chunk work is a clock read and adding
+the gap to the stream's own bucket counts, which join the histogram when the stream ends.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw.accounting.usage import Usage
 from llmgw.telemetry import semconv as sc
+from llmgw.telemetry.local_metrics import GapHistogram, LocalMeter
 from llmgw.telemetry.model_names import metric_model_name, remember_answered
 
 if TYPE_CHECKING:
@@ -46,32 +47,32 @@ class Outcome:
 
 
 class GatewayInstruments:
-    """Every metric instrument, created once per meter provider."""
+    """Every metric instrument, created once per meter (see local_metrics for why it is ours)."""
 
-    def __init__(self, meter: metrics.Meter) -> None:
+    def __init__(self, meter: LocalMeter) -> None:
         self.operation_duration = meter.create_histogram(
             sc.METRIC_OPERATION_DURATION,
             unit="s",
             description="GenAI operation duration",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+            boundaries=sc.DURATION_BUCKETS,
         )
         self.token_usage = meter.create_histogram(
             sc.METRIC_TOKEN_USAGE,
             unit="{token}",
             description="Number of input and output tokens used",
-            explicit_bucket_boundaries_advisory=list(sc.TOKEN_BUCKETS),
+            boundaries=sc.TOKEN_BUCKETS,
         )
         self.time_to_first_chunk = meter.create_histogram(
             sc.METRIC_TIME_TO_FIRST_CHUNK,
             unit="s",
             description="Time to receive the first chunk of a streamed response",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+            boundaries=sc.DURATION_BUCKETS,
         )
         self.time_per_output_chunk = meter.create_histogram(
             sc.METRIC_TIME_PER_OUTPUT_CHUNK,
             unit="s",
             description="Time between consecutive chunks of a streamed response",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+            boundaries=sc.DURATION_BUCKETS,
         )
         self.requests = meter.create_counter(
             sc.METRIC_GATEWAY_REQUESTS, unit="{request}", description="HTTP requests answered"
@@ -150,6 +151,7 @@ class ChatObservation:
     finished: bool = False
     deployment: str | None = None
     deployments_tried: int = 0
+    chunk_gaps: GapHistogram | None = None  # summed per chunk, recorded once at the end
 
     @classmethod
     def start(
@@ -223,11 +225,11 @@ class ChatObservation:
         now = time.perf_counter()
         if self.first_chunk_at is None:
             self.first_chunk_at = now
+            self.chunk_gaps = self.instruments.time_per_output_chunk.gaps()
         else:
             assert self.last_chunk_at is not None
-            self.instruments.time_per_output_chunk.record(
-                now - self.last_chunk_at, self._bounded_metric_attributes(answered=True)
-            )
+            assert self.chunk_gaps is not None
+            self.chunk_gaps.add(now - self.last_chunk_at)
         self.last_chunk_at = now
 
     def note_document(self, document: dict[str, Any]) -> None:
@@ -293,6 +295,16 @@ class ChatObservation:
             ttfc = self.first_chunk_at - self.started
             span_attributes[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttfc
             self.instruments.time_to_first_chunk.record(ttfc, metric_attributes)
+        if self.chunk_gaps is not None:
+            # The gaps of every chunk that arrived, as the points they would have been: chunks
+            # came, so the models answered; an error type describes the operation's end, not
+            # the chunks before it (it joins metric_attributes below).
+            self.instruments.time_per_output_chunk.add_all(
+                self.chunk_gaps,
+                metric_attributes
+                if status < 400
+                else self._bounded_metric_attributes(answered=True),
+            )
         if self.usage is not None:
             span_attributes[sc.LLMGW_USAGE_SOURCE] = self.usage_source
             self._record_usage(self.usage, span_attributes, metric_attributes)

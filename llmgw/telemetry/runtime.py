@@ -24,8 +24,6 @@ class Telemetry:
         return cls(
             providers=providers,
             tracer=providers.tracer_provider.get_tracer("llmgw", __version__),
-            instruments=GatewayInstruments(
-                providers.meter_provider.get_meter("llmgw", __version__)
-            ),
+            instruments=GatewayInstruments(providers.local_meter),
             capture_content=capture_content,
         )

@@ -26,10 +26,12 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NoOpTracerProvider
 
 from llmgw import __version__
 from llmgw.config import ConfigError, Settings
+from llmgw.telemetry.local_metrics import LocalMeter
 
 __all__ = ["SHUTDOWN_SECONDS", "TelemetryProviders", "build_providers", "build_resource"]
 
@@ -43,6 +45,8 @@ SHUTDOWN_SECONDS = 3.0
 class TelemetryProviders:
     tracer_provider: trace.TracerProvider
     meter_provider: metrics.MeterProvider
+    # The gateway's own instruments, exported by the meter provider's readers.
+    local_meter: LocalMeter = attrs.field(factory=LocalMeter)
     # Set when LLMGW_PROMETHEUS=true: the registry GET /metrics renders.
     prometheus_registry: Any = None  # a prometheus_client.CollectorRegistry
 
@@ -126,7 +130,10 @@ def build_providers(
         if readers
         else NoOpMeterProvider()
     )
-    return TelemetryProviders(tracer_provider, meter_provider, prometheus_registry)
+    local_meter = LocalMeter(resource, InstrumentationScope("llmgw", __version__))
+    for reader in readers:
+        local_meter.attach(reader)
+    return TelemetryProviders(tracer_provider, meter_provider, local_meter, prometheus_registry)
 
 
 def _exemplar_settings() -> dict[str, Any]:

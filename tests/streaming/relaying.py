@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 
 from llmgw.streaming import supervisor
 from llmgw.streaming.relay import relay_stream
 from llmgw.streaming.summary import StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry.genai import ChatObservation, GatewayInstruments
+from llmgw.telemetry.local_metrics import LocalMeter
 
 DONE = b"data: [DONE]\n\n"
 
@@ -42,7 +43,7 @@ class ScriptedStream:
         self.content_type = content_type
         self.closed = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         # Reads are taken off the list: a second chunks() goes on where the first stopped.
         while self.reads:
             data = self.reads.pop(0)
@@ -62,7 +63,7 @@ class ScriptedStream:
 def observation() -> ChatObservation:
     return ChatObservation.start(
         trace.NoOpTracer(),
-        GatewayInstruments(metrics.NoOpMeter("test")),
+        GatewayInstruments(LocalMeter()),
         operation="chat",
         provider_name="fake",
         server_address="127.0.0.1",
