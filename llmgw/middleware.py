@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw import app_keys
@@ -68,28 +68,30 @@ def request_context_middleware(
         route = _route_template(request)
         parent = propagate.extract(request.headers)
         status = 500
+        span = tracer.start_span(
+            f"{request.method} {route}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                sc.HTTP_REQUEST_METHOD: request.method,
+                sc.HTTP_ROUTE: route,
+                sc.LLMGW_REQUEST_ID: request_id,
+            },
+        )
+        # Current for the handler (log lines name its trace); ended here, whatever happens.
+        span_token = context.attach(trace.set_span_in_context(span))
         try:
-            with tracer.start_as_current_span(
-                f"{request.method} {route}",
-                context=parent,
-                kind=SpanKind.SERVER,
-                attributes={
-                    sc.HTTP_REQUEST_METHOD: request.method,
-                    sc.HTTP_ROUTE: route,
-                    sc.LLMGW_REQUEST_ID: request_id,
-                },
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
-                response = await handler(request)
-                status = response.status
-                span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
-                error_type = request.get(_ERROR_TYPE_ON_SPAN)
-                if error_type is not None:
-                    span.set_attribute(sc.ERROR_TYPE, error_type)
-                    span.set_status(Status(StatusCode.ERROR, error_type))
-                return response
+            response = await handler(request)
+            status = response.status
+            span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
+            error_type = request.get(_ERROR_TYPE_ON_SPAN)
+            if error_type is not None:
+                span.set_attribute(sc.ERROR_TYPE, error_type)
+                span.set_status(Status(StatusCode.ERROR, error_type))
+            return response
         finally:
+            context.detach(span_token)
+            span.end()
             attributes: dict[str, str | int] = {
                 sc.HTTP_ROUTE: route,
                 sc.HTTP_RESPONSE_STATUS_CODE: status,

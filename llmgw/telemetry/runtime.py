@@ -7,6 +7,7 @@ from opentelemetry import trace
 
 from llmgw import __version__
 from llmgw.telemetry.genai import GatewayInstruments
+from llmgw.telemetry.lean_tracing import tracer_for
 from llmgw.telemetry.setup import TelemetryProviders
 
 __all__ = ["Telemetry"]
@@ -23,7 +24,7 @@ class Telemetry:
     def from_providers(cls, providers: TelemetryProviders, *, capture_content: bool) -> Telemetry:
         return cls(
             providers=providers,
-            tracer=providers.tracer_provider.get_tracer("llmgw", __version__),
+            tracer=tracer_for(providers.tracer_provider, "llmgw", __version__),
             instruments=GatewayInstruments(providers.local_meter),
             capture_content=capture_content,
         )
