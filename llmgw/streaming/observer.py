@@ -53,16 +53,19 @@ class StreamObserver:
         if self.garbled:
             return False
         data = event_data(event)
-        if data is None or not data.strip():
+        if data is None:
+            return True
+        data = data.strip()
+        if not data:
             return True  # a comment, a keep-alive or a blank line: harmless, passed on
-        if data.strip() == DONE:
+        if data == DONE:
             self.done = True
             return True
         try:
             document = orjson.loads(data)
         except orjson.JSONDecodeError:
             document = None
-        if not isinstance(document, dict):
+        if document.__class__ is not dict:
             self.garbled = True
             return False
         self.document = document
@@ -71,10 +74,13 @@ class StreamObserver:
         if "error" in document and "choices" not in document:
             self.upstream_error = True
             return True
-        observation.note_document(document)
+        if observation.response_model is None or observation.response_id is None:
+            observation.note_ids(document)
         choices = document.get("choices")
         if choices.__class__ is list:
-            self._count(choices)
+            self._read_choices(choices)
+        if "usage" not in document and "response" not in document:
+            return True  # most chunks: no usage to look for
         usage = parse_usage(document, with_cost=observation.provider_reports_cost)
         if usage is None:
             return True
@@ -82,13 +88,18 @@ class StreamObserver:
         # The usage chunk the gateway asked for on the caller's behalf, when nothing else is in it.
         return not self.hide_usage_chunk or _carries(choices)
 
-    def _count(self, choices: list[Any]) -> None:
-        """Note finish reasons and count the characters produced (the hot path: every chunk)."""
+    def _read_choices(self, choices: list[Any]) -> None:
+        """Finish reasons, the characters produced, and captured content: the hot path, every
+        chunk, so the choices are read once for accounting and telemetry alike."""
+        observation = self.observation
         for choice in choices:
             if choice.__class__ is not dict:
                 continue
-            if choice.get("finish_reason") is not None:
+            reason = choice.get("finish_reason")
+            if reason is not None:
                 self.finished = True
+                if reason.__class__ is str:
+                    observation.finish_reasons.append(reason)
             delta = choice.get("delta")
             if delta.__class__ is not dict:
                 continue
@@ -98,6 +109,10 @@ class StreamObserver:
                     self.output_chars += len(text)
             if "tool_calls" in delta:
                 self.output_chars += _argument_chars(delta["tool_calls"])
+            if observation.capture_content:
+                content = delta.get("content")
+                if content.__class__ is str:
+                    observation.output_text.append(content)
 
 
 def _carries(choices: Any) -> bool:

@@ -234,10 +234,7 @@ class ChatObservation:
 
     def note_document(self, document: dict[str, Any]) -> None:
         """Read ids, finish reasons and (captured) content from a response or a stream chunk."""
-        if self.response_id is None and isinstance(document.get("id"), str):
-            self.response_id = document["id"]
-        if self.response_model is None and isinstance(document.get("model"), str):
-            self.response_model = document["model"]
+        self.note_ids(document)
         choices = document.get("choices")
         if not isinstance(choices, list):
             return
@@ -252,6 +249,13 @@ class ChatObservation:
                 text = message.get("content") if isinstance(message, dict) else None
                 if isinstance(text, str):
                     self.output_text.append(text)
+
+    def note_ids(self, document: dict[str, Any]) -> None:
+        """The response's id and model, from the first document that names them."""
+        if self.response_id is None and isinstance(document.get("id"), str):
+            self.response_id = document["id"]
+        if self.response_model is None and isinstance(document.get("model"), str):
+            self.response_model = document["model"]
 
     # Ending ------------------------------------------------------------------------------------
 
