@@ -265,11 +265,7 @@ async def start_call(
             capture_content=telemetry.capture_content,
         )
         exchange = Exchange(request, key, upstream.fields, admitted, observation)
-        call = attrs.evolve(
-            _upstream_call(request, upstream.body, upstream.model, exchange),
-            content_type=upstream.content_type,
-            encode_for_model=upstream.encode_for_model,
-        )
+        call = _upstream_call(request, upstream, exchange)
     except BaseException:
         limits.settle(admitted, None)  # nothing was used: give it back
         raise
@@ -282,7 +278,7 @@ def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
 
 
 def _upstream_call(
-    request: web.Request, body: bytes, model: str, exchange: Exchange
+    request: web.Request, upstream: UpstreamRequest, exchange: Exchange
 ) -> UpstreamCall:
     settings = request.app[app_keys.SETTINGS]
     trace_headers: dict[str, str] = {}
@@ -290,11 +286,13 @@ def _upstream_call(
     propagate.inject(trace_headers, context=trace.set_span_in_context(span))
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_seconds
     return UpstreamCall(
-        body=body,
+        body=upstream.body,
         deadline=deadline,
         trace_headers=trace_headers,
-        model=model,
+        model=upstream.model,
         on_deployment=exchange.observation.deployment_tried,
+        content_type=upstream.content_type,
+        encode_for_model=upstream.encode_for_model,
     )
 
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp import hdrs
 
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
@@ -54,6 +55,14 @@ def _transport_errors(provider: str) -> Iterator[None]:
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int, provider: str) -> bytes:
     """The (decompressed) body, or a 502 as soon as it grows past ``limit`` bytes."""
     declared = response.content_length
+    if (
+        declared is not None
+        and declared <= limit
+        and not response.headers.get(hdrs.CONTENT_ENCODING)
+    ):
+        # The usual answer: its length is declared and nothing is decompressed, so the body read
+        # is exactly the bytes declared (aiohttp reads no further).
+        return await response.read()
     chunks: list[bytes] = []
     size = 0
     if declared is None or declared <= limit:
