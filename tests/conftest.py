@@ -43,6 +43,7 @@ from llmgw.storage.schema import metadata
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.otlp_receiver import OtlpReceiver
 from tests.processes import clean_env, free_port
 
 _TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
@@ -118,6 +119,15 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 async def fake_venice() -> AsyncIterator[FakeVenice]:
     async with FakeVenice() as fake:
         yield fake
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    """A local OTLP/HTTP collector that decodes and keeps what is exported to it."""
+    otlp = OtlpReceiver()
+    await otlp.start()
+    yield otlp
+    await otlp.close()
 
 
 @attrs.frozen

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import openai
-import pytest
 
 from llmgw.storage import api_keys
 from llmgw.telemetry import semconv as sc
 from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
 from tests.otlp_receiver import OtlpReceiver
 from tests.processes import clean_env, free_port, start_gateway, stop
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[OtlpReceiver]:
-    otlp = OtlpReceiver()
-    await otlp.start()
-    yield otlp
-    await otlp.close()
 
 
 async def test_spans_and_metrics_reach_an_otlp_receiver(

@@ -9,10 +9,10 @@ import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
 )
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
 from llmgw.config import ConfigError
 from llmgw.telemetry import setup
+from llmgw.telemetry.span_export import FastOTLPSpanExporter
 
 GRPC_MODULES = (
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
@@ -40,7 +40,7 @@ def test_http_exporters_without_a_protocol(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", raising=False)
     spans, _ = setup._otlp_exporters()
-    assert isinstance(spans, OTLPSpanExporter)
+    assert isinstance(spans, FastOTLPSpanExporter)  # our encoder in the official exporter
 
 
 @pytest.mark.parametrize(
