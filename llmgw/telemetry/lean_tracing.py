@@ -102,13 +102,13 @@ class _LeanSpan(trace_api.Span):
         # Made when the first one comes: most spans have neither.
         self._events: BoundedList[Event] | None = None
         self._links: BoundedList[Link] | None = None
-        for link in links:
-            self.add_link(link.context, link.attributes)
         self._status = Status(StatusCode.UNSET)
         self._record_exception = record_exception
         self._set_status_on_exception = set_status_on_exception
         self._start_time = start_time if start_time is not None else time.time_ns()
         self._end_time: int | None = None
+        for link in links:
+            self.add_link(link.context, link.attributes)
         if attributes:
             self.set_attributes(attributes)
 
@@ -178,7 +178,9 @@ class _LeanSpan(trace_api.Span):
         self._events.append(Event(name=name, attributes=bounded, timestamp=timestamp))
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
-        if self._end_time is not None or not context.is_valid:
+        # As the SDK: a link to an invalid context still counts when it carries something.
+        valid = context and (context.is_valid or attributes or context.trace_state)
+        if self._end_time is not None or not valid:
             return
         if self._links is None:
             self._links = BoundedList(self._tracer.limits.max_links)

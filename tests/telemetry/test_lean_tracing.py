@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from llmgw.telemetry.lean_tracing import LeanTracer, tracer_for
 
@@ -209,3 +209,21 @@ def test_start_as_current_span_records_what_escapes_it() -> None:
     [span] = twin.lean_spans.get_finished_spans()
     assert span.status.status_code is StatusCode.ERROR
     assert [event.name for event in span.events] == ["exception"]
+
+
+def test_links_are_kept_as_in_the_sdk() -> None:
+    twin = Twin()
+    valid = SpanContext(0x1, 0x2, is_remote=True)
+    invalid = SpanContext(0, 0, is_remote=False)
+
+    def run(tracer: trace.Tracer) -> None:
+        links = [Link(valid, {"a": 1}), Link(invalid, {"kept": True}), Link(invalid)]
+        span = tracer.start_span("linked", links=links)
+        span.add_link(valid, {"b": "later"})
+        span.add_link(invalid)
+        span.end()
+
+    twin.both(run)
+    twin.compare()
+    [span] = twin.lean_spans.get_finished_spans()
+    assert len(span.links) == 3

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -32,6 +33,7 @@ from opentelemetry.trace import (
 )
 
 from llmgw.telemetry import span_encoding, span_export
+from llmgw.telemetry.lean_tracing import LeanTracer
 from llmgw.telemetry.span_encoding import SpanEncoder
 from llmgw.telemetry.span_export import FastOTLPSpanExporter
 from tests.otlp_receiver import OtlpReceiver
@@ -93,7 +95,8 @@ class DrawnIds(IdGenerator):
 
 @st.composite
 def batches(draw: st.DrawFn) -> Sequence[ReadableSpan]:
-    """Finished SDK spans from up to three providers and several tracers each, interleaved."""
+    """Finished spans (the SDK's and lean ones) from up to three providers and several tracers
+    each, interleaved."""
     collected = InMemorySpanExporter()
     ids = DrawnIds(draw(st.randoms()))
     tracers = []
@@ -113,7 +116,11 @@ def batches(draw: st.DrawFn) -> Sequence[ReadableSpan]:
             version = draw(st.sampled_from([None, "", "0.1.0"]))
             schema = draw(st.sampled_from([None, "https://s/2"]))
             scope_attributes = draw(st.none() | ATTRIBUTES)
-            tracers.append(provider.get_tracer(name, version, schema, scope_attributes))
+            if draw(st.booleans()):  # the gateway's own spans too
+                scope = InstrumentationScope(name, version, schema, scope_attributes)
+                tracers.append(LeanTracer(provider, scope))
+            else:
+                tracers.append(provider.get_tracer(name, version, schema, scope_attributes))
     for _ in range(draw(st.integers(1, 4))):
         tracer = draw(st.sampled_from(tracers))
         parent = draw(st.sampled_from(["root", "local", "remote"]))
