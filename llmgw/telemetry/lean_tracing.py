@@ -29,7 +29,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -122,8 +122,22 @@ class _LeanSpan(trace_api.Span):
         if self._end_time is not None:
             log.warning("Setting attribute on ended span.")
             return
+        own = self._attributes
+        limits = self._tracer.limits
+        most, length = limits.max_span_attributes, limits.max_span_attribute_length
         for key, value in attributes.items():
-            self._set(key, value)
+            kind = type(value)
+            # The usual attribute, inline: a new key with a value kept as it is, and room for it.
+            if (
+                (kind is int or kind is float or kind is bool or (kind is str and length is None))
+                and type(key) is str
+                and key
+                and key not in own
+                and (most is None or len(own) < most)
+            ):
+                own[key] = value
+            else:
+                self._set(key, value)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         if self._end_time is not None:
@@ -299,12 +313,23 @@ class LeanTracer(trace_api.Tracer):
         else:
             trace_id = parent.trace_id
             random_trace_id = parent.trace_flags.random_trace_id
-        sampled = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-        flags = (
-            TraceFlags.SAMPLED
-            if sampled.decision is Decision.RECORD_AND_SAMPLE
-            else TraceFlags.DEFAULT
-        )
+        if self.sampler is DEFAULT_ON:
+            # The SDK's default, decided here as it decides: sampled when the parent is (or there is
+            # none), with the parent's trace state.
+            decision = (
+                Decision.RECORD_AND_SAMPLE
+                if parent is None or parent.trace_flags.sampled
+                else Decision.DROP
+            )
+            trace_state = None if parent is None else parent.trace_state
+        else:
+            sampled = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+            decision, trace_state, attributes = (
+                sampled.decision,
+                sampled.trace_state,
+                sampled.attributes,
+            )
+        flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
         if random_trace_id:
             flags |= TraceFlags.RANDOM_TRACE_ID
         span_context = SpanContext(
@@ -312,9 +337,9 @@ class LeanTracer(trace_api.Tracer):
             self.id_generator.generate_span_id(),
             is_remote=False,
             trace_flags=TraceFlags(flags),
-            trace_state=sampled.trace_state,
+            trace_state=trace_state,
         )
-        if sampled.decision is Decision.DROP:
+        if decision is Decision.DROP:
             return trace_api.NonRecordingSpan(span_context)
         span = _LeanSpan(
             self,
@@ -322,7 +347,7 @@ class LeanTracer(trace_api.Tracer):
             span_context,
             parent,
             kind,
-            sampled.attributes,
+            attributes,
             links,
             start_time,
             record_exception,

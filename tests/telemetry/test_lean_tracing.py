@@ -13,8 +13,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.span import TraceState
 
 from llmgw.telemetry.lean_tracing import LeanTracer, tracer_for
 
@@ -142,28 +143,40 @@ def test_spans_match_the_sdks_for_the_same_calls(
     twin.compare()
 
 
-def test_children_and_remote_parents_are_linked_as_in_the_sdk() -> None:
-    twin = Twin()
-    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=trace.TraceFlags(1))
+@pytest.mark.parametrize(
+    "sampler",
+    [None, ParentBased(ALWAYS_ON), ParentBased(ALWAYS_OFF)],
+    ids=["default", "parent-based", "parent-based-off"],
+)
+def test_children_and_remote_parents_are_linked_as_in_the_sdk(sampler: Sampler | None) -> None:
+    twin = Twin(**({} if sampler is None else {"sampler": sampler}))
+    state = TraceState([("vendor", "value")])
+    sampled = SpanContext(0x1234, 0x5678, True, trace.TraceFlags(1), trace_state=state)
+    unsampled = SpanContext(0x4321, 0x8765, is_remote=True, trace_flags=trace.TraceFlags(0))
 
     def run(tracer: trace.Tracer) -> None:
-        parent_context = trace.set_span_in_context(NonRecordingSpan(remote))
-        server = tracer.start_span("server", context=parent_context, kind=SpanKind.SERVER)
-        token = context.attach(trace.set_span_in_context(server))
-        try:
-            client = tracer.start_span("client", kind=SpanKind.CLIENT)
-            assert client.get_span_context().trace_id == 0x1234
-            client.end()
-        finally:
-            context.detach(token)
-        server.end()
+        for remote in (sampled, unsampled):
+            parent_context = trace.set_span_in_context(NonRecordingSpan(remote))
+            server = tracer.start_span("server", context=parent_context, kind=SpanKind.SERVER)
+            assert server.get_span_context().trace_state == remote.trace_state
+            token = context.attach(trace.set_span_in_context(server))
+            try:
+                client = tracer.start_span("client", kind=SpanKind.CLIENT)
+                assert client.get_span_context().trace_id == remote.trace_id
+                client.end()
+            finally:
+                context.detach(token)
+            server.end()
 
     twin.both(run)
     twin.compare()
-    [client, server] = twin.lean_spans.get_finished_spans()
-    assert client.parent is not None
-    assert server.context is not None
-    assert client.parent.span_id == server.context.span_id
+    finished = twin.lean_spans.get_finished_spans()
+    assert all(span.context is not None and span.context.trace_id == 0x1234 for span in finished)
+    if len(finished) == 2:
+        [client, server] = finished
+        assert client.parent is not None
+        assert server.context is not None
+        assert client.parent.span_id == server.context.span_id
 
 
 def test_the_count_and_length_limits_apply_as_in_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
