@@ -26,7 +26,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
@@ -43,10 +43,12 @@ _KEPT = (bool, int, float, type(None))  # kept as they are (the SDK keeps a None
 
 
 def tracer_for(provider: trace_api.TracerProvider, name: str, version: str) -> trace_api.Tracer:
-    """A lean tracer over an SDK provider's pipeline; any other provider's own tracer."""
-    if isinstance(provider, TracerProvider):
-        return LeanTracer(provider, InstrumentationScope(name, version))
-    return provider.get_tracer(name, version)
+    """A lean tracer over an SDK provider's pipeline; any other tracer as the provider gives it
+    (a no-op provider's, or the SDK's own when it is disabled with OTEL_SDK_DISABLED)."""
+    tracer = provider.get_tracer(name, version)
+    if isinstance(tracer, SdkTracer):
+        return LeanTracer(tracer, InstrumentationScope(name, version))
+    return tracer
 
 
 class _FinishedSpan(ReadableSpan):
@@ -269,12 +271,10 @@ class _LeanSpan(trace_api.Span):
 
 
 class LeanTracer(trace_api.Tracer):
-    """Starts spans for an SDK TracerProvider: its sampler, ids, resource and processors."""
+    """Starts spans as an SDK tracer would: its provider's sampler, ids, resource and processors,
+    for ``scope``."""
 
-    def __init__(self, provider: TracerProvider, scope: InstrumentationScope) -> None:
-        # The SDK's own tracer for this scope holds what its spans would use.
-        sdk_tracer = provider.get_tracer(scope.name, scope.version)
-        assert isinstance(sdk_tracer, SdkTracer)
+    def __init__(self, sdk_tracer: SdkTracer, scope: InstrumentationScope) -> None:
         self.sampler: Sampler = sdk_tracer.sampler
         self.id_generator: IdGenerator = sdk_tracer.id_generator
         self.resource: Resource = sdk_tracer.resource

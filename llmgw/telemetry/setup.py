@@ -131,8 +131,10 @@ def build_providers(
         else NoOpMeterProvider()
     )
     local_meter = LocalMeter(resource, InstrumentationScope("llmgw", __version__))
-    for reader in readers:
-        local_meter.attach(reader)
+    # OTEL_SDK_DISABLED turns the SDK's own instruments into no-ops; the gateway's follow it.
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true":
+        for reader in readers:
+            local_meter.attach(reader)
     return TelemetryProviders(tracer_provider, meter_provider, local_meter, prometheus_registry)
 
 

@@ -240,3 +240,10 @@ def test_links_are_kept_as_in_the_sdk() -> None:
     twin.compare()
     [span] = twin.lean_spans.get_finished_spans()
     assert len(span.links) == 3
+
+
+def test_a_disabled_sdk_gets_its_own_no_op_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    tracer = tracer_for(TracerProvider(), "llmgw", "1")
+    assert not isinstance(tracer, LeanTracer)
+    assert not tracer.start_span("nothing").is_recording()

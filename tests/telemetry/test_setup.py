@@ -1,4 +1,5 @@
-"""Stopping the telemetry providers takes a bounded time, whatever the exporter does."""
+"""Building and stopping the telemetry providers: stopping takes a bounded time, whatever the
+exporter does, and OTEL_SDK_DISABLED silences the gateway's own metrics too."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import time
 from collections.abc import Sequence
 
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from llmgw.config import Settings
+from llmgw.telemetry.genai import GatewayInstruments
+from llmgw.telemetry.semconv import METRIC_GATEWAY_REQUESTS
 from llmgw.telemetry.setup import build_providers
 
 
@@ -53,3 +57,22 @@ def test_shutdown_reports_success_when_the_exporter_answers() -> None:
     with providers.tracer_provider.get_tracer("test").start_as_current_span("pending"):
         pass
     assert providers.shutdown(timeout=5) is True
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_the_gateways_metrics_follow_otel_sdk_disabled(
+    monkeypatch: pytest.MonkeyPatch, disabled: bool
+) -> None:
+    if disabled:
+        monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    reader = InMemoryMetricReader()
+    providers = build_providers(Settings(), metric_readers=[reader])
+    GatewayInstruments(providers.local_meter).requests.add(1, {"http.route": "/v1/models"})
+    data = reader.get_metrics_data()
+    names = {
+        metric.name
+        for resource in (data.resource_metrics if data is not None else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    assert (METRIC_GATEWAY_REQUESTS in names) is not disabled

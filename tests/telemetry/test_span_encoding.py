@@ -15,7 +15,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import trace_exporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, Tracer, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -118,7 +118,9 @@ def batches(draw: st.DrawFn) -> Sequence[ReadableSpan]:
             scope_attributes = draw(st.none() | ATTRIBUTES)
             if draw(st.booleans()):  # the gateway's own spans too
                 scope = InstrumentationScope(name, version, schema, scope_attributes)
-                tracers.append(LeanTracer(provider, scope))
+                sdk_tracer = provider.get_tracer(name, version, schema, scope_attributes)
+                assert isinstance(sdk_tracer, Tracer)
+                tracers.append(LeanTracer(sdk_tracer, scope))
             else:
                 tracers.append(provider.get_tracer(name, version, schema, scope_attributes))
     for _ in range(draw(st.integers(1, 4))):
