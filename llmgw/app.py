@@ -18,6 +18,7 @@ from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
+from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
@@ -143,10 +144,7 @@ def create_app(
             else None
         )
         yield
-        if check is not None:
-            check.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await check
+        await cancel_and_wait([check])
         await reloader.close()
         await prices.close()
         await registry.close()

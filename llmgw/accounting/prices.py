@@ -8,7 +8,6 @@ of providers that report tokens but no cost, so every ledger row has a cost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 import attrs
 import orjson
 
+from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
 from llmgw.errors import GatewayError
 from llmgw.providers.base import Provider, UpstreamHTTPError
@@ -187,10 +187,7 @@ class PriceTable:
     async def close(self) -> None:
         for task in self._reloads:
             task.cancel()
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+        await cancel_and_wait([self._refresher])
 
     async def _refresh_forever(self) -> None:
         try:

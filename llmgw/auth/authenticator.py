@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import hmac
 import logging
 import time
@@ -25,6 +24,7 @@ import asyncpg
 import attrs
 
 from llmgw.auth.keys import hash_key, is_plausible_key, key_prefix
+from llmgw.background import cancel_and_wait
 from llmgw.errors import AuthenticationFailed
 from llmgw.storage.database import (
     API_KEY_CHANGES_CHANNEL,
@@ -145,11 +145,7 @@ class Authenticator:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self._flush_last_used()
         if self._listener is not None and not self._listener.is_closed():
             try:

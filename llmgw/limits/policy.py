@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import calendar
-import contextlib
 import logging
 import math
 import time
@@ -33,6 +32,7 @@ from llmgw.accounting.estimate import estimate_input_tokens, worst_case_output_t
 from llmgw.accounting.prices import Price, PriceTable
 from llmgw.accounting.usage import UsageRecord
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.background import cancel_and_wait
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
 from llmgw.limits.store import (
     Admission,
@@ -120,11 +120,7 @@ class LimitPolicy:
 
     async def close(self) -> None:
         """Settle what is queued, then stop (after the server stopped serving)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self.flush()
         await self.store.close()
 

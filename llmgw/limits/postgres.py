@@ -10,13 +10,13 @@ nothing in the same single statement; ``llmgw_limits_settle`` settles a batch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
 
 import asyncpg
 
+from llmgw.background import cancel_and_wait
 from llmgw.limits.store import (
     Admission,
     AdmissionResult,
@@ -97,10 +97,7 @@ class PostgresLimitStore:
         self._pruner = asyncio.create_task(self._prune_forever(), name="llmgw-limits-prune")
 
     async def close(self) -> None:
-        if self._pruner is not None:
-            self._pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruner
+        await cancel_and_wait([self._pruner])
         await self._connections.close()
 
     async def hit(self, window: Window) -> RateLimitDecision:
