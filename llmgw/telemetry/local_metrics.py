@@ -135,9 +135,7 @@ class _Instrument:
             state.points[self.name] = {}
         return self._export(list(points.values()), delta, state.last_collection, now)
 
-    def _export(
-        self, points: list[_Point], delta: bool, last_collection: int, now: int
-    ) -> Metric | None:
+    def _export(self, points: list[_Point], delta: bool, last_collection: int, now: int) -> Metric:
         raise NotImplementedError
 
 
@@ -151,9 +149,7 @@ class LocalCounter(_Instrument):
             for point in self._points(attributes or {}):
                 point.total += amount
 
-    def _export(
-        self, points: list[_Point], delta: bool, last_collection: int, now: int
-    ) -> Metric | None:
+    def _export(self, points: list[_Point], delta: bool, last_collection: int, now: int) -> Metric:
         data = [
             NumberDataPoint(
                 attributes=point.attributes,
@@ -220,9 +216,7 @@ class LocalHistogram(_Instrument):
                 point.minimum = min(point.minimum, run.minimum)
                 point.maximum = max(point.maximum, run.maximum)
 
-    def _export(
-        self, points: list[_Point], delta: bool, last_collection: int, now: int
-    ) -> Metric | None:
+    def _export(self, points: list[_Point], delta: bool, last_collection: int, now: int) -> Metric:
         data = [
             HistogramDataPoint(
                 attributes=point.attributes,
