@@ -16,6 +16,7 @@ import orjson
 
 __all__ = [
     "BYTES_PER_TOKEN",
+    "argument_chars",
     "estimate_input_tokens",
     "estimate_output_tokens",
     "worst_case_output_tokens",
@@ -34,6 +35,18 @@ def estimate_input_tokens(chat_body: dict[str, Any]) -> int:
         if value is not None:
             size += len(value.encode()) if isinstance(value, str) else len(orjson.dumps(value))
     return max(1, math.ceil(size / BYTES_PER_TOKEN))
+
+
+def argument_chars(tool_calls: Any) -> int:
+    """Characters of the arguments in a message's (or a chunk's delta's) ``tool_calls``, which
+    the model produced and so count as output; 0 for anything that is not such a list."""
+    chars = 0
+    for call in tool_calls if isinstance(tool_calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            chars += len(arguments)
+    return chars
 
 
 def estimate_output_tokens(output_chars: int) -> int:

@@ -27,7 +27,11 @@ from opentelemetry import propagate, trace
 
 from llmgw import app_keys
 from llmgw.accounting.charges import charge
-from llmgw.accounting.estimate import estimate_input_tokens, estimate_output_tokens
+from llmgw.accounting.estimate import (
+    argument_chars,
+    estimate_input_tokens,
+    estimate_output_tokens,
+)
 from llmgw.accounting.prices import Price
 from llmgw.accounting.usage import UsageRecord, parse_usage
 from llmgw.api.body import read_json_object, refuse_control_characters
@@ -340,11 +344,7 @@ def _output_chars(document: dict[str, Any]) -> int:
             continue
         content = message.get("content")
         size += len(content) if isinstance(content, str) else 0
-        calls = message.get("tool_calls")
-        for tool_call in calls if isinstance(calls, list) else []:
-            function = tool_call.get("function") if isinstance(tool_call, dict) else None
-            arguments = function.get("arguments") if isinstance(function, dict) else None
-            size += len(arguments) if isinstance(arguments, str) else 0
+        size += argument_chars(message.get("tool_calls"))
     return size
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.accounting.estimate import argument_chars
 from llmgw.accounting.usage import Usage, parse_usage
 from llmgw.streaming.sse import DONE, event_data
 from llmgw.telemetry.genai import ChatObservation
@@ -108,7 +109,7 @@ class StreamObserver:
                 if text.__class__ is str:
                     self.output_chars += len(text)
             if "tool_calls" in delta:
-                self.output_chars += _argument_chars(delta["tool_calls"])
+                self.output_chars += argument_chars(delta["tool_calls"])
             if observation.capture_content:
                 content = delta.get("content")
                 if content.__class__ is str:
@@ -126,16 +127,6 @@ def _carries(choices: Any) -> bool:
         ):
             return True
     return False
-
-
-def _argument_chars(tool_calls: Any) -> int:
-    chars = 0
-    for call in tool_calls if isinstance(tool_calls, list) else ():
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            chars += len(arguments)
-    return chars
 
 
 def _meaningful(value: Any) -> bool:

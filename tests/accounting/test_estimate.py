@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmgw.accounting.estimate import (
+    argument_chars,
     estimate_input_tokens,
     estimate_output_tokens,
     worst_case_output_tokens,
@@ -26,3 +27,16 @@ def test_worst_case_output_follows_the_request_then_the_model_then_the_default()
     )
     assert worst_case_output_tokens({}, model_max=10, default_max=20) == 10
     assert worst_case_output_tokens({"max_tokens": True}, model_max=None, default_max=20) == 20
+
+
+def test_tool_call_arguments_count_and_anything_else_does_not() -> None:
+    calls = [
+        {"function": {"name": "weather", "arguments": '{"city":"Oslo"}'}},
+        {"function": {"arguments": 42}},  # not text
+        "garbage",
+        {"type": "function"},
+        {"function": {"arguments": "éé"}},  # characters, not bytes
+    ]
+    assert argument_chars(calls) == len('{"city":"Oslo"}') + 2
+    assert argument_chars(None) == 0
+    assert argument_chars({"function": {"arguments": "x"}}) == 0
