@@ -75,7 +75,26 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
     EnvVar("REQUEST_TIMEOUT_SECONDS", "120", "upper bound on one upstream call, in seconds"),
-    EnvVar("REQUEST_BODY_LIMIT_BYTES", "1048576", "largest accepted request body"),
+    EnvVar(
+        "REQUEST_BODY_LIMIT_BYTES",
+        "1048576",
+        "largest accepted request body on chat, embeddings and the other routes",
+    ),
+    EnvVar(
+        "MESSAGES_BODY_LIMIT_BYTES",
+        "33554432",
+        "largest accepted /v1/messages body (Anthropic accepts 32 MB)",
+    ),
+    EnvVar(
+        "RESPONSES_BODY_LIMIT_BYTES",
+        "33554432",
+        "largest accepted /v1/responses body, previous_response_id chain included",
+    ),
+    EnvVar(
+        "REQUEST_BODY_MEMORY_BYTES",
+        "268435456",
+        "request-body bytes held in memory at once, all requests together; over it: wait, then 503",
+    ),
     EnvVar(
         "UPSTREAM_MAX_RESPONSE_BYTES",
         "33554432",
@@ -153,6 +172,9 @@ class Settings:
     venice_max_retries: int = 2
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
+    messages_body_limit_bytes: int = 32 * 1024 * 1024
+    responses_body_limit_bytes: int = 32 * 1024 * 1024
+    request_body_memory_bytes: int = 256 * 1024 * 1024
     upstream_max_response_bytes: int = 32 * 1024 * 1024
     audio_upload_limit_bytes: int = 26_214_400
     responses_retention_days: int = 30
@@ -238,6 +260,15 @@ def load_settings(
         ),
         request_body_limit_bytes=reader.get(
             "REQUEST_BODY_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        messages_body_limit_bytes=reader.get(
+            "MESSAGES_BODY_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        responses_body_limit_bytes=reader.get(
+            "RESPONSES_BODY_LIMIT_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        request_body_memory_bytes=reader.get(
+            "REQUEST_BODY_MEMORY_BYTES", _parse_int(1, 1 << 40), "a positive integer (bytes)"
         ),
         upstream_max_response_bytes=reader.get(
             "UPSTREAM_MAX_RESPONSE_BYTES", _parse_int(1024, 1 << 40), "an integer >= 1024 (bytes)"
