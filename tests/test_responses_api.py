@@ -383,3 +383,68 @@ async def test_prune_deletes_only_expired_responses(upstream: Upstream, database
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.strip() == "deleted 1 expired responses"
     assert await upstream.gateway.db.fetchval("SELECT array_agg(id) FROM responses") == [kept.id]
+
+
+_DISK_FULL = """
+CREATE FUNCTION pg_temp.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = 'disk_full';
+END $$;
+CREATE TRIGGER disk_full BEFORE INSERT ON responses
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.disk_full();
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_response_the_store_could_not_keep_says_store_false(
+    upstream: Upstream, stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await client_for(upstream)
+    db = upstream.gateway.db
+    await db.execute(_DISK_FULL)  # every INSERT into responses fails as on a full disk
+    try:
+        if stream:
+            async with client.responses.stream(model="m-1", input="hi") as events:
+                response = await events.get_final_response()
+        else:
+            response = await client.responses.create(model="m-1", input="hi")
+    finally:
+        await db.execute("DROP TRIGGER disk_full ON responses")
+    assert response.output_text == upstream.reply and response.status == "completed"
+    assert response.store is False  # not kept, and the answer says so
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and response.id in r.message]
+    assert len(warnings) == 1 and "could not be stored" in warnings[0].message
+    kept = await client.responses.create(model="m-1", input="hi")  # the disk has room again
+    assert kept.store is True
+    assert (await client.responses.retrieve(kept.id)).id == kept.id
+
+
+async def test_a_previous_response_chain_is_bounded_by_the_responses_body_limit(
+    start_gateway: Any, fake_openai: FakeOpenAI
+) -> None:
+    limit = 64 * 1024
+    gateway: Gateway = await start_gateway(
+        providers=(chat_only(fake_openai),), responses_body_limit_bytes=limit
+    )
+    client = gateway.client(await gateway.create_key())
+    turn = "x" * (20 * 1024)  # each request is well under the limit; the chain is not
+    previous = None
+    for _ in range(3):
+        made = await client.responses.create(model="m-1", input=turn, previous_response_id=previous)
+        previous = made.id
+    sent = len(fake_openai.calls("/v1/chat/completions"))
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="m-1", input=turn, previous_response_id=previous)
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == "previous_response_id"
+    assert error["code"] == "context_length_exceeded"
+    assert f"{limit} bytes" in error["message"] and "RESPONSES_BODY_LIMIT_BYTES" in error["message"]
+    assert len(fake_openai.calls("/v1/chat/completions")) == sent  # refused before forwarding
+    rows = await ledger_rows(gateway)
+    assert len(rows) == 3  # and before admission: no ledger row for the refusal
+    # A new conversation (or a shorter one) still goes through.
+    assert (await client.responses.create(model="m-1", input=turn)).status == "completed"

@@ -20,8 +20,9 @@ class ApiCodec(Protocol):
         """The caller's request as a chat completions body; raises InvalidRequest on bad input."""
         ...
 
-    def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
-        """A non-streamed chat completion as the caller API's JSON answer."""
+    async def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
+        """A non-streamed chat completion as the caller API's JSON answer (once what the answer
+        reports is settled: a stored response is written first)."""
         ...
 
     def stream_translator(

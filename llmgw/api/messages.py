@@ -43,7 +43,7 @@ class AnthropicCodec:
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return anthropic.messages_to_chat(body)
 
-    def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
+    async def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
         message = anthropic.message_from_chat(
             completion, request=request, message_id=anthropic.new_message_id()
         )

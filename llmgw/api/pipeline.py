@@ -380,7 +380,7 @@ async def _complete(
         # the answer goes to the client, so a client's next request finds the slot free.
         await asyncio.sleep(0)
     if operation.codec is not None:
-        answer = operation.codec.from_chat(document, request=caller_body)
+        answer = await operation.codec.from_chat(document, request=caller_body)
         return web.Response(status=result.status, body=answer, content_type="application/json")
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}

@@ -38,7 +38,8 @@ RESPONSE_STORE = web.AppKey("response_store", ResponseStore)
 
 
 class _Saver:
-    """Stores a finished response (unless the caller sent ``store: false``) with its input."""
+    """Stores a finished response (unless the caller sent ``store: false``) with its input, and
+    returns it as it is to be answered: with ``store: false`` when the store could not keep it."""
 
     def __init__(
         self,
@@ -52,9 +53,12 @@ class _Saver:
         self._enabled = body.get("store") is not False
         self._input_items = [*history, *translation.input_items(body)]
 
-    def __call__(self, response: dict[str, Any]) -> None:
-        if self._enabled and response.get("status") in ("completed", "incomplete"):
-            self._store.save(self._key.id, response, self._input_items)
+    async def __call__(self, response: dict[str, Any]) -> dict[str, Any]:
+        if not self._enabled or response.get("status") not in ("completed", "incomplete"):
+            return response
+        if await self._store.save(self._key.id, response, self._input_items):
+            return response
+        return {**response, "store": False}
 
 
 class _ResponsesCodec:
@@ -76,12 +80,11 @@ class TranslatedResponses(_ResponsesCodec):
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return translation.to_chat(body, self._history)
 
-    def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
+    async def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
         response = translation.from_chat(
             completion, request=request, response_id=self._response_id, ids=self._ids
         )
-        self.save(response)
-        return orjson.dumps(response)
+        return orjson.dumps(await self.save(response))
 
     def stream_translator(
         self, *, request: dict[str, Any], estimated_input_tokens: int
@@ -113,10 +116,8 @@ class NativeResponses(_ResponsesCodec):
             "id": self._response_id,
         }
 
-    def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
-        response = self.as_ours(completion, request)
-        self.save(response)
-        return orjson.dumps(response)
+    async def from_chat(self, completion: dict[str, Any], *, request: dict[str, Any]) -> bytes:
+        return orjson.dumps(await self.save(self.as_ours(completion, request)))
 
     def stream_translator(
         self, *, request: dict[str, Any], estimated_input_tokens: int
@@ -125,7 +126,10 @@ class NativeResponses(_ResponsesCodec):
 
 
 class _NativeEvents:
-    """Relays a provider's own Responses events, each framed with ``event:`` and re-identified."""
+    """Relays a provider's own Responses events, each framed with ``event:`` and re-identified.
+
+    The terminal event of a completed response is held until the stream ends: the response is
+    stored first, so that event can say whether it was."""
 
     _LIFECYCLE = frozenset(
         {
@@ -141,6 +145,7 @@ class _NativeEvents:
         self._codec = codec
         self._request = request
         self._sequence = 0
+        self._completed: dict[str, Any] | None = None  # the held terminal event
 
     def start(self) -> bytes:
         return b""
@@ -152,15 +157,20 @@ class _NativeEvents:
         if kind in self._LIFECYCLE and isinstance(chunk.get("response"), dict):
             response = self._codec.as_ours(chunk["response"], self._request)
             chunk = {**chunk, "response": response}
-            if kind in ("response.completed", "response.incomplete"):
-                self._codec.save(response)
         sequence = chunk.get("sequence_number")
         if isinstance(sequence, int):
             self._sequence = sequence + 1
+        if kind in ("response.completed", "response.incomplete") and "response" in chunk:
+            self._completed = chunk
+            return b""
         return _event(kind, chunk)
 
-    def finish(self) -> bytes:
-        return b""
+    async def finish(self) -> bytes:
+        completed, self._completed = self._completed, None
+        if completed is None:
+            return b""
+        response = await self._codec.save(completed["response"])
+        return _event(completed["type"], {**completed, "response": response})
 
     def error(self, error: GatewayError) -> bytes:
         """``error`` then ``response.failed``: Codex ends a turn only on a terminal event."""
@@ -201,25 +211,43 @@ class PreviousResponseNotFound(InvalidRequest):
     code = "previous_response_not_found"
 
 
+class ConversationTooLarge(InvalidRequest):
+    """A chain of responses grown past what one request may carry (OpenAI's code for an input
+    too long for the model: the remedy, a shorter history, is the same)."""
+
+    code = "context_length_exceeded"
+
+
 async def _history(
-    store: ResponseStore, key: AuthenticatedKey, body: dict[str, Any]
+    request: web.Request, key: AuthenticatedKey, body: dict[str, Any], body_size: int
 ) -> list[dict[str, Any]]:
+    """The stored items ``previous_response_id`` continues; refused when that history and this
+    request together are larger than the route's body limit, since all of it is sent upstream."""
     previous = body.get("previous_response_id")
     if previous is None:
         return []
-    stored = await store.load(previous, key.id)
+    stored = await request.app[RESPONSE_STORE].load(previous, key.id)
     if stored is None:
         raise PreviousResponseNotFound(
             f"Previous response with id '{previous}' not found.", param="previous_response_id"
+        )
+    limit = request.app[app_keys.SETTINGS].responses_body_limit_bytes
+    if stored.size + body_size > limit:
+        raise ConversationTooLarge(
+            f"The conversation continued from '{previous}' is, with this input, about "
+            f"{stored.size + body_size} bytes: more than this gateway sends in one request "
+            f"({limit} bytes, RESPONSES_BODY_LIMIT_BYTES). Start a new conversation, or send a "
+            "shorter history as input.",
+            param="previous_response_id",
         )
     return stored.history()
 
 
 async def create_response(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
-    _, body = await read_json_object(request)
+    raw, body = await read_json_object(request)
     model, _ = translation.validate_request(body)
     store = request.app[RESPONSE_STORE]
-    history = await _history(store, key, body)
+    history = await _history(request, key, body, len(raw))
     save = _Saver(store, key, body, history)
     ids = translation.ResponseIds()
     if request.app[app_keys.PROVIDERS].resolve(model).speaks_responses:

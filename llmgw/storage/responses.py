@@ -1,9 +1,10 @@
 """Stored Responses API responses: what ``previous_response_id`` continues and ``GET /v1/responses``
 returns, each visible only to the key that made it, until it expires.
 
-Writes leave the request path: ``ResponseStore.save`` starts the INSERT and returns at once. A read
-of an id this process is still writing waits for that write, so a client's next turn always finds
-its previous response here; another replica may briefly not (documented).
+A response is written before its answer is sent, so the answer can say whether it was kept: a write
+that fails (a full disk, the database down) answers ``store: false``. The write itself runs as its
+own task, so a caller who hangs up meanwhile does not cut it short; a read of an id this process is
+still writing waits for that write.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ INSERT INTO responses (id, api_key_id, created_at, expires_at, input_items, resp
 VALUES ($1, $2, now(), now() + $3::interval, $4::jsonb, $5::jsonb)
 ON CONFLICT (id) DO NOTHING
 """
+# As UTF-8 bytes: their length is what the history weighs (a chain is bounded by it).
 _SELECT = """
-SELECT input_items::text, response::text FROM responses
+SELECT convert_to(input_items::text, 'UTF8'), convert_to(response::text, 'UTF8') FROM responses
 WHERE id = $1 AND api_key_id = $2 AND expires_at > now()
 """
 _DELETE = "DELETE FROM responses WHERE id = $1 AND api_key_id = $2 AND expires_at > now()"
@@ -44,6 +46,7 @@ _RESPONSE_ID = re.compile(r"resp_[0-9a-f]{32}")
 class StoredResponse:
     input_items: list[dict[str, Any]]
     response: dict[str, Any]
+    size: int  # bytes of JSON as stored: about what its history adds to a request continuing it
 
     def history(self) -> list[dict[str, Any]]:
         """The items a response continuing this one starts from: its input, then its output."""
@@ -54,15 +57,15 @@ class ResponseStore:
     def __init__(self, pool: asyncpg.Pool, *, retention: timedelta) -> None:
         self._pool = pool
         self._retention = retention
-        self._writing: dict[str, asyncio.Task[None]] = {}
+        self._writing: dict[str, asyncio.Task[bool]] = {}
 
-    def save(
+    async def save(
         self,
         key_id: uuid.UUID,
         response: dict[str, Any],
         input_items: Sequence[dict[str, Any]],
-    ) -> None:
-        """Store ``response`` for ``key_id`` in the background (a failure is logged, not raised)."""
+    ) -> bool:
+        """Store ``response`` for ``key_id``; False when it could not be (logged, not raised)."""
         response_id = response["id"]
         task = asyncio.get_running_loop().create_task(
             self._insert(
@@ -71,10 +74,11 @@ class ResponseStore:
         )
         self._writing[response_id] = task
         task.add_done_callback(lambda _done: self._writing.pop(response_id, None))
+        return await asyncio.shield(task)
 
     async def _insert(
         self, response_id: str, key_id: uuid.UUID, input_items: bytes, response: bytes
-    ) -> None:
+    ) -> bool:
         try:
             async with self._pool.acquire() as connection:
                 await connection.execute(
@@ -86,7 +90,13 @@ class ResponseStore:
                     response.decode(),
                 )
         except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
-            log.warning("a response could not be stored (%s): %s", type(exc).__name__, response_id)
+            log.warning(
+                "a response could not be stored (%s), answered with store false: %s",
+                type(exc).__name__,
+                response_id,
+            )
+            return False
+        return True
 
     async def _written(self, response_id: str) -> None:
         pending = self._writing.get(response_id)
@@ -103,7 +113,10 @@ class ResponseStore:
                 row = await connection.fetchrow(_SELECT, response_id, key_id)
         if row is None:
             return None
-        return StoredResponse(orjson.loads(row[0]), orjson.loads(row[1]))
+        input_items, response = row
+        return StoredResponse(
+            orjson.loads(input_items), orjson.loads(response), len(input_items) + len(response)
+        )
 
     async def delete(self, response_id: str, key_id: uuid.UUID) -> bool:
         if not _RESPONSE_ID.fullmatch(response_id):

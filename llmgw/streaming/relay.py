@@ -118,7 +118,7 @@ class _Relay:
                 self._end(Outcome.FAILED, "upstream_stream_error")
             else:
                 if self.translator is not None:
-                    await response.write(self.translator.finish())
+                    await response.write(await self.translator.finish())
                 self._end(Outcome.COMPLETED)
         except GatewayError as error:
             self._end(Outcome.FAILED, error.error_kind)

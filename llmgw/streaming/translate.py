@@ -23,8 +23,9 @@ class StreamTranslator(Protocol):
         """Events for one decoded chat completion chunk (may be empty)."""
         ...
 
-    def finish(self) -> bytes:
-        """Closing events once the provider's stream completed (usage is known by then, if reported)."""
+    async def finish(self) -> bytes:
+        """Closing events once the provider's stream completed (usage is known by then, if
+        reported), after what they report is settled (a stored response is written first)."""
         ...
 
     def error(self, error: GatewayError) -> bytes:

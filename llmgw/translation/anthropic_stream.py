@@ -98,7 +98,7 @@ class MessageStream:
             out.append(self._close())
         return b"".join(out)
 
-    def finish(self) -> bytes:
+    async def finish(self) -> bytes:
         return b"" if self._done else self._close()
 
     def error(self, error: GatewayError) -> bytes:

@@ -17,7 +17,7 @@ Every event carries ``type`` and a ``sequence_number`` counting from 0, and is f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -59,9 +59,11 @@ class ResponsesStreamTranslator:
         response_id: str,
         ids: ResponseIds | None = None,
         estimated_input_tokens: int = 0,
-        on_finish: Callable[[dict[str, Any]], None] | None = None,
+        on_finish: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
-        self._on_finish = on_finish  # told the final Response of a stream that completed
+        # Given the final Response of a stream that completed, before it is sent; returns it as
+        # sent (the store may not have kept it).
+        self._on_finish = on_finish
         self._ids = ids or ResponseIds()
         self._request = request
         self._custom = custom_tool_names(request)
@@ -102,7 +104,7 @@ class ResponsesStreamTranslator:
                 self._finish_reason = choice["finish_reason"]
         return b"".join(events)
 
-    def finish(self) -> bytes:
+    async def finish(self) -> bytes:
         events = self._close()
         status, incomplete = status_for_finish(self._finish_reason)
         usage = self._usage
@@ -118,9 +120,9 @@ class ResponsesStreamTranslator:
             "output": list(self._output),
             "usage": usage,
         }
-        self.response = response
         if self._on_finish is not None:
-            self._on_finish(response)
+            response = await self._on_finish(response)
+        self.response = response
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return events + self._event(kind, response=response)
 

@@ -29,7 +29,7 @@ class FakeTranslator:
     def feed(self, chunk: dict[str, Any]) -> bytes:
         return b"event: chunk\ndata: " + orjson.dumps(chunk.get("choices")) + b"\n\n"
 
-    def finish(self) -> bytes:
+    async def finish(self) -> bytes:
         return b"event: finish\n\n"
 
     def error(self, error: GatewayError) -> bytes:

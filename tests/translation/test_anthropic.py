@@ -8,6 +8,7 @@ diff is then reviewed like any other change.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -86,8 +87,8 @@ def run_stream(case: dict[str, Any]) -> list[list[Any]]:
         error = GatewayError(case["error"]["message"])
         error.status = case["error"]["status"]
         out += translator.error(error)
-    out += translator.finish()
-    out += translator.finish()  # idempotent: nothing after the end
+    out += asyncio.run(translator.finish())
+    out += asyncio.run(translator.finish())  # idempotent: nothing after the end
     return parse_events(out)
 
 

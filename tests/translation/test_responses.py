@@ -408,14 +408,14 @@ STREAMS: dict[str, list[dict[str, Any]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
-def test_stream_events(name: str) -> None:
+async def test_stream_events(name: str) -> None:
     translator = ResponsesStreamTranslator(
         RESPONSE_REQUEST, response_id="resp_s", ids=fixed_ids(), estimated_input_tokens=11
     )
     raw = (
         translator.start()
         + b"".join(translator.feed(c) for c in STREAMS[name])
-        + translator.finish()
+        + await translator.finish()
     )
     events = parse_events(raw)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
