@@ -26,3 +26,6 @@ USAGE = web.AppKey("usage", UsageAccounting)
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)
 RATE_LIMIT = web.RequestKey("rate_limit", RateLimitDecision)
+# Headers a handler puts on whatever response its request gets: a stream's, sent before it returns,
+# and an error's too.
+RESPONSE_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey("response_headers")

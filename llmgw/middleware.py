@@ -125,6 +125,9 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
     decision = request.get(app_keys.RATE_LIMIT)
     if decision is not None:
         response.headers.update(decision.headers())
+    headers = request.get(app_keys.RESPONSE_HEADERS)
+    if headers is not None:
+        response.headers.update(headers)
 
 
 def render_error(request: web.Request, error: GatewayError) -> web.Response:

@@ -322,7 +322,25 @@ def _chat_rejection(body: Any, strict_fields: bool) -> _Rejection | None:
         return 400, detailed_error_body(None, message, "unrecognized_keys")
     if not isinstance(body.get("messages"), list):
         return 400, detailed_error_body("messages", "Required", "invalid_type")
-    return _model_rejection(body["model"])
+    return _tools_rejection(body.get("tools")) or _model_rejection(body["model"])
+
+
+# The tools chat completions take ([SW] ChatCompletionRequest.tools): functions in the nested chat
+# shape, and Venice's own web_search and x_search. Any other kind (a Responses namespace, a
+# flat function) is refused, as every chat-only server does.
+_CHAT_TOOL_TYPES = frozenset({"web_search", "x_search"})
+
+
+def _tools_rejection(tools: Any) -> _Rejection | None:
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        function = tool.get("function") if isinstance(tool, dict) else None
+        named = isinstance(function, dict) and isinstance(function.get("name"), str)
+        if kind in _CHAT_TOOL_TYPES or (kind == "function" and named):
+            continue
+        message = f"tools[{index}]: tool type {kind!r} is not supported"
+        return 400, detailed_error_body("tools", message, "invalid_union")
+    return None
 
 
 def _embeddings_rejection(body: Any) -> _Rejection | None:

@@ -271,6 +271,19 @@ async def post_raw(fake: FakeVenice, path: str, **kwargs: Any) -> tuple[int, str
         return response.status, response.content_type, await response.read()
 
 
+async def test_chat_takes_only_chat_tools(fake: FakeVenice) -> None:
+    """Nested functions and Venice's own search tools; a Responses-only kind is refused."""
+    function = {"type": "function", "function": {"name": "add", "parameters": {}}}
+    for tools, expected in (
+        ([function, {"type": "web_search"}], 200),
+        ([function, {"type": "namespace", "name": "n", "tools": []}], 400),
+        ([{"type": "function", "name": "add", "parameters": {}}], 400),
+    ):
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+        status, _, answer = await post_raw(fake, "/chat/completions", json=body)
+        assert status == expected, answer
+
+
 async def test_responses_is_stateless_and_strict_about_its_fields(fake: FakeVenice) -> None:
     status, _, body = await post_raw(
         fake, "/responses", json={"model": "m", "input": "hi", "instructions": "x", "store": True}

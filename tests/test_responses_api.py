@@ -17,7 +17,7 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI
 from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, Behaviour, FakeVenice
 from tests.processes import clean_env
@@ -224,15 +224,59 @@ async def test_expired_responses_are_not_found(upstream: Upstream) -> None:
     assert caught.value.body["code"] == "previous_response_not_found"
 
 
-async def test_hosted_tools_are_refused_for_a_chat_only_provider(
-    start_gateway: Any, fake_openai: FakeOpenAI
+AGENTS = {
+    "type": "namespace",
+    "name": "agents",
+    "description": "Sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "close_agent",
+            "parameters": {"type": "object", "properties": {"target": {"type": "string"}}},
+        }
+    ],
+}
+MCP = {"type": "mcp", "server_label": "docs", "server_url": "https://mcp.example/sse"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_tools_chat_cannot_offer_are_left_out_and_said_so(
+    gateway: Gateway, api_key: str, stream: bool
 ) -> None:
-    gateway: Gateway = await start_gateway(providers=(chat_only(fake_openai),))
-    client = gateway.client(await gateway.create_key())
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
-    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools[0]"
-    assert fake_openai.calls("/v1/chat/completions") == []
+    """Against a chat-only provider (the fake Venice refuses any tool but a chat function): a
+    namespace's functions are offered one by one and their calls come back named as the Responses
+    API names them; hosted tools are left out, and the answer and the span say which."""
+    client = gateway.client(api_key)
+    tools: list[Any] = [AGENTS, {"type": "web_search"}, *TOOLS, MCP]
+    raw = await client.responses.with_raw_response.create(
+        model="qwen3-5-9b", input="Close a1.", tools=tools, stream=stream
+    )
+    assert raw.headers["llmgw-omitted-tools"] == "web_search, mcp"
+    if stream:
+        events = [event async for event in raw.parse()]
+        final = events[-1].response
+    else:
+        final = raw.parse()
+    call = final.output[0]
+    assert call.type == "function_call"
+    assert (call.name, call.namespace, call.arguments) == ("close_agent", "agents", TOOL_ARGUMENTS)
+    sent = gateway.fake.received[-1].json
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["agents__close_agent", "add"]
+    spans = gateway.telemetry.finished_spans
+    await eventually(lambda: any(span.name == "POST /v1/responses" for span in spans()))
+    server = gateway.telemetry.span("POST /v1/responses")
+    assert server.attributes["llmgw.responses.omitted_tools"] == ("web_search", "mcp")
+
+    second = await client.responses.create(
+        model="qwen3-5-9b",
+        previous_response_id=final.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "closed"}],
+        tools=tools,
+    )
+    assert second.output_text == gateway.fake.reply
+    history = gateway.fake.received[-1].json["messages"]
+    assert history[1]["tool_calls"][0]["function"]["name"] == "agents__close_agent"
+    assert history[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "closed"}
 
 
 async def test_provider_errors_take_openai_shape_with_the_provider_message(

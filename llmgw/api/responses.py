@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import orjson
 from aiohttp import web
+from opentelemetry import trace
 
 from llmgw import app_keys
 from llmgw.api.body import read_json_object
@@ -27,6 +28,7 @@ from llmgw.translation import responses as translation
 from llmgw.translation.responses_stream import ResponsesStreamTranslator
 
 __all__ = [
+    "OMITTED_TOOLS_HEADER",
     "RESPONSE_STORE",
     "create_response",
     "delete_response",
@@ -35,6 +37,8 @@ __all__ = [
 ]
 
 RESPONSE_STORE = web.AppKey("response_store", ResponseStore)
+# Names the tools a translated request could not offer the provider, e.g. "web_search, mcp".
+OMITTED_TOOLS_HEADER = "llmgw-omitted-tools"
 
 
 class _Saver:
@@ -253,8 +257,18 @@ async def create_response(request: web.Request, key: AuthenticatedKey) -> web.St
     if request.app[app_keys.PROVIDERS].resolve(model).speaks_responses:
         operation = attrs.evolve(_NATIVE, codec=NativeResponses(history, save, ids))
     else:
+        _state_omitted_tools(request, translation.chat_tools(body.get("tools")).omitted)
         operation = attrs.evolve(_TRANSLATED, codec=TranslatedResponses(history, save, ids))
     return await proxy(request, key, operation)
+
+
+def _state_omitted_tools(request: web.Request, omitted: tuple[str, ...]) -> None:
+    """Tools chat cannot offer are left out, not refused, and said so: on the answer (a header,
+    whatever its status) and on the request's span."""
+    if omitted:
+        headers = request.setdefault(app_keys.RESPONSE_HEADERS, {})
+        headers[OMITTED_TOOLS_HEADER] = ", ".join(omitted)
+        trace.get_current_span().set_attribute(sc.LLMGW_OMITTED_TOOLS, omitted)
 
 
 async def _stored(request: web.Request, key: AuthenticatedKey) -> tuple[str, StoredResponse]:

@@ -52,6 +52,8 @@ LLMGW_REQUEST_ID: Final = "llmgw.request_id"
 LLMGW_DEPLOYMENT: Final = "llmgw.deployment"  # "provider:model" that answered (or failed last)
 LLMGW_DEPLOYMENTS_TRIED: Final = "llmgw.deployments_tried"
 LLMGW_USAGE_SOURCE: Final = "llmgw.usage.source"  # "reported" by the provider, or "estimated"
+# The types of the Responses tools a chat-only provider was not offered (hosted ones: web_search...).
+LLMGW_OMITTED_TOOLS: Final = "llmgw.responses.omitted_tools"
 
 # Values
 OPERATION_CHAT: Final = "chat"

@@ -5,26 +5,30 @@ body), ``from_chat`` (a chat completion as a Response object), and ``native_requ
 request for a provider that speaks Responses itself, with the history and ``instructions`` folded
 in). The stream state machine is ``llmgw.translation.responses_stream``.
 
-What cannot be expressed in chat completions is refused with a 400 naming the field (hosted tools,
-``item_reference``, file ids, ``background``) rather than dropped; what chat completions cannot
-echo back is documented as lossy: reasoning items sent back as input are dropped, ``allowed_tools``
-becomes its ``mode``, and ``include``, ``truncation``, ``service_tier`` and the like are not sent.
+Tools chat completions cannot offer (hosted ones such as ``web_search``) are left out and named, as
+``llmgw.translation.responses_tools`` says; a namespace's tools are offered one by one. Input that
+cannot be expressed is refused with a 400 naming the field (``item_reference``, file ids,
+``background``) rather than dropped; what chat completions cannot echo back is documented as lossy:
+reasoning items sent back as input are dropped, ``allowed_tools`` becomes its ``mode``, and
+``include``, ``truncation``, ``service_tier`` and the like are not sent.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
 from llmgw.errors import InvalidRequest
+from llmgw.translation.responses_tools import ChatTools, as_chat_function, chat_name, chat_tools
 
 __all__ = [
     "IdFactory",
     "ResponseIds",
+    "chat_tools",
     "chat_usage_to_responses",
     "from_chat",
     "function_call_item",
@@ -54,12 +58,6 @@ class ResponseIds:
 
 # Request fields copied to chat completions under the same name.
 _SAME_NAME = ("temperature", "top_p", "parallel_tool_calls", "user", "prompt_cache_key")
-# Function-like tools: Responses' flat shape; ``custom`` tools take one string (Codex's apply_patch).
-_CUSTOM_PARAMETERS = {
-    "type": "object",
-    "properties": {"input": {"type": "string"}},
-    "required": ["input"],
-}
 
 
 def validate_request(body: dict[str, Any]) -> tuple[str, bool]:
@@ -130,11 +128,13 @@ def to_chat(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> dic
             chat[field] = body[field]
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
-    tools = body.get("tools")
+    tools = chat_tools(body.get("tools")).functions
+    choice = None if body.get("tool_choice") is None else _chat_tool_choice(body["tool_choice"])
     if tools:
-        chat["tools"] = _chat_tools(tools)
-    if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+        chat["tools"] = tools
+        if choice is not None:
+            chat["tool_choice"] = choice
+    # Without tools (all of them left out) a tool_choice is refused by strict providers: not sent.
     chat.update(_chat_text_options(body.get("text")))
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and isinstance(reasoning.get("effort"), str):
@@ -212,15 +212,18 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    call_id, name = item.get("call_id"), item.get("name")
+    call_id, name, namespace = item.get("call_id"), item.get("name"), item.get("namespace")
     if not isinstance(call_id, str) or not isinstance(name, str):
         raise InvalidRequest(f"{where} needs a string call_id and name.", param=where)
+    if namespace is not None and not isinstance(namespace, str):
+        raise InvalidRequest(f"{where}.namespace must be a string.", param=where)
     arguments: Any = item.get("arguments")
     if item.get("type") == "custom_tool_call":
         arguments = orjson.dumps({"input": _text_of(item.get("input"))}).decode()
     elif not isinstance(arguments, str):
         raise InvalidRequest(f"{where}.arguments must be a JSON string.", param=where)
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    function = {"name": chat_name(namespace, name), "arguments": arguments}
+    return {"id": call_id, "type": "function", "function": function}
 
 
 def _append_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
@@ -257,35 +260,6 @@ def _append_item(messages: list[dict[str, Any]], item: dict[str, Any], where: st
         raise InvalidRequest(
             f"{where}: item type {kind!r} is not supported by this provider.", param=where
         )
-
-
-def _chat_tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be a list.", param="tools")
-    converted = []
-    for index, tool in enumerate(tools):
-        where = f"tools[{index}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind == "function" and isinstance(tool.get("function"), dict):
-            converted.append(tool)  # already the chat shape (Venice's Responses accepts it too)
-            continue
-        if kind not in ("function", "custom") or not isinstance(tool.get("name"), str):
-            raise InvalidRequest(
-                f"{where}: tool type {kind!r} is not supported by this provider; "
-                "only function and custom tools are.",
-                param=where,
-            )
-        function: dict[str, Any] = {"name": tool["name"]}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        if kind == "custom":
-            function["parameters"] = _CUSTOM_PARAMETERS
-        else:
-            function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
-            if tool.get("strict") is not None:
-                function["strict"] = tool["strict"]
-        converted.append({"type": "function", "function": function})
-    return converted
 
 
 def _chat_tool_choice(choice: Any) -> Any:
@@ -342,10 +316,10 @@ def native_request(body: dict[str, Any], history: Sequence[dict[str, Any]] = ())
     if isinstance(tools, list):
         # Flat function tools in Venice's nested shape; its own tools (web_search...) as they are.
         native["tools"] = [
-            _chat_tools([tool])[0]
+            as_chat_function(tool, f"tools[{index}]")
             if isinstance(tool, dict) and tool.get("type") in ("function", "custom")
             else tool
-            for tool in tools
+            for index, tool in enumerate(tools)
         ]
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
@@ -394,43 +368,28 @@ def function_call_item(
     name: str,
     arguments: str,
     *,
-    custom_tools: Iterable[str] = (),
+    tools: ChatTools,
     status: str = "completed",
 ) -> dict[str, Any]:
-    """A function_call item, or a custom_tool_call one when ``name`` is a custom tool's."""
-    if name in custom_tools:
-        try:
-            decoded = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            decoded = None
-        text = decoded.get("input") if isinstance(decoded, dict) else None
-        return {
-            "id": item_id,
-            "type": "custom_tool_call",
-            "status": status,
-            "call_id": call_id,
-            "name": name,
-            "input": text if isinstance(text, str) else arguments,
-        }
+    """The item of a chat tool call to ``name``: a function_call, or a custom_tool_call when it
+    names a custom tool of ``tools``; a namespaced tool's with its ``name`` and ``namespace``."""
+    tool = tools.call(name)
+    item: dict[str, Any] = {"id": item_id, "status": status, "call_id": call_id}
+    if tool.namespace is not None:
+        item["namespace"] = tool.namespace
+    if not tool.custom:
+        return {**item, "type": "function_call", "name": tool.name, "arguments": arguments}
+    try:
+        decoded = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        decoded = None
+    text = decoded.get("input") if isinstance(decoded, dict) else None
     return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
+        **item,
+        "type": "custom_tool_call",
+        "name": tool.name,
+        "input": text if isinstance(text, str) else arguments,
     }
-
-
-def custom_tool_names(request: dict[str, Any]) -> frozenset[str]:
-    tools = request.get("tools")
-    return frozenset(
-        tool["name"]
-        for tool in (tools if isinstance(tools, list) else ())
-        if isinstance(tool, dict)
-        and tool.get("type") == "custom"
-        and isinstance(tool.get("name"), str)
-    )
 
 
 def status_for_finish(finish_reason: Any) -> tuple[str, dict[str, str] | None]:
@@ -517,7 +476,7 @@ def from_chat(
     content = message.get("content")
     if isinstance(content, str) and content:
         output.append(message_item(ids.new_id("msg"), content, status=_item_status(status)))
-    custom = custom_tool_names(request)
+    tools = chat_tools(request.get("tools"))
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
@@ -528,7 +487,7 @@ def from_chat(
                 call.get("id") or ids.new_id("call"),
                 function.get("name") or "",
                 function.get("arguments") or "",
-                custom_tools=custom,
+                tools=tools,
             )
         )
     created = completion.get("created")

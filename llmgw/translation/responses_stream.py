@@ -26,8 +26,8 @@ import orjson
 from llmgw.errors import GatewayError
 from llmgw.translation.responses import (
     ResponseIds,
+    chat_tools,
     chat_usage_to_responses,
-    custom_tool_names,
     function_call_item,
     message_item,
     reasoning_item,
@@ -66,7 +66,7 @@ class ResponsesStreamTranslator:
         self._on_finish = on_finish
         self._ids = ids or ResponseIds()
         self._request = request
-        self._custom = custom_tool_names(request)
+        self._tools = chat_tools(request.get("tools"))
         self._envelope = response_envelope(
             request, response_id=response_id, created_at=int(self._ids.clock())
         )
@@ -218,7 +218,7 @@ class ResponsesStreamTranslator:
         fragment = function.get("arguments")
         if isinstance(fragment, str) and fragment:
             item.text.append(fragment)
-            if item.name not in self._custom:
+            if not self._tools.call(item.name).custom:
                 # A custom tool's input is the "input" string inside these JSON fragments: it
                 # is sent whole when the call is complete.
                 events.append(
@@ -247,7 +247,7 @@ class ResponsesStreamTranslator:
             item.call_id,
             item.name,
             arguments,
-            custom_tools=self._custom,
+            tools=self._tools,
             status=status,
         )
 

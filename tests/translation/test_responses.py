@@ -47,6 +47,30 @@ WEATHER_TOOL = {
     "strict": True,
 }
 PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}
+# What Codex offers: functions, a namespace of them, and hosted tools chat cannot offer.
+AGENTS_NAMESPACE = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Tools for spawning and managing sub-agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "close_agent",
+            "description": "Close an agent.",
+            "strict": False,
+            "parameters": {"type": "object", "properties": {"target": {"type": "string"}}},
+        },
+        {"type": "custom", "name": "note", "description": "Free text."},
+        {"type": "web_search"},
+    ],
+}
+CODEX_TOOLS = [
+    WEATHER_TOOL,
+    AGENTS_NAMESPACE,
+    {"type": "web_search", "external_web_access": False},
+    {"type": "local_shell"},
+    {"type": "image_generation"},
+]
 
 REQUESTS: dict[str, dict[str, Any]] = {
     "string_input": {"model": "m", "input": "Hello", "instructions": "Be brief."},
@@ -131,6 +155,32 @@ REQUESTS: dict[str, dict[str, Any]] = {
         "metadata": {"k": "v"},
         "stream": True,
     },
+    "codex_tools_and_namespaced_history": {
+        "model": "m",
+        "input": [
+            {"type": "message", "role": "user", "content": "Close agent a1."},
+            {
+                "type": "function_call",
+                "call_id": "call_n",
+                "name": "close_agent",
+                "namespace": "multi_agent_v1",
+                "arguments": '{"target":"a1"}',
+            },
+            {"type": "function_call_output", "call_id": "call_n", "output": "closed"},
+            {
+                "type": "custom_tool_call",
+                "call_id": "call_m",
+                "name": "note",
+                "namespace": "multi_agent_v1",
+                "input": "done",
+            },
+            {"type": "custom_tool_call_output", "call_id": "call_m", "output": "noted"},
+        ],
+        "tools": CODEX_TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "stream": True,
+    },
     "json_object_and_allowed_tools": {
         "model": "m",
         "input": [{"role": "user", "content": "json please"}],
@@ -168,7 +218,15 @@ def test_request_continues_the_stored_history_without_old_instructions() -> None
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"model": "m", "input": "x", "tools": [{"name": "no_type"}]}, "tools[0]"),
+        (
+            {"model": "m", "input": "x", "tools": [WEATHER_TOOL, {**WEATHER_TOOL}]},
+            "tools[1]",
+        ),
+        (
+            {"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "n"}]},
+            "tools[0]",
+        ),
         ({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
         ({"model": "m", "input": [{"type": "local_shell_call"}]}, "input[0]"),
         (
@@ -213,6 +271,21 @@ def test_validation(body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
         translation.validate_request(body)
     assert caught.value.param == param
+
+
+def test_tools_chat_cannot_offer_are_left_out_and_named() -> None:
+    tools = translation.chat_tools(CODEX_TOOLS)
+    assert tools.omitted == ("web_search", "local_shell", "image_generation")
+    assert [function["function"]["name"] for function in tools.functions] == [
+        "get_weather",
+        "multi_agent_v1__close_agent",
+        "multi_agent_v1__note",
+    ]
+    # With nothing left to offer, neither tools nor a tool_choice (strict providers refuse it).
+    chat = translation.to_chat(
+        {"model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": "auto"}
+    )
+    assert "tools" not in chat and "tool_choice" not in chat
 
 
 def test_native_request_folds_in_history_and_instructions_in_venice_shapes() -> None:
@@ -440,3 +513,69 @@ def test_stream_error_closes_the_open_item_then_fails() -> None:
         "code": "server_error",
         "message": "The provider broke off.",
     }
+
+
+NAMESPACED_CALLS = [
+    {
+        "id": "call_n",
+        "type": "function",
+        "function": {"name": "multi_agent_v1__close_agent", "arguments": '{"target":"a1"}'},
+    },
+    {
+        "id": "call_m",
+        "type": "function",
+        "function": {"name": "multi_agent_v1__note", "arguments": '{"input":"done"}'},
+    },
+]
+NAMESPACED_ITEMS = [
+    {
+        "type": "function_call",
+        "call_id": "call_n",
+        "name": "close_agent",
+        "namespace": "multi_agent_v1",
+        "arguments": '{"target":"a1"}',
+        "status": "completed",
+    },
+    {
+        "type": "custom_tool_call",
+        "call_id": "call_m",
+        "name": "note",
+        "namespace": "multi_agent_v1",
+        "input": "done",
+        "status": "completed",
+    },
+]
+
+
+def without_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in item.items() if k != "id"} for item in items]
+
+
+async def test_a_namespaced_call_comes_back_with_its_name_and_namespace() -> None:
+    """As the Responses API returns it, and as Codex dispatches it (on name and namespace)."""
+    request = {"model": "m", "input": "x", "tools": CODEX_TOOLS}
+    completion = {
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": None, "tool_calls": NAMESPACED_CALLS},
+            }
+        ]
+    }
+    response = translation.from_chat(
+        completion, request=request, response_id="resp_n", ids=fixed_ids()
+    )
+    assert without_ids(response["output"]) == NAMESPACED_ITEMS
+
+    translator = ResponsesStreamTranslator(request, response_id="resp_n", ids=fixed_ids())
+    calls = [{**call, "index": index} for index, call in enumerate(NAMESPACED_CALLS)]
+    raw = translator.start() + translator.feed(chunk({"tool_calls": calls}, "tool_calls"))
+    raw += await translator.finish()
+    done = [e["item"] for e in parse_events(raw) if e["type"] == "response.output_item.done"]
+    assert without_ids(done) == NAMESPACED_ITEMS
+    # Sent back as history, they are the calls the chat model made.
+    chat = translation.to_chat({**request, "input": NAMESPACED_ITEMS})
+    assert [call["function"] for call in chat["messages"][0]["tool_calls"]] == [
+        call["function"] for call in NAMESPACED_CALLS
+    ]
