@@ -468,12 +468,12 @@ async def test_a_response_the_store_could_not_keep_says_store_false(
 async def test_a_previous_response_chain_is_bounded_by_the_responses_body_limit(
     start_gateway: Any, fake_openai: FakeOpenAI
 ) -> None:
-    limit = 64 * 1024
+    limit = 100 * 1024
     gateway: Gateway = await start_gateway(
         providers=(chat_only(fake_openai),), responses_body_limit_bytes=limit
     )
     client = gateway.client(await gateway.create_key())
-    turn = "x" * (20 * 1024)  # each request is well under the limit; the chain is not
+    turn = "x" * (30 * 1024)  # each request is well under the limit; the chain is not
     previous = None
     for _ in range(3):
         made = await client.responses.create(model="m-1", input=turn, previous_response_id=previous)

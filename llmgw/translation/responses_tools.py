@@ -28,7 +28,7 @@ from llmgw.errors import InvalidRequest
 __all__ = ["ChatTools", "OfferedTool", "as_chat_function", "chat_name", "chat_tools"]
 
 # Codex's delimiter between a namespace and a tool name (``ToolName::canonical_flat_name``).
-NAMESPACE_DELIMITER = "__"
+_NAMESPACE_DELIMITER = "__"
 _FUNCTION_LIKE = ("function", "custom")
 _CUSTOM_PARAMETERS = {
     "type": "object",
@@ -59,7 +59,7 @@ class ChatTools:
 
 def chat_name(namespace: str | None, name: str) -> str:
     """The name chat completions know a tool by: namespaced ones flattened."""
-    return name if namespace is None else f"{namespace}{NAMESPACE_DELIMITER}{name}"
+    return name if namespace is None else f"{namespace}{_NAMESPACE_DELIMITER}{name}"
 
 
 def as_chat_function(
