@@ -8,16 +8,18 @@ install it (no npm, or no registry): then the skip says why.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 import pytest
 
-__all__ = ["CLAUDE_CODE", "CODEX", "AgentCli", "agent_cli"]
+__all__ = ["CLAUDE_CODE", "CODEX", "AgentCli", "agent_cli", "run_agent_cli"]
 
 
 @attrs.frozen
@@ -73,3 +75,27 @@ def agent_cli(cli: AgentCli) -> Path:
                     f"{(result.stderr or result.stdout).strip()[-500:]}"
                 )
     return binary
+
+
+async def run_agent_cli(
+    binary: Path, *args: str, env: Mapping[str, str], cwd: Path, timeout: float = 120
+) -> str:
+    """Run a CLI to its end with no stdin, within ``timeout`` seconds; its stdout. A failure (or a
+    hang, killed) fails the test with what it printed."""
+    process = await asyncio.create_subprocess_exec(
+        str(binary),
+        *args,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode == 0, (stdout.decode(), stderr.decode())
+    return stdout.decode()

@@ -4,7 +4,6 @@ function): it gets its answer, and the namespaced tool it is asked to call is th
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from llmgw.telemetry import semconv as sc
-from tests.agent_clis import CODEX, agent_cli
+from tests.agent_clis import CODEX, agent_cli, run_agent_cli
 from tests.conftest import Gateway, eventually
 
 README = Path(__file__).parent.parent / "README.md"
@@ -44,28 +43,17 @@ async def run_codex(gateway: Gateway, key: str, prompt: str, workdir: Path) -> s
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
     env.update(HOME=str(home), CODEX_HOME=str(codex_home), LLMGW_KEY=key)
     last_message = workdir / "last-message.txt"
-    process = await asyncio.create_subprocess_exec(
-        str(agent_cli(CODEX)),
+    await run_agent_cli(
+        agent_cli(CODEX),
         "exec",
         "--strict-config",  # the offline keys above must be ones this Codex knows
         "--skip-git-repo-check",
-        "--cd",
-        str(workdir),
         "--output-last-message",
         str(last_message),
         prompt,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        cwd=workdir,
     )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode == 0, (stdout.decode(), stderr.decode())
     return last_message.read_text().strip()
 
 
