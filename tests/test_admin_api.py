@@ -175,6 +175,10 @@ async def test_expired_keys_are_refused_like_revoked_ones(admin: Admin) -> None:
         {"name": "x", "allowed_models": [""]},
         {"name": "x", "unknown_field": 1},
         ["name", "x"],
+        {"name": "nul\u0000name"},
+        {"name": "x", "allowed_models": ["qwen\u0000"]},
+        {"name": "x", "allowed_models": "abc"},  # a string is not a list of three models
+        {"name": "x", "allowed_models": {"a": 1}},
     ],
 )
 async def test_invalid_key_bodies_are_400(admin: Admin, body: Any) -> None:
@@ -182,6 +186,38 @@ async def test_invalid_key_bodies_are_400(admin: Admin, body: Any) -> None:
     assert status == 400
     assert answer["error"]["type"] == "invalid_request_error"
     assert await admin.gateway.db.fetchval("SELECT count(*) FROM api_keys") == 0
+
+
+async def test_patched_names_and_model_lists_are_checked_like_new_ones(admin: Admin) -> None:
+    _, created = await admin.call("POST", "/keys", {"name": "x", "allowed_models": ["a"]})
+    for change in (
+        {"name": "nul\u0000"},
+        {"allowed_models": "abc"},
+        {"allowed_models": ["\u0000"]},
+    ):
+        status, answer = await admin.call("PATCH", f"/keys/{created['id']}", change)
+        assert status == 400, (change, answer)
+        assert answer["error"]["type"] == "invalid_request_error"
+    _, after = await admin.call("GET", f"/keys/{created['id']}")
+    assert (after["name"], after["allowed_models"]) == ("x", ["a"])
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("to=0001-01-01", "$.to"),
+        ("from=0001-01-01&to=0001-01-02", "$.from_"),
+        ("to=9999-12-31", "$.to"),
+        ("from=2026-13-01", "$.from_"),
+        ("by=week", "by must be one of"),
+        ("key_id=nope", "$.key_id"),
+    ],
+)
+async def test_report_parameters_out_of_range_are_400(admin: Admin, query: str, named: str) -> None:
+    for csv in ("", "&format=csv"):
+        status, answer = await admin.call("GET", f"/usage/report?{query}{csv}")
+        assert status == 400, (query, answer)
+        assert named in answer["error"]["message"]
 
 
 async def test_patch_rejects_fields_that_cannot_change(admin: Admin) -> None:

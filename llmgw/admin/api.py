@@ -11,9 +11,9 @@ import hmac
 import io
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -24,7 +24,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
-from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
+from llmgw.admin.schemas import (
+    KeyCreate,
+    ReportRange,
+    Rotate,
+    SubjectBudgetUpdate,
+    parse,
+    to_json,
+)
 from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
 from llmgw.storage import api_keys, bounds, rollup, subjects
@@ -350,50 +357,44 @@ async def overview(request: web.Request) -> web.Response:
         return _json(await rollup.overview(connection, datetime.now(UTC)))
 
 
-def _day(text: str | None, name: str, default: date) -> date:
-    if text is None:
-        return default
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be a date, YYYY-MM-DD.", param=name) from None
-
-
-def report_query(query: Any) -> rollup.UsageReportQuery:
+def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
     """The usage report's parameters (shared by JSON and CSV), checked and bounded."""
-    by = query.get("by", "day")
-    if by not in rollup.REPORT_GROUPINGS:
-        raise InvalidRequest(f"by must be one of {', '.join(rollup.REPORT_GROUPINGS)}.", param="by")
-    today = datetime.now(UTC).date()
-    end = _day(query.get("to"), "to", today + timedelta(days=1))
-    start = _day(query.get("from"), "from", end - timedelta(days=30))
+    given = parse({name: value for name, value in query.items() if name != "format"}, ReportRange)
+    end = given.to or datetime.now(UTC).date() + timedelta(days=1)
+    start = given.from_ or end - timedelta(days=30)
     if not start < end:
         raise InvalidRequest("from must be before to.", param="from")
     if (end - start).days > rollup.MAX_REPORT_DAYS:
         raise InvalidRequest(
             f"a report covers at most {rollup.MAX_REPORT_DAYS} days.", param="from"
         )
-    subject, key = query.get("subject_id"), query.get("key_id")
     return rollup.UsageReportQuery(
-        by=by,
-        start=start,
-        end=end,
-        key_id=None if key is None else _uuid(key, "key_id"),
-        subject_id=None if subject is None else _uuid(subject, "subject_id"),
+        by=given.by, start=start, end=end, key_id=given.key_id, subject_id=given.subject_id
     )
 
 
 REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
 
 
+# A spreadsheet runs a cell that begins with one of these as a formula (OWASP "CSV injection").
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _spreadsheet_cell(value: object) -> object:
+    """Text a spreadsheet would run (a model name a caller chose, say) made inert by a leading '."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
+    """The usage report as CSV, for the admin API and ``llmgw usage report --csv`` alike."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow((by, *REPORT_COLUMNS))
     for row in rows:
-        writer.writerow(
-            (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
-        )
+        cells = (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
+        writer.writerow(_spreadsheet_cell(cell) for cell in cells)
     return out.getvalue()
 
 
