@@ -34,7 +34,7 @@ from llmgw.admin.schemas import (
 )
 from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
-from llmgw.storage import api_keys, bounds, rollup, subjects
+from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
@@ -47,6 +47,7 @@ __all__ = [
     "build_admin_app",
     "report_csv",
     "report_query",
+    "revoke_console_sessions",
 ]
 
 ADMIN_PREFIX = "/admin/v1"
@@ -420,6 +421,24 @@ async def usage_report(request: web.Request) -> web.Response:
     )
 
 
+async def revoke_console_sessions(request: web.Request) -> int:
+    """Sign out everywhere (this route, and the console's button): every console session ends."""
+    async with _transaction(request) as connection:
+        revoked = await console_sessions.delete_all_sessions(connection)
+        await _audit(
+            connection,
+            request,
+            "console.sign_out_everywhere",
+            "console_sessions",
+            after={"revoked": revoked},
+        )
+    return revoked
+
+
+async def sign_out_everywhere(request: web.Request) -> web.Response:
+    return _json({"object": "console.sessions", "revoked": await revoke_console_sessions(request)})
+
+
 def build_admin_app(auth: Middleware) -> web.Application:
     """The admin routes behind ``auth`` (the bearer token here, the console's session there)."""
     admin = web.Application(middlewares=[auth])
@@ -436,4 +455,5 @@ def build_admin_app(auth: Middleware) -> web.Application:
     admin.router.add_get("/usage/report", usage_report)
     admin.router.add_get("/overview", overview)
     admin.router.add_get("/audit", audit_log)
+    admin.router.add_delete("/console/sessions", sign_out_everywhere)
     return admin

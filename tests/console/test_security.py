@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -159,3 +160,79 @@ async def test_sign_out_ends_the_session_everywhere(
         ) as response:
             assert response.status == 401
     assert await console_gateway.db.fetchval("SELECT count(*) FROM console_sessions") == 0
+
+
+async def _status(gateway: Gateway, session: aiohttp.ClientSession, path: str) -> int:
+    async with session.get(gateway.url(path), allow_redirects=False) as response:
+        return response.status
+
+
+async def test_a_change_of_the_admin_token_ends_every_console_session(
+    start_gateway: Any, browser_session: aiohttp.ClientSession
+) -> None:
+    before: Gateway = await start_gateway(admin_token=ADMIN_TOKEN)
+    await sign_in(before, browser_session)
+    value = browser_session.cookie_jar.filter_cookies(URL(before.url("/console/")))
+    cookie = {"Cookie": f"llmgw_console={value['llmgw_console'].value}"}
+    # The same database behind a gateway restarted with another admin token.
+    after: Gateway = await start_gateway(admin_token="a-new-admin-token-after-a-leak-0123")
+    async with aiohttp.ClientSession() as replay:
+        async with replay.get(after.url("/console/api/keys"), headers=cookie) as response:
+            assert response.status == 401
+            assert (await response.json())["error"]["code"] == "console_session_required"
+        async with replay.get(
+            after.url("/console/"), headers=cookie, allow_redirects=False
+        ) as response:
+            assert response.status == 303
+            assert response.headers["Location"] == "/console/sign-in"
+    # Under the token it was signed in with, the session still holds.
+    assert await _status(before, browser_session, "/console/api/keys") == 200
+    fingerprint = await before.db.fetchval("SELECT admin_token_fingerprint FROM console_sessions")
+    assert ADMIN_TOKEN.encode() not in fingerprint and len(fingerprint) == 32
+
+
+async def test_sign_out_everywhere_from_the_console(console_gateway: Gateway) -> None:
+    jar = aiohttp.CookieJar
+    async with (
+        aiohttp.ClientSession(cookie_jar=jar(unsafe=True)) as laptop,
+        aiohttp.ClientSession(cookie_jar=jar(unsafe=True)) as phone,
+    ):
+        csrf = await sign_in(console_gateway, laptop)
+        await sign_in(console_gateway, phone)
+        async with laptop.get(console_gateway.url("/console/")) as response:
+            assert 'name="scope" value="everywhere"' in await response.text()
+        everywhere = console_gateway.url("/console/sign-out")
+        async with laptop.post(everywhere, data={"scope": "everywhere"}) as response:
+            assert response.status == 403  # a state change: the CSRF token is needed
+        async with laptop.post(
+            everywhere, data={"scope": "everywhere", "csrf": csrf}, allow_redirects=False
+        ) as response:
+            assert response.status == 303
+            assert response.headers["Location"] == "/console/sign-in"
+        for browser in (laptop, phone):
+            assert await _status(console_gateway, browser, "/console/api/keys") == 401
+    assert await console_gateway.db.fetchval("SELECT count(*) FROM console_sessions") == 0
+    audit = await console_gateway.db.fetchrow("SELECT actor, action, after FROM admin_audit")
+    assert audit["actor"].startswith("console:")
+    assert audit["action"] == "console.sign_out_everywhere"
+    assert json.loads(audit["after"]) == {"revoked": 2}
+
+
+async def test_sign_out_everywhere_through_the_admin_api(console_gateway: Gateway) -> None:
+    jar = aiohttp.CookieJar
+    bearer = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession(cookie_jar=jar(unsafe=True)) as laptop,
+        aiohttp.ClientSession(cookie_jar=jar(unsafe=True)) as phone,
+    ):
+        for browser in (laptop, phone):
+            await sign_in(console_gateway, browser)
+        url = console_gateway.url("/admin/v1/console/sessions")
+        async with aiohttp.ClientSession() as api:
+            async with api.delete(url) as response:
+                assert response.status == 401
+            async with api.delete(url, headers=bearer) as response:
+                assert response.status == 200
+                assert await response.json() == {"object": "console.sessions", "revoked": 2}
+        for browser in (laptop, phone):
+            assert await _status(console_gateway, browser, "/console/api/keys") == 401
