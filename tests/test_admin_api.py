@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -64,6 +65,28 @@ async def test_wrong_or_missing_admin_token_is_401(admin: Admin, token: str | No
     status, body = await admin.call("GET", "/keys", token=token)
     assert status == 401
     assert body["error"]["code"] == "invalid_api_key"
+
+
+async def test_wrong_admin_tokens_are_throttled_per_address_and_logged(
+    admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llmgw.admin.sign_in_guard")
+    statuses = [
+        (await admin.call("GET", "/keys", token=f"guess-{n}-0123456789"))[0] for n in range(300)
+    ]
+    assert statuses == [401] * 10 + [429] * 290
+    async with admin.session.get(
+        admin.gateway.url("/admin/v1/keys"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as response:
+        assert response.status == 429  # the right token waits too: no oracle while throttled
+        assert 1 <= int(response.headers["Retry-After"]) <= 6
+    lines = [r for r in caplog.records if r.name == "llmgw.admin.sign_in_guard"]
+    assert [r.getMessage() for r in lines[:11]] == ["admin sign-in failed"] * 10 + [
+        "admin sign-ins throttled"
+    ]
+    assert len(lines) <= 12  # 291 refusals in a line or two, with their count
+    assert lines[0].route == "/admin/v1/keys"  # type: ignore[attr-defined]
+    assert "guess-" not in " ".join(str(vars(r)) for r in lines)
 
 
 async def test_gateway_keys_do_not_open_the_admin_api(admin: Admin) -> None:

@@ -32,6 +32,7 @@ from llmgw.admin.schemas import (
     parse,
     to_json,
 )
+from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
@@ -57,18 +58,23 @@ _SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
 _MAX_PAGE = 200
 
 
-def admin_token_auth(token: str) -> Middleware:
-    """The admin API's own authentication: ``Authorization: Bearer <LLMGW_ADMIN_TOKEN>``."""
+def admin_token_auth(token: str, guard: SignInGuard) -> Middleware:
+    """The admin API's own authentication: ``Authorization: Bearer <LLMGW_ADMIN_TOKEN>``.
+
+    Failures are throttled per client address with the console's sign-ins (``guard``).
+    """
     expected = token.encode()
     # Audit rows name the caller by a hash of the token's prefix, never by the token.
     token_actor = "token:" + hashlib.sha256(token[:8].encode()).hexdigest()[:16]
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard.admit(request)
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             presented.strip().encode(), expected
         ):
+            guard.failed(request)
             raise AuthenticationFailed()
         offered = request.headers.get("X-Admin-Actor", "")
         request[ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor

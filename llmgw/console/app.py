@@ -2,7 +2,9 @@
 
 - Signing in exchanges the admin token for a session: a random token in an HttpOnly, SameSite=Strict
   cookie with an expiry; the database keeps only its SHA-256, and the admin token itself is never
-  stored in the page or the cookie.
+  stored in the page or the cookie. Wrong tokens are throttled per client address together with
+  the admin API's (``SignInGuard``); the cookie is Secure over HTTPS, or when a trusted proxy
+  says the browser used it (TRUST_FORWARDED_HEADERS).
 - A session is bound to the admin token it was signed in with: the database also keeps an HMAC of
   that token keyed by the session's own token (so the row alone cannot test guesses of the admin
   token), and a session whose HMAC is not the current token's is refused. Changing
@@ -19,6 +21,7 @@ import hashlib
 import hmac
 import html
 import secrets
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 
@@ -27,7 +30,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
 from llmgw.admin.api import ACTOR, build_admin_app, revoke_console_sessions
-from llmgw.errors import GatewayError, NotFound
+from llmgw.admin.sign_in_guard import SignInGuard
+from llmgw.errors import GatewayError, NotFound, RateLimited
+from llmgw.forwarded import is_https
 from llmgw.storage import console_sessions
 from llmgw.storage.database import database_errors
 
@@ -120,12 +125,19 @@ def _read_static(name: str) -> str:
     return (_STATIC / name).read_text(encoding="utf-8")
 
 
-def _sign_in_page(*, error: str | None = None, status: int = 200) -> web.Response:
+def _sign_in_page(
+    *, error: str | None = None, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
     page = _read_static("sign-in.html").replace(
         "{{error}}",
         "" if error is None else f'<p class="error" role="alert">{html.escape(error)}</p>',
     )
-    return web.Response(text=page, status=status, content_type="text/html", headers=_PAGE_HEADERS)
+    return web.Response(
+        text=page,
+        status=status,
+        content_type="text/html",
+        headers={**_PAGE_HEADERS, **(headers or {})},
+    )
 
 
 _PAGE_HEADERS = {
@@ -155,12 +167,18 @@ async def sign_in_form(request: web.Request) -> web.Response:
 async def sign_in(request: web.Request) -> web.Response:
     if not _same_origin(request):
         raise CrossSiteRequest("This sign-in came from another site.")
+    guard = request.app[_GUARD]
+    try:
+        guard.admit(request)
+    except RateLimited as refused:
+        return _sign_in_page(error=refused.message, status=refused.status, headers=refused.headers)
     form = await request.post()
     presented = form.get("token")
     expected: str = request.app[_ADMIN_TOKEN]
     if not isinstance(presented, str) or not hmac.compare_digest(
         presented.encode(), expected.encode()
     ):
+        guard.failed(request)
         return _sign_in_page(error="That is not the admin token.", status=401)
     session = secrets.token_urlsafe(32)
     expires = datetime.now(UTC) + SESSION_LIFETIME
@@ -178,7 +196,7 @@ async def sign_in(request: web.Request) -> web.Response:
         path=CONSOLE_PREFIX,
         httponly=True,
         samesite="Strict",
-        secure=request.secure,
+        secure=is_https(request, trust_forwarded=guard.trust_forwarded),
     )
     return response
 
@@ -215,11 +233,14 @@ async def asset(request: web.Request) -> web.Response:
 
 
 _ADMIN_TOKEN = web.AppKey("console_admin_token", str)
+_GUARD = web.AppKey("console_sign_in_guard", SignInGuard)
 
 
-def build_console_app(admin_token: str) -> web.Application:
+def build_console_app(admin_token: str, guard: SignInGuard) -> web.Application:
+    """The console; failed sign-ins are throttled with the admin API's (``guard``)."""
     console = web.Application()
     console[_ADMIN_TOKEN] = admin_token
+    console[_GUARD] = guard
     console.router.add_get("/", console_page)
     console.router.add_get("/sign-in", sign_in_form)
     console.router.add_post("/sign-in", sign_in)
