@@ -77,6 +77,7 @@ class SignInThrottle:
             bucket.refused, bucket.reported_at = 0, now
         raise RateLimited(
             f"Too many failed admin sign-ins from this address; try again in {wait} s.",
+            code="sign_in_throttled",
             headers={"Retry-After": str(wait)},
         )
 
