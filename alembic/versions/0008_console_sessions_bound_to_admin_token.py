@@ -2,8 +2,9 @@
 
 Each session keeps a fingerprint of LLMGW_ADMIN_TOKEN (an HMAC keyed by the session's own token);
 a session whose fingerprint is not the current token's is refused, so changing the admin token
-signs every console out. Sessions from before this revision have none and are deleted: their
-browsers sign in again.
+signs every console out. Sessions from before this revision have none (NULL) and are refused:
+their browsers sign in again. The column is nullable so that replicas of the previous release,
+still serving while this runs, can go on signing consoles in (sessions the new release refuses).
 
 Revision ID: 0008
 Revises: 0005
@@ -24,8 +25,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute("DELETE FROM console_sessions")
-    op.add_column("console_sessions", sa.Column("admin_token_fingerprint", BYTEA(), nullable=False))
+    op.add_column("console_sessions", sa.Column("admin_token_fingerprint", BYTEA(), nullable=True))
     op.create_check_constraint(
         "admin_token_fingerprint_length",
         "console_sessions",

@@ -65,7 +65,7 @@ def csrf_token(session: str) -> str:
 
 def _admin_fingerprint(session: str, admin_token: str) -> bytes:
     return hmac.new(
-        session.encode(), b"llmgw-console-admin:" + admin_token.encode(), "sha256"
+        session.encode(), b"llmgw-console-admin:" + admin_token.encode(), hashlib.sha256
     ).digest()
 
 

@@ -290,7 +290,7 @@ console_sessions = sa.Table(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
     ),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("admin_token_fingerprint", BYTEA(), nullable=False),
+    sa.Column("admin_token_fingerprint", BYTEA(), nullable=True),  # NULL: made before 0008
     sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
     sa.CheckConstraint(
