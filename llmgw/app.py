@@ -14,6 +14,7 @@ from llmgw import app_keys
 from llmgw.accounting.prices import PriceTable, configured_prices, publishers
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
+from llmgw.admin.sign_in_guard import SignInGuard, SignInThrottle
 from llmgw.api import messages
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
@@ -164,9 +165,11 @@ def create_app(
     )
     add_routes(app)
     if settings.admin_token is not None:
-        app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token)))
+        # One throttle for both ways in: a guesser gains nothing by alternating them.
+        guard = SignInGuard(SignInThrottle(), trust_forwarded=settings.trust_forwarded_headers)
+        app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token, guard)))
         app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
-        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token))
+        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token, guard))
 
     app.middlewares.extend(
         [

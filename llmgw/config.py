@@ -155,6 +155,12 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "bearer token of the admin API under /admin/v1; unset = the admin API is off (404)",
         secret=True,
     ),
+    EnvVar(
+        "TRUST_FORWARDED_HEADERS",
+        "false",
+        "true = believe a reverse proxy's X-Forwarded-Proto/Forwarded proto (Secure console "
+        "cookie) and X-Forwarded-For (client address for sign-in throttling); only behind one",
+    ),
 )
 
 _BY_NAME = {var.name: var for var in ENVIRONMENT_VARIABLES}
@@ -194,6 +200,7 @@ class Settings:
     prometheus: bool = False
     log_level: str = "INFO"
     admin_token: str | None = attrs.field(default=None, repr=False)
+    trust_forwarded_headers: bool = False
     # From LLMGW_CONFIG; empty = the one provider "venice" built from the VENICE_* settings.
     providers: tuple[ProviderSpec, ...] = ()
     model_aliases: tuple[ModelAlias, ...] = ()
@@ -308,6 +315,7 @@ def load_settings(
         admin_token=reader.optional(
             "LLMGW_ADMIN_TOKEN", _parse_admin_token, "at least 16 printable characters"
         ),
+        trust_forwarded_headers=reader.get("TRUST_FORWARDED_HEADERS", _parse_bool, "true or false"),
         log_level=reader.get(
             "LOG_LEVEL",
             _parse_choice("DEBUG", "INFO", "WARNING", "ERROR"),

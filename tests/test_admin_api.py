@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -64,6 +65,28 @@ async def test_wrong_or_missing_admin_token_is_401(admin: Admin, token: str | No
     status, body = await admin.call("GET", "/keys", token=token)
     assert status == 401
     assert body["error"]["code"] == "invalid_api_key"
+
+
+async def test_wrong_admin_tokens_are_throttled_per_address_and_logged(
+    admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llmgw.admin.sign_in_guard")
+    statuses = [
+        (await admin.call("GET", "/keys", token=f"guess-{n}-0123456789"))[0] for n in range(300)
+    ]
+    assert statuses == [401] * 10 + [429] * 290
+    async with admin.session.get(
+        admin.gateway.url("/admin/v1/keys"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as response:
+        assert response.status == 429  # the right token waits too: no oracle while throttled
+        assert 1 <= int(response.headers["Retry-After"]) <= 6
+    lines = [r for r in caplog.records if r.name == "llmgw.admin.sign_in_guard"]
+    assert [r.getMessage() for r in lines[:11]] == ["admin sign-in failed"] * 10 + [
+        "admin sign-ins throttled"
+    ]
+    assert len(lines) <= 12  # 291 refusals in a line or two, with their count
+    assert lines[0].route == "/admin/v1/keys"  # type: ignore[attr-defined]
+    assert "guess-" not in " ".join(str(vars(r)) for r in lines)
 
 
 async def test_gateway_keys_do_not_open_the_admin_api(admin: Admin) -> None:
@@ -175,6 +198,10 @@ async def test_expired_keys_are_refused_like_revoked_ones(admin: Admin) -> None:
         {"name": "x", "allowed_models": [""]},
         {"name": "x", "unknown_field": 1},
         ["name", "x"],
+        {"name": "nul\u0000name"},
+        {"name": "x", "allowed_models": ["qwen\u0000"]},
+        {"name": "x", "allowed_models": "abc"},  # a string is not a list of three models
+        {"name": "x", "allowed_models": {"a": 1}},
     ],
 )
 async def test_invalid_key_bodies_are_400(admin: Admin, body: Any) -> None:
@@ -182,6 +209,38 @@ async def test_invalid_key_bodies_are_400(admin: Admin, body: Any) -> None:
     assert status == 400
     assert answer["error"]["type"] == "invalid_request_error"
     assert await admin.gateway.db.fetchval("SELECT count(*) FROM api_keys") == 0
+
+
+async def test_patched_names_and_model_lists_are_checked_like_new_ones(admin: Admin) -> None:
+    _, created = await admin.call("POST", "/keys", {"name": "x", "allowed_models": ["a"]})
+    for change in (
+        {"name": "nul\u0000"},
+        {"allowed_models": "abc"},
+        {"allowed_models": ["\u0000"]},
+    ):
+        status, answer = await admin.call("PATCH", f"/keys/{created['id']}", change)
+        assert status == 400, (change, answer)
+        assert answer["error"]["type"] == "invalid_request_error"
+    _, after = await admin.call("GET", f"/keys/{created['id']}")
+    assert (after["name"], after["allowed_models"]) == ("x", ["a"])
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("to=0001-01-01", "$.to"),
+        ("from=0001-01-01&to=0001-01-02", "$.from_"),
+        ("to=9999-12-31", "$.to"),
+        ("from=2026-13-01", "$.from_"),
+        ("by=week", "by must be one of"),
+        ("key_id=nope", "$.key_id"),
+    ],
+)
+async def test_report_parameters_out_of_range_are_400(admin: Admin, query: str, named: str) -> None:
+    for csv in ("", "&format=csv"):
+        status, answer = await admin.call("GET", f"/usage/report?{query}{csv}")
+        assert status == 400, (query, answer)
+        assert named in answer["error"]["message"]
 
 
 async def test_patch_rejects_fields_that_cannot_change(admin: Admin) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import subprocess
 import sys
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import asyncpg
@@ -16,7 +17,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from llmgw.auth.keys import hash_key
-from llmgw.storage import migrations, revisions
+from llmgw.storage import console_sessions, migrations, revisions
 from llmgw.storage.schema import metadata
 
 NOW = datetime.now(UTC)
@@ -300,5 +301,31 @@ async def test_the_limits_migration_keeps_this_months_spend(empty_database: str)
         rows = await connection.fetch("SELECT counter, used FROM limit_counters")
         month = datetime.now(UTC).strftime("%Y-%m")
         assert [(r["counter"], r["used"]) for r in rows] == [(f"budget:{subject}:{month}", 1.5)]
+    finally:
+        await connection.close()
+
+
+async def test_0008_refuses_the_sessions_of_before_and_lets_old_replicas_sign_in(
+    empty_database: str,
+) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0005")
+    connection = await asyncpg.connect(empty_database)
+    # What a replica of the release before 0008 writes when a console signs in.
+    old_insert = "INSERT INTO console_sessions (token_hash, expires_at) VALUES ($1, now() + '1h')"
+    try:
+        await connection.execute(old_insert, hashlib.sha256(b"before").digest())
+        await asyncio.to_thread(migrations.upgrade, empty_database, "0008")
+        await connection.execute(old_insert, hashlib.sha256(b"during").digest())
+        for token in ("before", "during"):
+            assert not await console_sessions.session_is_live(connection, token, bytes(32))
+        with pytest.raises(asyncpg.CheckViolationError):
+            await console_sessions.create_session(
+                connection, "short", datetime.now(UTC) + timedelta(hours=1), b"short"
+            )
+        await console_sessions.create_session(
+            connection, "after", datetime.now(UTC) + timedelta(hours=1), bytes(32)
+        )
+        assert await console_sessions.session_is_live(connection, "after", bytes(32))
+        assert not await console_sessions.session_is_live(connection, "after", b"\1" * 32)
     finally:
         await connection.close()

@@ -11,9 +11,9 @@ import hmac
 import io
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -24,10 +24,18 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
-from llmgw.admin.schemas import KeyCreate, Rotate, SubjectBudgetUpdate, parse, to_json
+from llmgw.admin.schemas import (
+    KeyCreate,
+    ReportRange,
+    Rotate,
+    SubjectBudgetUpdate,
+    parse,
+    to_json,
+)
+from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import reject_duplicate_keys
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
-from llmgw.storage import api_keys, bounds, rollup, subjects
+from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
@@ -40,6 +48,7 @@ __all__ = [
     "build_admin_app",
     "report_csv",
     "report_query",
+    "revoke_console_sessions",
 ]
 
 ADMIN_PREFIX = "/admin/v1"
@@ -49,18 +58,23 @@ _SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
 _MAX_PAGE = 200
 
 
-def admin_token_auth(token: str) -> Middleware:
-    """The admin API's own authentication: ``Authorization: Bearer <LLMGW_ADMIN_TOKEN>``."""
+def admin_token_auth(token: str, guard: SignInGuard) -> Middleware:
+    """The admin API's own authentication: ``Authorization: Bearer <LLMGW_ADMIN_TOKEN>``.
+
+    Failures are throttled per client address with the console's sign-ins (``guard``).
+    """
     expected = token.encode()
     # Audit rows name the caller by a hash of the token's prefix, never by the token.
     token_actor = "token:" + hashlib.sha256(token[:8].encode()).hexdigest()[:16]
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard.admit(request)
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             presented.strip().encode(), expected
         ):
+            guard.failed(request)
             raise AuthenticationFailed()
         offered = request.headers.get("X-Admin-Actor", "")
         request[ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
@@ -350,50 +364,44 @@ async def overview(request: web.Request) -> web.Response:
         return _json(await rollup.overview(connection, datetime.now(UTC)))
 
 
-def _day(text: str | None, name: str, default: date) -> date:
-    if text is None:
-        return default
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be a date, YYYY-MM-DD.", param=name) from None
-
-
-def report_query(query: Any) -> rollup.UsageReportQuery:
+def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
     """The usage report's parameters (shared by JSON and CSV), checked and bounded."""
-    by = query.get("by", "day")
-    if by not in rollup.REPORT_GROUPINGS:
-        raise InvalidRequest(f"by must be one of {', '.join(rollup.REPORT_GROUPINGS)}.", param="by")
-    today = datetime.now(UTC).date()
-    end = _day(query.get("to"), "to", today + timedelta(days=1))
-    start = _day(query.get("from"), "from", end - timedelta(days=30))
+    given = parse({name: value for name, value in query.items() if name != "format"}, ReportRange)
+    end = given.to or datetime.now(UTC).date() + timedelta(days=1)
+    start = given.from_ or end - timedelta(days=30)
     if not start < end:
         raise InvalidRequest("from must be before to.", param="from")
     if (end - start).days > rollup.MAX_REPORT_DAYS:
         raise InvalidRequest(
             f"a report covers at most {rollup.MAX_REPORT_DAYS} days.", param="from"
         )
-    subject, key = query.get("subject_id"), query.get("key_id")
     return rollup.UsageReportQuery(
-        by=by,
-        start=start,
-        end=end,
-        key_id=None if key is None else _uuid(key, "key_id"),
-        subject_id=None if subject is None else _uuid(subject, "subject_id"),
+        by=given.by, start=start, end=end, key_id=given.key_id, subject_id=given.subject_id
     )
 
 
 REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
 
 
+# A spreadsheet runs a cell that begins with one of these as a formula (OWASP "CSV injection").
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _spreadsheet_cell(value: object) -> object:
+    """Text a spreadsheet would run (a model name a caller chose, say) made inert by a leading '."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
+    """The usage report as CSV, for the admin API and ``llmgw usage report --csv`` alike."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow((by, *REPORT_COLUMNS))
     for row in rows:
-        writer.writerow(
-            (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
-        )
+        cells = (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
+        writer.writerow(_spreadsheet_cell(cell) for cell in cells)
     return out.getvalue()
 
 
@@ -419,6 +427,24 @@ async def usage_report(request: web.Request) -> web.Response:
     )
 
 
+async def revoke_console_sessions(request: web.Request) -> int:
+    """Sign out everywhere (this route, and the console's button): every console session ends."""
+    async with _transaction(request) as connection:
+        revoked = await console_sessions.delete_all_sessions(connection)
+        await _audit(
+            connection,
+            request,
+            "console.sign_out_everywhere",
+            "console_sessions",
+            after={"revoked": revoked},
+        )
+    return revoked
+
+
+async def sign_out_everywhere(request: web.Request) -> web.Response:
+    return _json({"object": "console.sessions", "revoked": await revoke_console_sessions(request)})
+
+
 def build_admin_app(auth: Middleware) -> web.Application:
     """The admin routes behind ``auth`` (the bearer token here, the console's session there)."""
     admin = web.Application(middlewares=[auth])
@@ -435,4 +461,5 @@ def build_admin_app(auth: Middleware) -> web.Application:
     admin.router.add_get("/usage/report", usage_report)
     admin.router.add_get("/overview", overview)
     admin.router.add_get("/audit", audit_log)
+    admin.router.add_delete("/console/sessions", sign_out_everywhere)
     return admin

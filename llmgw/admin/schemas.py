@@ -7,17 +7,20 @@ Unknown fields are rejected; a bad body becomes a 400 whose message lists every 
 from __future__ import annotations
 
 import uuid
-from datetime import date, datetime
-from typing import Any, TypeVar
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from typing import Any, TypeVar, get_args, get_origin
 
 import attrs
 import cattrs
 from attrs import validators as v
+from cattrs.gen import make_dict_structure_fn, override
 
 from llmgw.errors import InvalidRequest
 from llmgw.storage import bounds
+from llmgw.storage.rollup import REPORT_GROUPINGS
 
-__all__ = ["KeyCreate", "Rotate", "SubjectBudgetUpdate", "parse", "to_json"]
+__all__ = ["KeyCreate", "ReportRange", "Rotate", "SubjectBudgetUpdate", "parse", "to_json"]
 
 T = TypeVar("T")
 
@@ -46,10 +49,41 @@ def _strict_number(value: Any, _type: Any) -> float:
     return float(value)
 
 
+def _iso_date(value: Any, _type: Any) -> date:
+    try:
+        day = date.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        day = None
+    if day is None:
+        raise ValueError("expected a date, YYYY-MM-DD")
+    problem = bounds.time_problem(datetime(day.year, day.month, day.day, tzinfo=UTC))
+    if problem is not None:
+        raise ValueError(f"the date {problem}")
+    return day
+
+
 def _strict_str(value: Any, _type: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a string")
+    if "\x00" in value:  # PostgreSQL's text cannot hold NUL: refused here, not as a 500 there
+        raise ValueError("a NUL character is not allowed")
     return value
+
+
+def _is_homogeneous_tuple(type_: Any) -> bool:
+    return get_origin(type_) is tuple and get_args(type_)[1:] == (Ellipsis,)
+
+
+def _json_array(type_: Any) -> Callable[[Any, Any], tuple[Any, ...]]:
+    """``tuple[X, ...]`` from a JSON array only: cattrs would take any iterable, so "abc" -> a, b, c."""
+    item = get_args(type_)[0]
+
+    def structure(value: Any, _type: Any) -> tuple[Any, ...]:
+        if not isinstance(value, list):
+            raise ValueError("expected a list")
+        return tuple(CONVERTER.structure(element, item) for element in value)
+
+    return structure
 
 
 def _make_converter() -> cattrs.Converter:
@@ -59,6 +93,8 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_number)
     converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook(date, _iso_date)
+    converter.register_structure_hook_factory(_is_homogeneous_tuple, _json_array)
     converter.register_unstructure_hook(uuid.UUID, str)
     converter.register_unstructure_hook(datetime, lambda moment: moment.isoformat())
     converter.register_unstructure_hook(date, lambda day: day.isoformat())
@@ -107,6 +143,28 @@ class Rotate:
 @attrs.frozen
 class SubjectBudgetUpdate:
     monthly_budget_usd: float | None = attrs.field(validator=_budget)
+
+
+def _grouping(_instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in REPORT_GROUPINGS:
+        raise ValueError(f"{attribute.name} must be one of {', '.join(REPORT_GROUPINGS)}")
+
+
+@attrs.frozen
+class ReportRange:
+    """The usage report's query parameters (``from`` and ``to`` are whole UTC days)."""
+
+    by: str = attrs.field(default="day", validator=_grouping)
+    from_: date | None = None
+    to: date | None = None
+    key_id: uuid.UUID | None = None
+    subject_id: uuid.UUID | None = None
+
+
+CONVERTER.register_structure_hook(
+    ReportRange,
+    make_dict_structure_fn(ReportRange, CONVERTER, from_=override(rename="from")),
+)
 
 
 def _describe(exc: BaseException, wanted: type | None) -> str:

@@ -2,7 +2,13 @@
 
 - Signing in exchanges the admin token for a session: a random token in an HttpOnly, SameSite=Strict
   cookie with an expiry; the database keeps only its SHA-256, and the admin token itself is never
-  stored in the page or the cookie.
+  stored in the page or the cookie. Wrong tokens are throttled per client address together with
+  the admin API's (``SignInGuard``); the cookie is Secure over HTTPS, or when a trusted proxy
+  says the browser used it (TRUST_FORWARDED_HEADERS).
+- A session is bound to the admin token it was signed in with: the database also keeps an HMAC of
+  that token keyed by the session's own token (so the row alone cannot test guesses of the admin
+  token), and a session whose HMAC is not the current token's is refused. Changing
+  LLMGW_ADMIN_TOKEN signs every console out; "Sign out everywhere" does so without a change.
 - The page calls the admin API's own handlers under /console/api, authenticated by that cookie
   instead of the bearer token. Every state-changing request must carry the session's CSRF token
   (an HMAC of the session token, rendered into the page) and, when the browser sends one, an Origin
@@ -15,6 +21,7 @@ import hashlib
 import hmac
 import html
 import secrets
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 
@@ -22,8 +29,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
-from llmgw.admin.api import ACTOR, build_admin_app
-from llmgw.errors import GatewayError, NotFound
+from llmgw.admin.api import ACTOR, build_admin_app, revoke_console_sessions
+from llmgw.admin.sign_in_guard import SignInGuard
+from llmgw.errors import GatewayError, NotFound, RateLimited
+from llmgw.forwarded import is_https
 from llmgw.storage import console_sessions
 from llmgw.storage.database import database_errors
 
@@ -54,6 +63,17 @@ def csrf_token(session: str) -> str:
     return hmac.new(session.encode(), b"llmgw-console-csrf", hashlib.sha256).hexdigest()
 
 
+def _admin_fingerprint(session: str, admin_token: str) -> bytes:
+    return hmac.new(
+        session.encode(), b"llmgw-console-admin:" + admin_token.encode(), hashlib.sha256
+    ).digest()
+
+
+def _session_actor(session: str) -> str:
+    # Audit rows name the console session by a hash, never by the cookie itself.
+    return "console:" + hashlib.sha256(session.encode()).hexdigest()[:16]
+
+
 def _same_origin(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:  # not sent by every browser on same-origin form posts; the token still is
@@ -67,7 +87,9 @@ async def _live_session(request: web.Request) -> str | None:
         return None
     with database_errors():
         async with request.config_dict[app_keys.POOL].acquire() as connection:
-            live = await console_sessions.session_is_live(connection, token)
+            live = await console_sessions.session_is_live(
+                connection, token, _admin_fingerprint(token, request.config_dict[_ADMIN_TOKEN])
+            )
     return token if live else None
 
 
@@ -88,8 +110,7 @@ def _session_auth() -> Middleware:
             raise SignInRequired("Sign in to the console first; the session is missing or expired.")
         if request.method not in _SAFE_METHODS:
             _check_state_change(request, session, request.headers.get("X-CSRF-Token"))
-        # Audit rows name the console session by a hash, never by the cookie itself.
-        request[ACTOR] = "console:" + hashlib.sha256(session.encode()).hexdigest()[:16]
+        request[ACTOR] = _session_actor(session)
         return await handler(request)
 
     return impl
@@ -104,12 +125,19 @@ def _read_static(name: str) -> str:
     return (_STATIC / name).read_text(encoding="utf-8")
 
 
-def _sign_in_page(*, error: str | None = None, status: int = 200) -> web.Response:
+def _sign_in_page(
+    *, error: str | None = None, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
     page = _read_static("sign-in.html").replace(
         "{{error}}",
         "" if error is None else f'<p class="error" role="alert">{html.escape(error)}</p>',
     )
-    return web.Response(text=page, status=status, content_type="text/html", headers=_PAGE_HEADERS)
+    return web.Response(
+        text=page,
+        status=status,
+        content_type="text/html",
+        headers={**_PAGE_HEADERS, **(headers or {})},
+    )
 
 
 _PAGE_HEADERS = {
@@ -139,18 +167,26 @@ async def sign_in_form(request: web.Request) -> web.Response:
 async def sign_in(request: web.Request) -> web.Response:
     if not _same_origin(request):
         raise CrossSiteRequest("This sign-in came from another site.")
+    guard = request.app[_GUARD]
+    try:
+        guard.admit(request)
+    except RateLimited as refused:
+        return _sign_in_page(error=refused.message, status=refused.status, headers=refused.headers)
     form = await request.post()
     presented = form.get("token")
     expected: str = request.app[_ADMIN_TOKEN]
     if not isinstance(presented, str) or not hmac.compare_digest(
         presented.encode(), expected.encode()
     ):
+        guard.failed(request)
         return _sign_in_page(error="That is not the admin token.", status=401)
     session = secrets.token_urlsafe(32)
     expires = datetime.now(UTC) + SESSION_LIFETIME
     with database_errors():
         async with request.config_dict[app_keys.POOL].acquire() as connection:
-            await console_sessions.create_session(connection, session, expires)
+            await console_sessions.create_session(
+                connection, session, expires, _admin_fingerprint(session, expected)
+            )
     response = _redirect(f"{CONSOLE_PREFIX}/")
     response.set_cookie(
         COOKIE,
@@ -160,20 +196,25 @@ async def sign_in(request: web.Request) -> web.Response:
         path=CONSOLE_PREFIX,
         httponly=True,
         samesite="Strict",
-        secure=request.secure,
+        secure=is_https(request, trust_forwarded=guard.trust_forwarded),
     )
     return response
 
 
 async def sign_out(request: web.Request) -> web.Response:
+    """This session ends; with ``scope=everywhere`` every console session does."""
     session = await _live_session(request)
     if session is not None:
         form = await request.post()
         token = form.get("csrf")
         _check_state_change(request, session, token if isinstance(token, str) else None)
-        with database_errors():
-            async with request.config_dict[app_keys.POOL].acquire() as connection:
-                await console_sessions.delete_session(connection, session)
+        if form.get("scope") == "everywhere":
+            request[ACTOR] = _session_actor(session)
+            await revoke_console_sessions(request)
+        else:
+            with database_errors():
+                async with request.config_dict[app_keys.POOL].acquire() as connection:
+                    await console_sessions.delete_session(connection, session)
     response = _redirect(f"{CONSOLE_PREFIX}/sign-in")
     response.del_cookie(COOKIE, path=CONSOLE_PREFIX)
     return response
@@ -192,11 +233,14 @@ async def asset(request: web.Request) -> web.Response:
 
 
 _ADMIN_TOKEN = web.AppKey("console_admin_token", str)
+_GUARD = web.AppKey("console_sign_in_guard", SignInGuard)
 
 
-def build_console_app(admin_token: str) -> web.Application:
+def build_console_app(admin_token: str, guard: SignInGuard) -> web.Application:
+    """The console; failed sign-ins are throttled with the admin API's (``guard``)."""
     console = web.Application()
     console[_ADMIN_TOKEN] = admin_token
+    console[_GUARD] = guard
     console.router.add_get("/", console_page)
     console.router.add_get("/sign-in", sign_in_form)
     console.router.add_post("/sign-in", sign_in)

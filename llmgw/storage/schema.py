@@ -279,7 +279,9 @@ usage_hourly = sa.Table(
     ),
 )
 
-# Console sign-ins: only a SHA-256 of the session cookie is kept, never the admin token.
+# Console sign-ins: only a SHA-256 of the session cookie is kept, never the admin token; the
+# fingerprint (an HMAC of the admin token keyed by the session's token, migration 0008) binds the
+# session to the admin token it was signed in with.
 console_sessions = sa.Table(
     "console_sessions",
     metadata,
@@ -288,8 +290,12 @@ console_sessions = sa.Table(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
     ),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("admin_token_fingerprint", BYTEA(), nullable=True),  # NULL: made before 0008
     sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
+    sa.CheckConstraint(
+        "octet_length(admin_token_fingerprint) = 32", name="admin_token_fingerprint_length"
+    ),
 )
 
 # The Responses API's stored responses (migration 0006): what a previous_response_id continues.

@@ -35,3 +35,20 @@ def test_out_of_range_fields_exit_2_naming_the_field(args: tuple[str, ...]) -> N
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert args[-2] in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [("--to", "0001-01-01"), ("--from", "0001-01-01", "--to", "0001-01-02")]
+)
+def test_report_days_out_of_range_exit_2(args: tuple[str, ...]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "usage", "report", *args],
+        env=clean_env(DATABASE_URL="postgresql://nobody@127.0.0.1:1/none"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "must be between 1970-01-01 and 9999-12-30" in result.stderr

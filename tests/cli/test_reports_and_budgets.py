@@ -88,3 +88,54 @@ async def test_budgets_set_show_and_clear(database_url: str, db: asyncpg.Connect
         refused = await asyncio.to_thread(llmgw, "budgets", "set", subject, wrong, env=env)
         assert refused.returncode == 2 and refused.stderr.startswith("llmgw: ")
         assert "Traceback" not in refused.stderr
+
+
+HOSTILE_MODELS = {
+    '=HYPERLINK("https://evil.example","x")': '\'=HYPERLINK("https://evil.example","x")',
+    "+1+cmd": "'+1+cmd",
+    "-2+3": "'-2+3",
+    "@SUM(A1)": "'@SUM(A1)",
+    "\tlead-tab": "'\tlead-tab",
+    "\rlead-cr": "'\rlead-cr",
+    "qwen-=-plain": "qwen-=-plain",  # only the first character matters
+}
+
+
+async def test_csv_exports_neutralise_cells_a_spreadsheet_would_run(
+    start_gateway: Any, database_url: str
+) -> None:
+    gateway: Gateway = await start_gateway(admin_token=ADMIN_TOKEN)
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    for model in HOSTILE_MODELS:
+        await gateway.db.execute(
+            "INSERT INTO usage_hourly VALUES ($1, $2, $3, NULL, 1, 0, 1, 1, 0, 0, 1, $4)",
+            hour,
+            uuid.uuid4(),
+            model,
+            [0] * 16,
+        )
+    day = hour.date()
+    window = {"by": "model", "from": day.isoformat(), "to": (day + timedelta(days=1)).isoformat()}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            gateway.url("/admin/v1/usage/report"),
+            params={**window, "format": "csv"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response,
+    ):
+        assert response.status == 200
+        from_api = await response.text()
+    from_cli = await asyncio.to_thread(
+        llmgw,
+        "usage", "report", "--by", "model", "--from", window["from"], "--to", window["to"], "--csv",
+        env=clean_env(DATABASE_URL=database_url),
+    )  # fmt: skip
+    assert from_cli.returncode == 0, from_cli.stderr
+
+    def models(exported: str) -> set[str]:
+        return {row["model"] for row in csv.DictReader(io.StringIO(exported, newline=""))}
+
+    assert models(from_api) == set(HOSTILE_MODELS.values())
+    # Captured as text, the CLI's output has universal newlines: a lone CR reads as LF.
+    assert models(from_cli.stdout) == {m.replace("\r", "\n") for m in HOSTILE_MODELS.values()}

@@ -166,6 +166,6 @@ async def test_an_operator_runs_the_gateway_from_the_console(
     await expect(page.get_by_role("button", name="Create key")).to_be_visible()
     await shot(page, "keys-narrow")
 
-    await page.get_by_role("button", name="Sign out").click()
+    await page.get_by_role("button", name="Sign out", exact=True).click()
     await expect(page.get_by_label("Admin token")).to_be_visible()
     await context.close()
