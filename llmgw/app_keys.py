@@ -26,3 +26,5 @@ USAGE = web.AppKey("usage", UsageAccounting)
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)
 RATE_LIMIT = web.RequestKey("rate_limit", RateLimitDecision)
+# Parameters the answering deployment was sent without (its provider does not accept them).
+OMITTED_PARAMS = web.RequestKey("omitted_params", tuple[str, ...])

@@ -71,6 +71,7 @@ IMAGES = Operation(
     validate=_validate_image,
     complete=lambda provider, call: provider.forward("/images/generations", call),
     produces_output=False,
+    sends_chat=False,
 )
 
 

@@ -52,6 +52,8 @@ LLMGW_REQUEST_ID: Final = "llmgw.request_id"
 LLMGW_DEPLOYMENT: Final = "llmgw.deployment"  # "provider:model" that answered (or failed last)
 LLMGW_DEPLOYMENTS_TRIED: Final = "llmgw.deployments_tried"
 LLMGW_USAGE_SOURCE: Final = "llmgw.usage.source"  # "reported" by the provider, or "estimated"
+# Request parameters the answering deployment was not sent (its provider does not accept them).
+LLMGW_OMITTED_PARAMS: Final = "llmgw.request.omitted_params"
 
 # Values
 OPERATION_CHAT: Final = "chat"
