@@ -6,6 +6,7 @@ import asyncpg
 from aiohttp import web
 
 from llmgw.accounting.sink import UsageAccounting
+from llmgw.api.body_memory import BodyAllowance
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
 from llmgw.limits.policy import LimitPolicy
@@ -26,5 +27,6 @@ USAGE = web.AppKey("usage", UsageAccounting)
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)
 RATE_LIMIT = web.RequestKey("rate_limit", RateLimitDecision)
+BODY_ALLOWANCE = web.RequestKey("body_allowance", BodyAllowance)
 # Parameters the answering deployment was sent without (its provider does not accept them).
 OMITTED_PARAMS = web.RequestKey("omitted_params", tuple[str, ...])

@@ -33,7 +33,6 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import (
     GatewayError,
     InvalidRequest,
-    PayloadTooLarge,
     RequestTimeout,
     UnsupportedMediaType,
 )
@@ -186,16 +185,14 @@ def _multipart(fields: dict[str, str], upload: _Upload, boundary: str) -> bytes:
     return b"".join(parts)
 
 
-async def _read_upload(request: web.Request, limit: int) -> _Upload:
+async def _read_upload(request: web.Request) -> _Upload:
     if request.content_type != "multipart/form-data":
         raise UnsupportedMediaType(
             f"Content-Type must be multipart/form-data, not {request.content_type or 'missing'!r}."
         )
-    too_large = PayloadTooLarge(
-        f"The upload is larger than the limit of {limit} bytes (AUDIO_UPLOAD_LIMIT_BYTES)."
-    )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
+    # The route's limit is AUDIO_UPLOAD_LIMIT_BYTES (a declared length over it was refused
+    # already); the parts held count against the memory all bodies may hold.
+    allowance = request[app_keys.BODY_ALLOWANCE]
     fields: dict[str, str] = {}
     file: bytes | None = None
     filename, file_type = "audio", "application/octet-stream"
@@ -208,8 +205,7 @@ async def _read_upload(request: web.Request, limit: int) -> _Upload:
             data = bytearray()
             while chunk := await part.read_chunk(_READ_SIZE):
                 size += len(chunk)
-                if size > limit:
-                    raise too_large
+                await allowance.hold(size)
                 data.extend(chunk)
             if part.name == "file":
                 file = bytes(data)
@@ -228,7 +224,7 @@ async def create_transcription(request: web.Request, key: AuthenticatedKey) -> w
     settings = request.app[app_keys.SETTINGS]
     try:
         async with asyncio.timeout(settings.request_timeout_seconds):
-            upload = await _read_upload(request, settings.audio_upload_limit_bytes)
+            upload = await _read_upload(request)
     except TimeoutError:
         raise RequestTimeout(
             f"The upload did not arrive within {settings.request_timeout_seconds:g}s "
