@@ -19,6 +19,7 @@ from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
     "body_limit_middleware",
+    "forget_raw_body",
     "read_body",
     "read_json_object",
     "refuse_control_characters",
@@ -123,6 +124,11 @@ async def read_body(request: web.Request) -> bytes:
         ) from None
     allowance.body = bytes(body)
     return allowance.body
+
+
+def forget_raw_body(request: web.Request) -> None:
+    """The raw body will not be sent (the request is re-encoded): it need not be kept."""
+    request[app_keys.BODY_ALLOWANCE].body = None
 
 
 def body_limit_middleware(

@@ -34,7 +34,7 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.prices import Price
 from llmgw.accounting.usage import UsageRecord, parse_usage
-from llmgw.api.body import read_json_object, refuse_control_characters
+from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
@@ -199,7 +199,14 @@ async def proxy(
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
-    sent = orjson.dumps(body) if hide_usage_chunk or codec is not None else raw
+    if hide_usage_chunk or codec is not None:
+        # Sent re-encoded: the raw body can go before the new one is made (a large body's copy
+        # less at the peak).
+        del raw
+        forget_raw_body(request)
+        sent = orjson.dumps(body)
+    else:
+        sent = raw
     reasoning = tuple(p for p in REASONING_PARAMS if p in body) if operation.sends_chat else ()
     route, call, exchange = await start_call(
         request,

@@ -216,7 +216,7 @@ async def _history(
 
 
 async def create_response(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
-    _, body = await read_json_object(request)
+    body = (await read_json_object(request))[1]  # the raw body not kept here: proxy reads it
     model, _ = translation.validate_request(body)
     store = request.app[RESPONSE_STORE]
     history = await _history(store, key, body)
