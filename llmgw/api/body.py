@@ -102,9 +102,8 @@ async def read_body(request: web.Request) -> bytes:
     allowance = request[app_keys.BODY_ALLOWANCE]
     if allowance.body is not None:
         return allowance.body
-    declared = request.content_length
-    if declared is not None:
-        await allowance.hold(declared)  # 413 before a byte is read; memory before it arrives
+    # A declared length: 413 before a byte is read, memory for all of it before it arrives.
+    await allowance.hold(request.content_length or 0)
     # This bounds the time a client may take to send it, so a slow-loris body cannot hold a
     # handler open forever.
     timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
@@ -116,7 +115,7 @@ async def read_body(request: web.Request) -> bytes:
             while chunk := await request.content.readany():
                 # A chunked body is refused as soon as it passes the limit, and reserves memory
                 # as it grows (a declared one reserved it all above).
-                await allowance.hold(len(body) + len(chunk))
+                await allowance.hold(len(body) + len(chunk), arriving=True)
                 body += chunk
     except TimeoutError:
         raise RequestTimeout(

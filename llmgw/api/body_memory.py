@@ -104,16 +104,20 @@ class BodyAllowance:
         self.reserved = 0
         self.body: bytes | None = None
 
-    async def hold(self, size: int) -> None:
+    async def hold(self, size: int, *, arriving: bool = False) -> None:
         """The request now holds ``size`` body bytes in all: 413 past the route's limit, else
-        memory for them, waited for briefly (503 if it does not come)."""
+        memory for them, waited for briefly (503 if it does not come).
+
+        ``arriving``: a body of unknown length, of which more may follow: reserved in steps.
+        """
         if size > self.limit.bytes:
             raise self.limit.too_large()
         if size <= self.reserved:
             return
-        # In steps for a body still arriving; never more than the limit or than there is: a body
-        # larger than the whole bound may still be read, alone.
-        target = min(self.limit.bytes, max(size, self.reserved + _STEP), self._memory.capacity)
+        target = max(size, self.reserved + _STEP) if arriving else size
+        # Never more than the limit, nor than there is: a body larger than the whole bound may
+        # still be read, alone.
+        target = min(self.limit.bytes, target, self._memory.capacity)
         if target > self.reserved:
             await self._memory.acquire(target - self.reserved)
             self.reserved = target

@@ -193,6 +193,7 @@ async def _read_upload(request: web.Request) -> _Upload:
     # The route's limit is AUDIO_UPLOAD_LIMIT_BYTES (a declared length over it was refused
     # already); the parts held count against the memory all bodies may hold.
     allowance = request[app_keys.BODY_ALLOWANCE]
+    await allowance.hold(request.content_length or 0)
     fields: dict[str, str] = {}
     file: bytes | None = None
     filename, file_type = "audio", "application/octet-stream"
@@ -205,7 +206,7 @@ async def _read_upload(request: web.Request) -> _Upload:
             data = bytearray()
             while chunk := await part.read_chunk(_READ_SIZE):
                 size += len(chunk)
-                await allowance.hold(size)
+                await allowance.hold(size, arriving=True)
                 data.extend(chunk)
             if part.name == "file":
                 file = bytes(data)

@@ -82,15 +82,19 @@ async def test_a_waiter_that_leaves_lets_the_ones_behind_it_in() -> None:
     assert memory.free == 10
 
 
-async def test_an_allowance_refuses_past_its_limit_and_reserves_in_steps() -> None:
+async def test_a_declared_body_reserves_its_size_and_one_arriving_reserves_in_steps() -> None:
     memory = BodyMemory(8 << 20, wait_seconds=WAIT)
+    declared = BodyAllowance(BodyLimit(3 << 20, "REQUEST_BODY_LIMIT_BYTES"), memory)
+    await declared.hold(500)
+    assert declared.reserved == 500, "a small body holds what it is, not a step"
+    declared.release()
     allowance = BodyAllowance(BodyLimit(3 << 20, "MESSAGES_BODY_LIMIT_BYTES"), memory)
-    await allowance.hold(10)  # a chunked body's first bytes reserve a step, not ten bytes
+    await allowance.hold(10, arriving=True)  # a chunked body's first bytes reserve a step
     assert allowance.reserved == 1 << 20
-    await allowance.hold(2 << 20)
+    await allowance.hold(2 << 20, arriving=True)
     assert allowance.reserved == 2 << 20
     with pytest.raises(PayloadTooLarge) as caught:
-        await allowance.hold((3 << 20) + 1)
+        await allowance.hold((3 << 20) + 1, arriving=True)
     assert caught.value.message == (
         "Request body is larger than the limit of 3145728 bytes (MESSAGES_BODY_LIMIT_BYTES)."
     )
