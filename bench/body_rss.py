@@ -18,15 +18,15 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 import orjson
 
+from bench.services import free_port
 from llmgw.storage import api_keys, migrations
-from tests.conftest import with_database
 from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
-from tests.processes import free_port
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -127,7 +127,7 @@ async def measure(database_url: str, mib: float) -> None:
     await admin.execute(f'CREATE DATABASE "{name}"')
     venice = FakeVenice(record_requests=False)
     try:
-        url = with_database(database_url, name)
+        url = urlunsplit(urlsplit(database_url)._replace(path="/" + name))
         await asyncio.to_thread(migrations.upgrade, url)
         connection = await asyncpg.connect(url)
         issued = await api_keys.create_key(connection, api_keys.KeySettings(name="rss"))
