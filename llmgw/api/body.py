@@ -135,13 +135,11 @@ def body_limit_middleware(
 ) -> Middleware:
     """Each request gets its route's body limit (``by_path``, else ``default``) and a share of
     ``memory``, released when its handler returns: its body and what is built from it live that
-    long. A declared length over the limit is refused before the handler runs."""
+    long."""
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
         limit = by_path.get(request.path, default)
-        if request.content_length is not None and request.content_length > limit.bytes:
-            raise limit.too_large()
         allowance = request[app_keys.BODY_ALLOWANCE] = BodyAllowance(limit, memory)
         try:
             return await handler(request)

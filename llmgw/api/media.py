@@ -190,8 +190,8 @@ async def _read_upload(request: web.Request) -> _Upload:
         raise UnsupportedMediaType(
             f"Content-Type must be multipart/form-data, not {request.content_type or 'missing'!r}."
         )
-    # The route's limit is AUDIO_UPLOAD_LIMIT_BYTES (a declared length over it was refused
-    # already); the parts held count against the memory all bodies may hold.
+    # The route's limit is AUDIO_UPLOAD_LIMIT_BYTES; the parts held count against the memory all
+    # bodies may hold (a declared length: refused over the limit, reserved before it arrives).
     allowance = request[app_keys.BODY_ALLOWANCE]
     await allowance.hold(request.content_length or 0)
     fields: dict[str, str] = {}
