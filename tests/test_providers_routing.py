@@ -351,6 +351,20 @@ async def test_a_chat_callers_reasoning_is_dropped_for_a_provider_without_it(
     )
 
 
+async def test_a_responses_callers_reasoning_is_dropped_for_a_provider_without_it(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    fake_venice.refused_params = REASONING_REFUSED  # Codex sends reasoning.effort every turn
+    toml = provider("litellm", "openai-compatible", fake_venice.base_url, "VENICE_API_KEY")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+
+    body = {"model": "qwen3-5-9b", "input": "hi", "reasoning": {"effort": "high"}}
+    status, headers, answer = await post_json(gateway, "/v1/responses", body)
+    assert status == 200, answer
+    assert headers[OMITTED_PARAMS_HEADER] == "reasoning_effort"
+    assert "reasoning_effort" not in fake_venice.received[-1].json
+
+
 async def test_reasoning_is_sent_where_declared_and_an_upstream_refusal_passes_through(
     start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice
 ) -> None:
