@@ -16,6 +16,8 @@ from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.admin.sign_in_guard import SignInGuard, SignInThrottle
 from llmgw.api import messages
+from llmgw.api.body import body_limit_middleware
+from llmgw.api.body_memory import BodyMemory
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
@@ -36,7 +38,7 @@ from llmgw.middleware import (
 )
 from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
-from llmgw.routes import PUBLIC_PATHS, add_routes
+from llmgw.routes import PUBLIC_PATHS, add_routes, body_limits
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.responses import ResponseStore
@@ -89,6 +91,9 @@ def create_app(
         telemetry = Telemetry.from_providers(
             build_providers(settings), capture_content=settings.capture_genai_content
         )
+    default_body_limit, route_body_limits = body_limits(settings)
+    # What aiohttp reads itself (the admin API's and the console's forms); the proxied routes
+    # read their bodies through body_limit_middleware's limits.
     app = web.Application(client_max_size=settings.request_body_limit_bytes)
     app[app_keys.SETTINGS] = settings
     app[app_keys.TELEMETRY] = telemetry
@@ -182,6 +187,11 @@ def create_app(
                 # token set their routes do not exist (404).
                 public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
                 instruments=telemetry.instruments,
+            ),
+            body_limit_middleware(
+                default=default_body_limit,
+                by_path=route_body_limits,
+                memory=BodyMemory(settings.request_body_memory_bytes),
             ),
             rate_limit_middleware(),
         ]

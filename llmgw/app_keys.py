@@ -6,6 +6,7 @@ import asyncpg
 from aiohttp import web
 
 from llmgw.accounting.sink import UsageAccounting
+from llmgw.api.body_memory import BodyAllowance
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
 from llmgw.limits.policy import LimitPolicy
@@ -29,3 +30,6 @@ RATE_LIMIT = web.RequestKey("rate_limit", RateLimitDecision)
 # Headers a handler puts on whatever response its request gets: a stream's, sent before it returns,
 # and an error's too.
 RESPONSE_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey("response_headers")
+BODY_ALLOWANCE = web.RequestKey("body_allowance", BodyAllowance)
+# Parameters the answering deployment was sent without (its provider does not accept them).
+OMITTED_PARAMS = web.RequestKey("omitted_params", tuple[str, ...])

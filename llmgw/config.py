@@ -92,7 +92,7 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "REQUEST_BODY_MEMORY_BYTES",
-        "268435456",
+        "67108864",
         "request-body bytes held in memory at once, all requests together; over it: wait, then 503",
     ),
     EnvVar(
@@ -180,7 +180,7 @@ class Settings:
     request_body_limit_bytes: int = 1_048_576
     messages_body_limit_bytes: int = 32 * 1024 * 1024
     responses_body_limit_bytes: int = 32 * 1024 * 1024
-    request_body_memory_bytes: int = 256 * 1024 * 1024
+    request_body_memory_bytes: int = 64 * 1024 * 1024
     upstream_max_response_bytes: int = 32 * 1024 * 1024
     audio_upload_limit_bytes: int = 26_214_400
     responses_retention_days: int = 30

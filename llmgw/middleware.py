@@ -32,6 +32,7 @@ from llmgw.telemetry.logs import REQUEST_ID
 
 __all__ = [
     "ADMITS_ITSELF",
+    "OMITTED_PARAMS_HEADER",
     "add_response_headers",
     "auth_middleware",
     "error_middleware",
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 # Set on a route handler that admits its requests itself (the proxy pipeline): see rate_limit_middleware.
 ADMITS_ITSELF = "llmgw_admits_itself"
+OMITTED_PARAMS_HEADER = "llmgw-omitted-params"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _ERROR_TYPE_ON_SPAN = web.RequestKey("error_type", str)
 # The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
@@ -128,6 +130,9 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
     headers = request.get(app_keys.RESPONSE_HEADERS)
     if headers is not None:
         response.headers.update(headers)
+    omitted = request.get(app_keys.OMITTED_PARAMS)
+    if omitted:
+        response.headers[OMITTED_PARAMS_HEADER] = ", ".join(omitted)
 
 
 def render_error(request: web.Request, error: GatewayError) -> web.Response:

@@ -10,6 +10,9 @@
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
     responses = "native"             # optional: it serves POST /responses itself; default
                                      # "translate" (Responses requests become chat completions)
+    reasoning = false                # optional: it accepts reasoning_effort (Claude Code's
+                                     # thinking, Codex's reasoning); default per kind, see
+                                     # DEFAULT_CAPABILITIES
     input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
     output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeAlias, cast, get_args
 
@@ -36,7 +39,9 @@ import attrs
 from llmgw.config import ConfigError, _parse_url
 
 __all__ = [
+    "DEFAULT_CAPABILITIES",
     "PROVIDER_KINDS",
+    "Capabilities",
     "DeploymentSpec",
     "ModelAlias",
     "ProviderConfigError",
@@ -67,6 +72,33 @@ class ProviderConfigError(ConfigError):
 
 
 @attrs.frozen
+class Capabilities:
+    """What a provider's deployments accept beyond plain chat completions. The gateway sends a
+    feature only to a deployment declared to have it (and says what it left out), because an
+    upstream that refuses a parameter fails every request that carries it."""
+
+    reasoning: bool  # reasoning_effort / reasoning: chat's effort, Anthropic's thinking mapped
+
+    @classmethod
+    def common_to(cls, every: Iterable[Capabilities]) -> Capabilities:
+        """What all of ``every`` accept (a route that may fall back to any of them)."""
+        return cls(reasoning=all(c.reasoning for c in every))
+
+
+# Venice documents reasoning_effort on every chat model (non-reasoning ones ignore it). An
+# openai-compatible server may not: OpenAI refuses it for non-reasoning models, vLLM and
+# LiteLLM for many, with a 400 on every request; so it is sent there only when declared.
+DEFAULT_CAPABILITIES: Mapping[ProviderKind, Capabilities] = {
+    "venice": Capabilities(reasoning=True),
+    "openai-compatible": Capabilities(reasoning=False),
+}
+
+
+def _default_capabilities(spec: ProviderSpec) -> Capabilities:
+    return DEFAULT_CAPABILITIES[spec.kind]
+
+
+@attrs.frozen
 class ProviderSpec:
     """One upstream API. ``api_key`` is read from the environment variable ``api_key_env``."""
 
@@ -81,6 +113,9 @@ class ProviderSpec:
     responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
     input_usd_per_mtok: float | None = None  # both or neither
     output_usd_per_mtok: float | None = None
+    capabilities: Capabilities = attrs.field(
+        default=attrs.Factory(_default_capabilities, takes_self=True)
+    )
 
 
 @attrs.frozen
@@ -120,8 +155,17 @@ def _show(value: object) -> str:
         return type(value).__name__
 
 
-# The file's keys are the spec's fields, but the key itself: that comes from the environment.
-_PROVIDER_KEYS = tuple(field for field in attrs.fields_dict(ProviderSpec) if field != "api_key")
+# The file's keys are the spec's fields, but the key itself (it comes from the environment);
+# each capability is a key of its own next to them.
+_CAPABILITY_KEYS = tuple(attrs.fields_dict(Capabilities))
+_PROVIDER_KEYS = (
+    *(
+        field
+        for field in attrs.fields_dict(ProviderSpec)
+        if field not in ("api_key", "capabilities")
+    ),
+    *_CAPABILITY_KEYS,
+)
 _MODEL_KEYS = ("alias", "deployments")
 
 _Kind: TypeAlias = type | tuple[type, ...]
@@ -130,6 +174,7 @@ _KIND_NAMES: dict[_Kind, str] = {
     str: "a string",
     int: "an integer",
     _NUMBER: "a number",
+    bool: "true or false",
     list: "an array",
     dict: "a table",
 }
@@ -222,6 +267,11 @@ class _Parser:
         if responses not in RESPONSES_MODES:
             expected = " or ".join(_show(m) for m in RESPONSES_MODES)
             self.fail(f"{where}.responses", f"expected {expected}, got {_show(responses)}")
+        defaults = DEFAULT_CAPABILITIES[cast(ProviderKind, kind)]
+        declared = {key: self.optional(table, where, key, bool) for key in _CAPABILITY_KEYS}
+        capabilities = attrs.evolve(
+            defaults, **{key: value for key, value in declared.items() if value is not None}
+        )
         return ProviderSpec(
             name=name,
             kind=cast(ProviderKind, kind),
@@ -234,6 +284,7 @@ class _Parser:
             responses=cast(ResponsesMode, responses),
             input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
             output_usd_per_mtok=None if prices[1] is None else float(prices[1]),
+            capabilities=capabilities,
         )
 
     def model_alias(
@@ -281,7 +332,10 @@ class _Parser:
 
     def optional(self, table: dict[str, Any], where: str, key: str, kind: _Kind) -> Any:
         value = table.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+        # bool is an int to Python, not to TOML: true is no number, 1 no boolean.
+        if value is not None and (
+            isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)
+        ):
             self.fail(f"{where}.{key}", f"expected {_KIND_NAMES[kind]}, got {_show(value)}")
         return value
 

@@ -8,11 +8,13 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.api import chat, embeddings, health, media, messages, models, openapi, responses
+from llmgw.api.body_memory import BodyLimit
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.config import Settings
 from llmgw.errors import AuthenticationFailed
 from llmgw.middleware import ADMITS_ITSELF
 
-__all__ = ["PUBLIC_PATHS", "add_routes", "protected"]
+__all__ = ["PUBLIC_PATHS", "add_routes", "body_limits", "protected"]
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
@@ -36,6 +38,23 @@ def protected(
 
     setattr(with_key, ADMITS_ITSELF, admits_itself)
     return with_key
+
+
+def body_limits(settings: Settings) -> tuple[BodyLimit, dict[str, BodyLimit]]:
+    """The largest body of every route (the default) and of those that accept more (by path):
+    what Anthropic's and OpenAI's own Messages and Responses APIs accept, as long sessions of
+    Claude Code and Codex send; a transcription's upload."""
+    messages_limit = BodyLimit(settings.messages_body_limit_bytes, "MESSAGES_BODY_LIMIT_BYTES")
+    return BodyLimit(settings.request_body_limit_bytes, "REQUEST_BODY_LIMIT_BYTES"), {
+        messages.MESSAGES_PATH: messages_limit,
+        messages.MESSAGES_PATH + "/count_tokens": messages_limit,  # the same bodies, counted
+        "/v1/responses": BodyLimit(
+            settings.responses_body_limit_bytes, "RESPONSES_BODY_LIMIT_BYTES"
+        ),
+        "/v1/audio/transcriptions": BodyLimit(
+            settings.audio_upload_limit_bytes, "AUDIO_UPLOAD_LIMIT_BYTES"
+        ),
+    }
 
 
 def add_routes(app: web.Application) -> None:

@@ -140,6 +140,18 @@ def detailed_error_body(field: str | None, message: str, code: str) -> bytes:
     return orjson.dumps({"details": details, "error": _STATUS_MESSAGES[400], "issues": [issue]})
 
 
+def unsupported_parameter_body(name: str) -> bytes:
+    """How an OpenAI-compatible upstream refuses a parameter it does not take (OpenAI's own 400;
+    shared/provider-failures.md F1), as LiteLLM refused Claude Code's reasoning_effort."""
+    error = {
+        "message": f"Unsupported parameter: '{name}' is not supported with this model.",
+        "type": "invalid_request_error",
+        "param": name,
+        "code": "unsupported_parameter",
+    }
+    return orjson.dumps({"error": error})
+
+
 _INVALID_JSON_BODY = orjson.dumps({"error": "Invalid JSON request"})
 _MODEL_REQUIRED_BODY = orjson.dumps({"error": "model is required"})
 _AUTH_FAILED_BODY = orjson.dumps({"error": "Authentication failed"})
@@ -312,10 +324,14 @@ def _body_rejection(body: Any) -> _Rejection | None:
     return None
 
 
-def _chat_rejection(body: Any, strict_fields: bool) -> _Rejection | None:
+def _chat_rejection(
+    body: Any, strict_fields: bool, refused_params: frozenset[str]
+) -> _Rejection | None:
     rejection = _body_rejection(body)
     if rejection is not None:
         return rejection
+    if refused := sorted(body.keys() & refused_params):
+        return 400, unsupported_parameter_body(refused[0])
     if strict_fields and (unknown := sorted(body.keys() - CHAT_FIELDS)):
         keys = ", ".join(f"'{key}'" for key in unknown)
         message = f"Unrecognized key(s) in object: {keys}"
@@ -922,6 +938,7 @@ class FakeVenice:
         usage_always: bool = True,
         include_cost: bool = True,
         strict_fields: bool = False,
+        refused_params: frozenset[str] = frozenset(),
         record_requests: bool = True,
     ) -> None:
         self.reply = reply
@@ -932,6 +949,8 @@ class FakeVenice:
         self.usage_always = usage_always
         self.include_cost = include_cost
         self.strict_fields = strict_fields
+        # Chat parameters answered with a 400, as an upstream that does not take them answers.
+        self.refused_params = refused_params
         # The standalone benchmark server turns this off so memory stays flat.
         self.record_requests = record_requests
         self.default_behaviour = Behaviour()
@@ -1098,7 +1117,7 @@ class FakeVenice:
         return await self._send_json(request, behaviour, completion.response_body(), headers)
 
     def _chat_rejection(self, body: Any) -> _Rejection | None:
-        return _chat_rejection(body, self.strict_fields)
+        return _chat_rejection(body, self.strict_fields, self.refused_params)
 
     def _completion(self, body: dict[str, Any]) -> _Completion:
         # With tools the model calls one (the first, unless tool_call names it), and answers in

@@ -1,13 +1,13 @@
-"""Claude Code's traffic through /v1/messages: its recorded request shapes replayed, and (when the
-``claude`` binary of ``@anthropic-ai/claude-code`` is installed: ``CLAUDE_CODE_BIN`` or on PATH)
-``claude -p`` itself completing a prompt and a tool use against the gateway and the fake Venice."""
+"""Claude Code's traffic through /v1/messages: its recorded request shapes replayed, and ``claude
+-p`` itself (``@anthropic-ai/claude-code`` from npm, see tests/agent_clis.py) completing a prompt
+and a tool use against the gateway and the fake Venice, against an upstream that refuses
+``reasoning_effort``, and with a body past the chat routes' 1 MiB."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,13 @@ import aiohttp
 import orjson
 import pytest
 
+from llmgw.telemetry import semconv as sc
+from tests.agent_clis import CLAUDE_CODE, agent_cli
 from tests.conftest import Gateway
+from tests.fake_openai import providers_settings
+from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
 from tests.test_messages import read_events
+from tests.test_providers_routing import provider
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "claude_code_request.json").read_text())
 MODEL = "qwen3-5-9b"
@@ -90,16 +95,25 @@ async def test_recorded_claude_code_request_counts_and_answers_unstreamed(
     assert message["content"][0]["name"] == RECORDED["body"]["tools"][0]["name"]
 
 
-CLAUDE = os.environ.get("CLAUDE_CODE_BIN") or shutil.which("claude")
-needs_claude = pytest.mark.skipif(
-    CLAUDE is None,
-    reason="Claude Code not installed (npm i @anthropic-ai/claude-code; CLAUDE_CODE_BIN)",
-)
+@pytest.fixture(scope="session")
+def claude() -> Path:
+    """Claude Code's binary, installed from npm if needed (skipped only when npm cannot)."""
+    return agent_cli(CLAUDE_CODE)
 
 
-async def run_claude(gateway: Gateway, key: str, prompt: str, workdir: Path) -> str:
-    """``claude -p prompt`` against the gateway, offline: its own HOME, no telemetry or updates."""
-    assert CLAUDE is not None
+async def run_claude(
+    claude: Path,
+    gateway: Gateway,
+    key: str,
+    prompt: str,
+    workdir: Path,
+    *,
+    stdin: bytes | None = None,
+) -> str:
+    """``claude -p prompt`` against the gateway, offline: its own HOME, no telemetry or updates.
+
+    ``stdin``: piped to it, which Claude Code adds to the prompt.
+    """
     (workdir / "home").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     env.update(
@@ -113,17 +127,17 @@ async def run_claude(gateway: Gateway, key: str, prompt: str, workdir: Path) -> 
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
     )
     process = await asyncio.create_subprocess_exec(
-        CLAUDE,
+        claude,
         "-p",
         prompt,
         cwd=workdir,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
+        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), timeout=120)
     except TimeoutError:
         process.kill()
         await process.wait()
@@ -132,23 +146,21 @@ async def run_claude(gateway: Gateway, key: str, prompt: str, workdir: Path) -> 
     return stdout.decode()
 
 
-@needs_claude
 async def test_claude_code_completes_a_prompt(
-    gateway: Gateway, api_key: str, tmp_path: Path
+    claude: Path, gateway: Gateway, api_key: str, tmp_path: Path
 ) -> None:
-    output = await run_claude(gateway, api_key, "say hi", tmp_path)
+    output = await run_claude(claude, gateway, api_key, "say hi", tmp_path)
     assert output.strip() == "Hello from fake Venice!"
     assert any(r.path == "/api/v1/chat/completions" for r in gateway.fake.received)
 
 
-@needs_claude
 async def test_claude_code_runs_a_tool_and_sends_its_result(
-    gateway: Gateway, api_key: str, tmp_path: Path
+    claude: Path, gateway: Gateway, api_key: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker.txt"
     marker.write_text("marker-7c1e9a\n")
     gateway.fake.tool_call = ("Read", orjson.dumps({"file_path": str(marker)}).decode())
-    output = await run_claude(gateway, api_key, "read marker.txt", tmp_path)
+    output = await run_claude(claude, gateway, api_key, "read marker.txt", tmp_path)
     assert output.strip() == "Hello from fake Venice!"
     results = [
         message
@@ -158,3 +170,40 @@ async def test_claude_code_runs_a_tool_and_sends_its_result(
         if message.get("role") == "tool"
     ]
     assert any("marker-7c1e9a" in str(message["content"]) for message in results), results
+
+
+async def test_claude_code_works_against_an_upstream_that_refuses_reasoning_effort(
+    claude: Path, start_gateway: Any, fake_venice: FakeVenice, tmp_path: Path
+) -> None:
+    # LiteLLM (an openai-compatible upstream) answered every Claude Code request with a 400.
+    fake_venice.refused_params = frozenset({"reasoning_effort", "reasoning"})
+    toml = provider("litellm", "openai-compatible", fake_venice.base_url, "VENICE_API_KEY")
+    settings = providers_settings(tmp_path, toml, VENICE_API_KEY=FAKE_VENICE_KEY)
+    gateway: Gateway = await start_gateway(**settings)
+
+    output = await run_claude(claude, gateway, await gateway.create_key(), "say hi", tmp_path)
+    assert output.strip() == "Hello from fake Venice!"
+    sent = [r.json for r in fake_venice.received if r.path == "/api/v1/chat/completions"]
+    assert sent and not any("reasoning_effort" in body for body in sent)
+    omitted = [
+        span.attributes.get(sc.LLMGW_OMITTED_PARAMS)
+        for span in gateway.telemetry.finished_spans()
+        if span.name.startswith("chat ")
+    ]
+    assert ("reasoning_effort",) in omitted, "Claude Code asked for thinking; it was left out"
+
+
+async def test_claude_code_sends_a_3_mb_request_under_the_default_limits(
+    claude: Path, gateway: Gateway, api_key: str, tmp_path: Path
+) -> None:
+    pasted = b"the quick brown fox jumps over the lazy dog\n" * (3 * 2**20 // 44 + 1)
+    output = await run_claude(
+        claude, gateway, api_key, "summarise the text on stdin", tmp_path, stdin=pasted
+    )
+    assert output.strip() == "Hello from fake Venice!"
+    largest = max(
+        len(orjson.dumps(r.json))
+        for r in gateway.fake.received
+        if r.path == "/api/v1/chat/completions"
+    )
+    assert largest > 3 * 2**20, "the pasted text reached the upstream whole"

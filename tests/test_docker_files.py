@@ -804,7 +804,12 @@ def test_nginx_waits_longer_than_the_gateway_and_accepts_its_largest_body():
     for name in GATEWAYS:
         settings = gateway_settings(name)
         assert read_timeout >= settings.request_timeout_seconds
-        assert body_limits[0] >= settings.request_body_limit_bytes
+        assert body_limits[0] >= max(
+            settings.request_body_limit_bytes,
+            settings.messages_body_limit_bytes,
+            settings.responses_body_limit_bytes,
+            settings.audio_upload_limit_bytes,
+        )
 
 
 def test_nginx_is_mounted_published_and_probed_on_its_listen_port():

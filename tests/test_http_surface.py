@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw.app import create_app
 from llmgw.routes import PUBLIC_PATHS
-from tests.conftest import Gateway, make_settings, make_telemetry
+from tests.conftest import Gateway, eventually, make_settings, make_telemetry
+from tests.fake_venice import Behaviour
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 async def raw_post(
-    gateway: Gateway, key: str, data: bytes, content_type: str = "application/json", **kwargs
+    gateway: Gateway,
+    key: str,
+    data: bytes,
+    content_type: str = "application/json",
+    path: str = "/v1/chat/completions",
+    **kwargs,
 ) -> tuple[int, dict, dict]:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": content_type}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"), data=data, headers=headers, **kwargs
-        ) as response,
+        session.post(gateway.url(path), data=data, headers=headers, **kwargs) as response,
     ):
         return response.status, dict(response.headers), await response.json()
 
@@ -90,6 +97,109 @@ async def test_chunked_body_over_the_limit_is_413(start_gateway, api_key_for) ->
     assert status == 413
     assert answer["error"]["code"] == "request_too_large"
     assert gateway.fake.received == []
+
+
+def messages_body(size: int, **fields: object) -> bytes:
+    """A Messages request of about ``size`` bytes (one long user turn)."""
+    body = {
+        "model": "qwen3-5-9b",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "x" * size}],
+        **fields,
+    }
+    return orjson.dumps(body)
+
+
+async def test_messages_and_responses_take_their_own_larger_limits_by_default(
+    gateway: Gateway, api_key: str
+) -> None:
+    big = 3 * 1024 * 1024  # a long Claude Code session; three times REQUEST_BODY_LIMIT_BYTES
+    status, _, answer = await raw_post(gateway, api_key, messages_body(big), path="/v1/messages")
+    assert status == 200, answer
+    assert len(gateway.fake.received[-1].json["messages"][0]["content"]) == big
+    counted = await raw_post(gateway, api_key, messages_body(big), path="/v1/messages/count_tokens")
+    assert counted[0] == 200
+    responses = orjson.dumps({"model": "qwen3-5-9b", "input": "x" * big})
+    status, _, answer = await raw_post(gateway, api_key, responses, path="/v1/responses")
+    assert status == 200, answer
+    chat = orjson.dumps(
+        {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "x" * big}]}
+    )
+    status, _, answer = await raw_post(gateway, api_key, chat)
+    assert status == 413
+    assert "(REQUEST_BODY_LIMIT_BYTES)" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_over_the_messages_limit_is_anthropics_request_too_large(
+    start_gateway, api_key_for, chunked: bool
+) -> None:
+    gateway = await start_gateway(messages_body_limit_bytes=1000)
+    key = await api_key_for(gateway)
+    body = messages_body(2000)
+
+    async def chunks():
+        yield body[:500]
+        yield body[500:]
+
+    status, _, answer = await raw_post(
+        gateway, key, chunks() if chunked else body, path="/v1/messages"
+    )
+    assert status == 413
+    assert answer == {
+        "type": "error",
+        "error": {
+            "type": "request_too_large",
+            "message": "Request body is larger than the limit of 1000 bytes "
+            "(MESSAGES_BODY_LIMIT_BYTES).",
+        },
+    }
+    assert gateway.fake.received == []
+
+
+async def test_over_the_responses_limit_is_413_naming_its_setting(
+    start_gateway, api_key_for
+) -> None:
+    gateway = await start_gateway(responses_body_limit_bytes=1000)
+    key = await api_key_for(gateway)
+    body = orjson.dumps({"model": "qwen3-5-9b", "input": "x" * 2000})
+    status, _, answer = await raw_post(gateway, key, body, path="/v1/responses")
+    assert status == 413
+    assert "(RESPONSES_BODY_LIMIT_BYTES)" in answer["error"]["message"]
+
+
+async def test_bodies_past_the_memory_bound_wait_then_get_503_with_retry_after(
+    start_gateway, api_key_for
+) -> None:
+    gateway = await start_gateway(request_body_memory_bytes=300_000)
+    key = await api_key_for(gateway)
+    holding = messages_body(200_000, stream=True)
+    gateway.fake.enqueue(Behaviour(stall_after_chunks=1))
+    async with aiohttp.ClientSession() as session:
+        # A stream stalled upstream holds its body's share until it ends.
+        first = await session.post(
+            gateway.url("/v1/messages"),
+            data=holding,
+            headers={"x-api-key": key, "Content-Type": "application/json"},
+        )
+        assert first.status == 200
+        await first.content.readline()
+        started = asyncio.get_running_loop().time()
+        status, headers, answer = await raw_post(
+            gateway, key, messages_body(200_000), path="/v1/messages"
+        )
+        waited = asyncio.get_running_loop().time() - started
+        first.close()
+    assert status == 503
+    assert headers["Retry-After"] == "2"
+    assert answer["error"]["type"] == "overloaded_error"
+    assert "REQUEST_BODY_MEMORY_BYTES" in answer["error"]["message"]
+    assert 1.5 < waited < 4, "a brief wait for memory, then the refusal"
+    assert len(gateway.fake.received) == 1, "the refused body never went upstream"
+    # Once the stream ended, its share is free again.
+    await eventually(lambda: gateway.fake.active_streams == 0)
+    status, _, answer = await raw_post(gateway, key, messages_body(200_000), path="/v1/messages")
+    assert status == 200, answer
 
 
 async def test_request_id_is_echoed_when_sane_and_made_otherwise(

@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
 from llmgw.config import load_settings
+from llmgw.middleware import OMITTED_PARAMS_HEADER
 from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
@@ -277,6 +279,131 @@ async def test_models_lists_the_providers_that_answer_when_one_is_down(
     assert not any(i.startswith("down/") for i in ids)
 
 
+# Capabilities: reasoning sent only where declared ------------------------------------------------
+
+REASONING_REFUSED = frozenset({"reasoning_effort", "reasoning"})
+THINKING_REQUEST = {
+    "model": "qwen3-5-9b",
+    "max_tokens": 512,
+    "messages": [{"role": "user", "content": "think, then answer"}],
+    "thinking": {"type": "adaptive"},
+    "output_config": {"effort": "high"},
+}
+
+
+async def post_json(gateway: Gateway, path: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
+    key = await gateway.create_key(name="capabilities")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gateway.url(path), json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            return response.status, response.headers, await response.json()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_thinking_is_not_sent_to_a_provider_without_reasoning_and_the_answer_says_so(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice, stream: bool
+) -> None:
+    fake_venice.refused_params = REASONING_REFUSED  # as LiteLLM refused Claude Code's
+    toml = provider("litellm", "openai-compatible", fake_venice.base_url, "VENICE_API_KEY")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+
+    body = {**THINKING_REQUEST, "stream": stream}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gateway.url("/v1/messages"),
+            json=body,
+            headers={"x-api-key": await gateway.create_key(name="claude")},
+        ) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers[OMITTED_PARAMS_HEADER] == "reasoning_effort"
+            await response.read()
+    assert "reasoning_effort" not in fake_venice.received[-1].json
+    span = chat_span(gateway, "qwen3-5-9b")
+    assert span[sc.LLMGW_OMITTED_PARAMS] == ("reasoning_effort",)
+
+
+async def test_a_chat_callers_reasoning_is_dropped_for_a_provider_without_it(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    fake_venice.refused_params = REASONING_REFUSED
+    toml = provider("litellm", "openai-compatible", fake_venice.base_url, "VENICE_API_KEY")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+
+    status, headers, answer = await post_json(
+        gateway,
+        "/v1/chat/completions",
+        {
+            "model": "qwen3-5-9b",
+            "messages": MESSAGES,
+            "reasoning_effort": "low",
+            "reasoning": {"effort": "low"},
+            "temperature": 0.5,
+        },
+    )
+    assert status == 200, answer
+    assert headers[OMITTED_PARAMS_HEADER] == "reasoning_effort, reasoning"
+    sent = fake_venice.received[-1].json
+    assert sent == {"model": "qwen3-5-9b", "messages": MESSAGES, "temperature": 0.5}
+    assert chat_span(gateway, "qwen3-5-9b")[sc.LLMGW_OMITTED_PARAMS] == (
+        "reasoning_effort",
+        "reasoning",
+    )
+
+
+async def test_a_responses_callers_reasoning_is_dropped_for_a_provider_without_it(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    fake_venice.refused_params = REASONING_REFUSED  # Codex sends reasoning.effort every turn
+    toml = provider("litellm", "openai-compatible", fake_venice.base_url, "VENICE_API_KEY")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+
+    body = {"model": "qwen3-5-9b", "input": "hi", "reasoning": {"effort": "high"}}
+    status, headers, answer = await post_json(gateway, "/v1/responses", body)
+    assert status == 200, answer
+    assert headers[OMITTED_PARAMS_HEADER] == "reasoning_effort"
+    assert "reasoning_effort" not in fake_venice.received[-1].json
+
+
+async def test_reasoning_is_sent_where_declared_and_an_upstream_refusal_passes_through(
+    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    toml = provider(
+        "litellm", "openai-compatible", fake_venice.base_url, "VENICE_API_KEY", reasoning="true"
+    )
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES, "reasoning_effort": "low"}
+
+    status, headers, _ = await post_json(gateway, "/v1/chat/completions", body)
+    assert status == 200
+    assert OMITTED_PARAMS_HEADER not in headers
+    assert fake_venice.received[-1].json["reasoning_effort"] == "low"
+    fake_venice.refused_params = REASONING_REFUSED
+    status, _, answer = await post_json(gateway, "/v1/chat/completions", body)
+    assert status == 400, "declared, so sent: the upstream's own refusal reaches the caller"
+    assert answer["error"]["code"] == "unsupported_parameter"
+
+
+async def test_each_deployment_of_a_route_is_sent_what_it_accepts(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY", max_retries=0)
+    toml += provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+    body = {"model": "fast", "messages": MESSAGES, "reasoning_effort": "high"}
+
+    status, headers, _ = await post_json(gateway, "/v1/chat/completions", body)
+    assert (status, headers.get(OMITTED_PARAMS_HEADER)) == (200, None)
+    fake_venice.fail_times(1, status=503)
+    status, headers, _ = await post_json(gateway, "/v1/chat/completions", body)
+    assert (status, headers.get(OMITTED_PARAMS_HEADER)) == (200, "reasoning_effort")
+    to_venice = [r.json for r in fake_venice.received if r.path.endswith("/chat/completions")]
+    assert [sent["reasoning_effort"] for sent in to_venice] == ["high", "high"]
+    sent = fake_openai.calls("/v1/chat/completions")[-1].json
+    assert sent == {"model": "gpt-4o-mini", "messages": MESSAGES}
+
+
 # The providers file -------------------------------------------------------------------------------
 
 
@@ -321,6 +448,23 @@ def test_a_valid_file_is_parsed_with_keys_from_the_environment(tmp_path: Path) -
     )
 
 
+def test_reasoning_has_a_default_per_kind_and_can_be_declared(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
+        + provider("litellm", "openai-compatible", "http://localhost:4000/v1")
+        + provider("quiet", "venice", "http://localhost:1/v1", reasoning="false")
+        + provider("o1", "openai-compatible", "http://localhost:2/v1", reasoning="true")
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
+    assert [(p.name, p.capabilities.reasoning) for p in settings.providers] == [
+        ("venice", True),
+        ("litellm", False),
+        ("quiet", False),
+        ("o1", True),
+    ]
+
+
 VENICE_OK = provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
 BAD_FILES = [
     (VENICE_OK + provider("x", "foo", "http://x/v1"), 'providers[1].kind: expected "venice" or "openai-compatible", got "foo"'),
@@ -331,6 +475,9 @@ BAD_FILES = [
     (provider("o", "openai-compatible", "ftp://x/v1"), 'providers[0].base_url: expected an http(s) URL, got "ftp://x/v1"'),
     (provider("o", "openai-compatible", "http://x/v1", colour='"blue"'), "providers[0].colour: unknown key"),
     (provider("o", "openai-compatible", "http://x/v1", max_retries=99), "providers[0].max_retries: expected an integer 0-10, got 99"),
+    (provider("o", "openai-compatible", "http://x/v1", reasoning='"yes"'), 'providers[0].reasoning: expected true or false, got "yes"'),
+    (provider("o", "openai-compatible", "http://x/v1", reasoning=1), "providers[0].reasoning: expected true or false, got 1"),
+    (provider("o", "openai-compatible", "http://x/v1", max_retries="true"), "providers[0].max_retries: expected an integer, got true"),
     (VENICE_OK + "[[models]]\ndeployments = []\n", "models[0].alias: is required"),
     ("[[providers]\n", "file: is not valid TOML"),
     ("", "providers: at least one [[providers]] entry is required"),

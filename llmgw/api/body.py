@@ -6,15 +6,21 @@ import asyncio
 import contextlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
+from llmgw.api.body_memory import BodyAllowance, BodyLimit, BodyMemory
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
+    "body_limit_middleware",
+    "forget_raw_body",
+    "read_body",
     "read_json_object",
     "refuse_control_characters",
     "reject_duplicate_keys",
@@ -79,18 +85,7 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, not {request.content_type or 'missing'!r}."
         )
-    # The app's client_max_size bounds the size (chunked bodies included); this bounds the time a
-    # client may take to send it, so a slow-loris body cannot hold a handler open forever.
-    timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
-    try:
-        # All of it has arrived already (the usual small body): nothing to wait for, no timer.
-        arrived = request.content.is_eof()
-        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout):
-            raw = await request.read()
-    except TimeoutError:
-        raise RequestTimeout(
-            f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
-        ) from None
+    raw = await read_body(request)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -99,6 +94,59 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
         raise InvalidRequest("The request body must be a JSON object.")
     reject_duplicate_keys(raw, body)
     return raw, body
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, within the route's limit and the memory all bodies may hold (see
+    ``body_limit_middleware``)."""
+    allowance = request[app_keys.BODY_ALLOWANCE]
+    if allowance.body is not None:
+        return allowance.body
+    # A declared length: 413 before a byte is read, memory for all of it before it arrives.
+    await allowance.hold(request.content_length or 0)
+    # This bounds the time a client may take to send it, so a slow-loris body cannot hold a
+    # handler open forever.
+    timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
+    body = bytearray()
+    try:
+        # All of it has arrived already (the usual small body): nothing to wait for, no timer.
+        arrived = request.content.is_eof()
+        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout):
+            while chunk := await request.content.readany():
+                # A chunked body is refused as soon as it passes the limit, and reserves memory
+                # as it grows (a declared one reserved it all above).
+                await allowance.hold(len(body) + len(chunk), arriving=True)
+                body += chunk
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
+        ) from None
+    allowance.body = bytes(body)
+    return allowance.body
+
+
+def forget_raw_body(request: web.Request) -> None:
+    """The raw body will not be sent (the request is re-encoded): it need not be kept."""
+    request[app_keys.BODY_ALLOWANCE].body = None
+
+
+def body_limit_middleware(
+    *, default: BodyLimit, by_path: Mapping[str, BodyLimit], memory: BodyMemory
+) -> Middleware:
+    """Each request gets its route's body limit (``by_path``, else ``default``) and a share of
+    ``memory``, released when its handler returns: its body and what is built from it live that
+    long."""
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        limit = by_path.get(request.path, default)
+        allowance = request[app_keys.BODY_ALLOWANCE] = BodyAllowance(limit, memory)
+        try:
+            return await handler(request)
+        finally:
+            allowance.release()
+
+    return impl
 
 
 def refuse_control_characters(model: str) -> None:

@@ -22,6 +22,7 @@ EMBEDDINGS = Operation(
     name=sc.OPERATION_EMBEDDINGS,
     validate=_validate,
     complete=lambda provider, call: provider.embeddings(call),
+    sends_chat=False,
 )
 
 

@@ -33,7 +33,6 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import (
     GatewayError,
     InvalidRequest,
-    PayloadTooLarge,
     RequestTimeout,
     UnsupportedMediaType,
 )
@@ -71,6 +70,7 @@ IMAGES = Operation(
     validate=_validate_image,
     complete=lambda provider, call: provider.forward("/images/generations", call),
     produces_output=False,
+    sends_chat=False,
 )
 
 
@@ -185,16 +185,15 @@ def _multipart(fields: dict[str, str], upload: _Upload, boundary: str) -> bytes:
     return b"".join(parts)
 
 
-async def _read_upload(request: web.Request, limit: int) -> _Upload:
+async def _read_upload(request: web.Request) -> _Upload:
     if request.content_type != "multipart/form-data":
         raise UnsupportedMediaType(
             f"Content-Type must be multipart/form-data, not {request.content_type or 'missing'!r}."
         )
-    too_large = PayloadTooLarge(
-        f"The upload is larger than the limit of {limit} bytes (AUDIO_UPLOAD_LIMIT_BYTES)."
-    )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
+    # The route's limit is AUDIO_UPLOAD_LIMIT_BYTES; the parts held count against the memory all
+    # bodies may hold (a declared length: refused over the limit, reserved before it arrives).
+    allowance = request[app_keys.BODY_ALLOWANCE]
+    await allowance.hold(request.content_length or 0)
     fields: dict[str, str] = {}
     file: bytes | None = None
     filename, file_type = "audio", "application/octet-stream"
@@ -207,8 +206,7 @@ async def _read_upload(request: web.Request, limit: int) -> _Upload:
             data = bytearray()
             while chunk := await part.read_chunk(_READ_SIZE):
                 size += len(chunk)
-                if size > limit:
-                    raise too_large
+                await allowance.hold(size, arriving=True)
                 data.extend(chunk)
             if part.name == "file":
                 file = bytes(data)
@@ -227,7 +225,7 @@ async def create_transcription(request: web.Request, key: AuthenticatedKey) -> w
     settings = request.app[app_keys.SETTINGS]
     try:
         async with asyncio.timeout(settings.request_timeout_seconds):
-            upload = await _read_upload(request, settings.audio_upload_limit_bytes)
+            upload = await _read_upload(request)
     except TimeoutError:
         raise RequestTimeout(
             f"The upload did not arrive within {settings.request_timeout_seconds:g}s "

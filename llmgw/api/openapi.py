@@ -337,11 +337,14 @@ _ERROR_DESCRIPTIONS: dict[int, str] = {
     403: "The key may not use this model.",
     404: "Not found.",
     408: "The request body did not arrive within REQUEST_TIMEOUT_SECONDS.",
-    413: "The body is larger than REQUEST_BODY_LIMIT_BYTES (uploads: AUDIO_UPLOAD_LIMIT_BYTES).",
+    413: "The body is larger than the route's limit: REQUEST_BODY_LIMIT_BYTES; "
+    "MESSAGES_BODY_LIMIT_BYTES on /v1/messages, RESPONSES_BODY_LIMIT_BYTES on /v1/responses, "
+    "AUDIO_UPLOAD_LIMIT_BYTES for uploads.",
     415: "The body is not JSON (Content-Type), or not multipart/form-data for uploads.",
     429: "The key's rate limit is reached; Retry-After says when to retry.",
     502: "The provider could not be reached or answered with something unusable.",
-    503: "The gateway's database is unreachable; retry shortly.",
+    503: "The gateway's database is unreachable, or it holds as many request bodies as it may "
+    "(REQUEST_BODY_MEMORY_BYTES); retry shortly (Retry-After).",
     504: "The provider did not answer within REQUEST_TIMEOUT_SECONDS.",
 }
 

@@ -34,12 +34,13 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.prices import Price
 from llmgw.accounting.usage import UsageRecord, parse_usage
-from llmgw.api.body import read_json_object, refuse_control_characters
+from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.limits.policy import Admitted
 from llmgw.providers.base import (
+    REASONING_PARAMS,
     ChatStream,
     Deployment,
     Provider,
@@ -82,7 +83,8 @@ class Operation:
     open_stream: Callable[[Provider, UpstreamCall], Awaitable[ChatStream]] = lambda provider, call: (
         provider.stream_chat_completion(call)
     )
-    sends_chat: bool = True  # False: the provider is sent another API's body (no stream_options)
+    # False: the provider is sent another API's body (no stream_options, no capability checks).
+    sends_chat: bool = True
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -120,6 +122,10 @@ class Exchange:
         """The route answered: that deployment bills the request, whatever happens next."""
         self.deployment = answer.deployment
         self.provider_worked = True
+        if answer.omitted:
+            # Said, not hidden: the caller (a response header) and the trace see what was left out.
+            self.request[app_keys.OMITTED_PARAMS] = answer.omitted
+            self.observation.tracer_span.set_attribute(sc.LLMGW_OMITTED_PARAMS, answer.omitted)
         return answer.result
 
     def _price(self) -> Price | None:
@@ -193,12 +199,26 @@ async def proxy(
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
-    sent = orjson.dumps(body) if hide_usage_chunk or codec is not None else raw
+    if hide_usage_chunk or codec is not None:
+        # Sent re-encoded: the raw body can go before the new one is made (a large body's copy
+        # less at the peak).
+        del raw
+        forget_raw_body(request)
+        sent = orjson.dumps(body)
+    else:
+        sent = raw
+    reasoning = tuple(p for p in REASONING_PARAMS if p in body) if operation.sends_chat else ()
     route, call, exchange = await start_call(
         request,
         key,
         UpstreamRequest(
-            operation.name, model, stream, body, sent, produces_output=operation.produces_output
+            operation.name,
+            model,
+            stream,
+            body,
+            sent,
+            produces_output=operation.produces_output,
+            reasoning_params=reasoning,
         ),
     )
     translate_errors = codec is not None
@@ -230,6 +250,7 @@ class UpstreamRequest:
     content_type: str = "application/json"
     encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
     produces_output: bool = True  # False: no output tokens to reserve
+    reasoning_params: tuple[str, ...] = ()  # see UpstreamCall.reasoning_params
 
 
 async def start_call(
@@ -297,6 +318,7 @@ def _upstream_call(
         on_deployment=exchange.observation.deployment_tried,
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
+        reasoning_params=upstream.reasoning_params,
     )
 
 

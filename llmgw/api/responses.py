@@ -249,9 +249,11 @@ async def _history(
 
 async def create_response(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
     raw, body = await read_json_object(request)
+    body_size = len(raw)
+    del raw  # not kept while the answer is produced: the proxy re-encodes the body it sends
     model, _ = translation.validate_request(body)
     store = request.app[RESPONSE_STORE]
-    history = await _history(request, key, body, len(raw))
+    history = await _history(request, key, body, body_size)
     save = _Saver(store, key, body, history)
     ids = translation.ResponseIds()
     if request.app[app_keys.PROVIDERS].resolve(model).speaks_responses:

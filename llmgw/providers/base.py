@@ -8,7 +8,10 @@ from typing import Protocol
 import attrs
 import orjson
 
+from llmgw.provider_config import Capabilities
+
 __all__ = [
+    "REASONING_PARAMS",
     "ChatStream",
     "Deployment",
     "Provider",
@@ -17,6 +20,9 @@ __all__ = [
     "UpstreamResponse",
     "UpstreamStream",
 ]
+
+# Chat parameters sent only to a deployment whose provider declares ``reasoning``.
+REASONING_PARAMS = ("reasoning_effort", "reasoning")
 
 
 @attrs.frozen(slots=True)
@@ -32,6 +38,25 @@ class UpstreamCall:
     content_type: str = "application/json"
     # The body asking for another model, for bodies that are not JSON (a multipart upload).
     encode_for_model: Callable[[str], bytes] | None = attrs.field(default=None, eq=False)
+    # Those of REASONING_PARAMS the (chat) body carries: a deployment without the capability is
+    # sent the body without them.
+    reasoning_params: tuple[str, ...] = ()
+
+    def for_deployment(self, deployment: Deployment) -> tuple[UpstreamCall, tuple[str, ...]]:
+        """The call as ``deployment`` is sent it, and the parameters it was sent without.
+
+        The body is re-encoded only when the model differs or parameters are left out.
+        """
+        model = deployment.model
+        omitted = () if deployment.provider.capabilities.reasoning else self.reasoning_params
+        if not omitted:
+            return self.with_model(model), ()
+        document = orjson.loads(self.body)
+        for name in omitted:
+            del document[name]
+        document["model"] = model
+        call = attrs.evolve(self, body=orjson.dumps(document), model=model, reasoning_params=())
+        return call, omitted
 
     def with_model(self, model: str) -> UpstreamCall:
         """The same call asking for ``model``: the body is re-encoded only when the model differs."""
@@ -86,6 +111,7 @@ class Provider(Protocol):
     server_port: int
     reports_cost: bool
     speaks_responses: bool  # serves POST /responses itself (else it is translated to chat)
+    capabilities: Capabilities  # what its chat completions accept beyond the plain ones
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         """A non-streamed completion. Raises UpstreamHTTPError for a non-2xx answer after retries."""

@@ -1,7 +1,8 @@
 """A route: deployments tried in order, each after the one before failed in a retryable way.
 
 A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any adapter. Each
-deployment is sent its own model id and retries as it always does; when it still ends in a retryable
+deployment is sent its own model id, without the parameters its provider does not accept (its
+``Capabilities``), and retries as it always does; when it still ends in a retryable
 status (``RETRYABLE_STATUSES``) or cannot be reached or times out, the next one is tried. Any other
 answer (a 400, a 404, a success) is final. A stream falls back only while it is being opened, so
 never after a byte has reached the client.
@@ -15,6 +16,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from llmgw.errors import UpstreamTimeout, UpstreamUnavailable
+from llmgw.provider_config import Capabilities
 from llmgw.providers.base import (
     ChatStream,
     Deployment,
@@ -39,6 +41,7 @@ class Answer(Generic[T]):
     deployment: Deployment
     tries: int
     result: T
+    omitted: tuple[str, ...] = ()  # parameters that deployment was sent without (capabilities)
 
 
 class FallbackChain:
@@ -55,6 +58,10 @@ class FallbackChain:
         self.reports_cost = first.reports_cost
         # Native only when every deployment is: a fallback must be able to take the same body.
         self.speaks_responses = all(d.provider.speaks_responses for d in self.deployments)
+        # Each deployment is sent only what it accepts (``UpstreamCall.for_deployment``).
+        self.capabilities = Capabilities.common_to(
+            d.provider.capabilities for d in self.deployments
+        )
 
     async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
@@ -64,9 +71,10 @@ class FallbackChain:
         for tried, deployment in enumerate(self.deployments, start=1):
             if call.on_deployment is not None:
                 call.on_deployment(deployment, tried)
+            sent, omitted = call.for_deployment(deployment)
             try:
-                result = await attempt(deployment.provider, call.with_model(deployment.model))
-                return Answer(deployment, tried, result)
+                result = await attempt(deployment.provider, sent)
+                return Answer(deployment, tried, result, omitted)
             except UpstreamHTTPError as exc:
                 if tried == last or exc.response.status not in RETRYABLE_STATUSES:
                     raise

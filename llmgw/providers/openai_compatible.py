@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import hdrs
 
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
+from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.retry import RETRYABLE_STATUSES, RetryPolicy
 
@@ -134,9 +135,11 @@ class OpenAICompatibleProvider:
         headers: Mapping[str, str] | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         speaks_responses: bool = False,
+        capabilities: Capabilities = DEFAULT_CAPABILITIES["openai-compatible"],
     ) -> None:
         self.name = name
         self.speaks_responses = speaks_responses
+        self.capabilities = capabilities
         self._max_response_bytes = max_response_bytes
         self._has_key = bool(api_key)
         self._base_url = base_url.rstrip("/")

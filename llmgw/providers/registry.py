@@ -109,6 +109,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         headers=spec.headers,
         max_response_bytes=settings.upstream_max_response_bytes,
         speaks_responses=spec.responses == "native",
+        capabilities=spec.capabilities,
     )
 
 

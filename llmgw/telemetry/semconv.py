@@ -54,6 +54,8 @@ LLMGW_DEPLOYMENTS_TRIED: Final = "llmgw.deployments_tried"
 LLMGW_USAGE_SOURCE: Final = "llmgw.usage.source"  # "reported" by the provider, or "estimated"
 # The types of the Responses tools a chat-only provider was not offered (hosted ones: web_search...).
 LLMGW_OMITTED_TOOLS: Final = "llmgw.responses.omitted_tools"
+# Request parameters the answering deployment was not sent (its provider does not accept them).
+LLMGW_OMITTED_PARAMS: Final = "llmgw.request.omitted_params"
 
 # Values
 OPERATION_CHAT: Final = "chat"

@@ -7,7 +7,8 @@
 What has no chat equivalent is dropped, never refused (Claude Code sends many such fields):
 ``thinking``/``redacted_thinking`` blocks in history, server tools, ``cache_control`` on tools,
 ``container``, ``mcp_servers``, ``context_management`` and the like. ``thinking`` becomes the
-chat ``reasoning_effort`` (bucketed from ``budget_tokens``); images inside a ``tool_result`` move to
+chat ``reasoning_effort`` (bucketed from ``budget_tokens``), which the route sends only to a
+deployment declared to take it (``Capabilities.reasoning``); images inside a ``tool_result`` move to
 a user message after the tool messages, because chat tool messages carry text only.
 """
 
