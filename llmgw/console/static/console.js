@@ -81,23 +81,133 @@ function table(caption, columns, rows) {
   return el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, caption), el("thead", {}, head), el("tbody", {}, body)));
 }
 
-// A bar chart of one series: bars for values, labels under the first and last.
-function barChart(title, points, value, format) {
-  const width = 600;
-  const height = 160;
-  const max = Math.max(1e-12, ...points.map(value));
-  const step = points.length ? width / points.length : width;
-  const bars = points.map((point, index) => {
-    const h = (value(point) / max) * (height - 20);
-    return svg("rect", { x: index * step + 1, y: height - 14 - h, width: Math.max(1, step - 2), height: h },
-      svg("title", {}, `${point.label}: ${format(value(point))}`));
+// ---------------------------------------------------------------------------------------------
+// Bar charts: one bar per point of the chosen range (points without traffic are zeros, so the x
+// axis is the range itself), a y axis with rounded ticks, the value of a bar on hover and on
+// keyboard focus (one tab stop; the arrow keys, Home and End move between bars), and the same
+// figures as a visually hidden table for screen readers.
+
+const CHART = { width: 720, height: 230, left: 64, right: 12, top: 16, bottom: 34 };
+
+// Ticks 0, step, 2·step … covering max, with step 1, 2 or 5 × 10^n.
+function ticks(max, count = 4) {
+  if (!(max > 0)) return { step: 1, values: [0, 1] };
+  const rough = max / count;
+  const magnitude = 10 ** Math.floor(Math.log10(rough));
+  const step = [1, 2, 5, 10].map((m) => m * magnitude).find((s) => s >= rough);
+  const values = [];
+  for (let v = 0; v < max + step / 2; v += step) values.push(Number(v.toPrecision(12)));
+  if (values[values.length - 1] < max) values.push(Number((values.length * step).toPrecision(12)));
+  return { step, values };
+}
+
+// Tick labels keep the digits their step needs ("$0.00002", "1,500"), no more.
+function tickFormat(format, step) {
+  const decimals = Math.max(0, -Math.floor(Math.log10(step)));
+  if (format === usd) return (v) => "$" + v.toFixed(Math.max(2, decimals));
+  return (v) => v.toLocaleString("en-US", { maximumFractionDigits: decimals });
+}
+
+let chartCount = 0;
+
+function barChart({ title, points, value, format, unit, axisLabel }) {
+  const { width, height, left, right, top, bottom } = CHART;
+  const plotWidth = width - left - right;
+  const plotHeight = height - top - bottom;
+  const values = points.map(value);
+  const max = Math.max(0, ...values);
+  const { step, values: yTicks } = ticks(max);
+  const yMax = yTicks[yTicks.length - 1];
+  const y = (v) => top + plotHeight - (v / yMax) * plotHeight;
+  const slot = plotWidth / Math.max(1, points.length);
+  const gap = slot > 6 ? Math.min(slot * 0.2, 8) : 0;
+  const tickText = tickFormat(format, step);
+  const id = `chart-${++chartCount}`;
+
+  const grid = yTicks.map((v) => svg("g", { class: "tick" },
+    svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v) }),
+    svg("text", { x: left - 6, y: y(v), "text-anchor": "end", "dominant-baseline": "middle" }, tickText(v))));
+
+  // At most ~10 x labels, evenly spaced, always the first and the last.
+  const every = Math.max(1, Math.ceil(points.length / 10));
+  const xLabels = points.map((point, index) => {
+    if (index % every !== 0 && index !== points.length - 1) return null;
+    if (index === points.length - 1 && index % every !== 0 && index % every < every / 2) return null;
+    return svg("text", { class: "x-label", x: left + slot * (index + 0.5), y: height - bottom + 16, "text-anchor": "middle" }, point.short ?? point.label);
   });
-  const labels = points.length
-    ? [svg("text", { x: 0, y: height - 2 }, points[0].label), svg("text", { x: width, y: height - 2, "text-anchor": "end" }, points[points.length - 1].label)]
-    : [svg("text", { x: width / 2, y: height / 2, "text-anchor": "middle" }, "No data in this range")];
-  return el("figure", {},
-    svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `${title}, highest ${format(max)}`, preserveAspectRatio: "none" }, bars, labels),
-    el("figcaption", { class: "hint" }, title));
+
+  const described = (point, v) => `${point.label}: ${format(v)}${unit ? " " + unit : ""}`;
+  const bars = points.map((point, index) => {
+    const v = values[index];
+    const x = left + slot * index + gap / 2;
+    const barWidth = Math.max(1, slot - gap);
+    const readoutY = Math.max(top + 10, y(v) - 6);
+    return svg("g", { class: "bar", tabindex: index === points.length - 1 ? "0" : "-1", role: "img", "aria-label": described(point, v), "data-value": String(v) },
+      svg("title", {}, described(point, v)),
+      svg("rect", { class: "hit", x: left + slot * index, y: top, width: slot, height: plotHeight }),
+      svg("rect", { class: "fill", x, y: y(v), width: barWidth, height: Math.max(0, top + plotHeight - y(v)) }),
+      svg("text", { class: "readout", x: Math.min(Math.max(x + barWidth / 2, left + 40), width - right - 40), y: readoutY, "text-anchor": "middle" }, format(v)));
+  });
+
+  const chart = svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "group", "aria-labelledby": `${id}-title`, "aria-describedby": `${id}-summary` },
+    grid,
+    svg("line", { class: "axis", x1: left, x2: width - right, y1: top + plotHeight, y2: top + plotHeight }),
+    svg("text", { class: "axis-title", x: 12, y: top + plotHeight / 2, transform: `rotate(-90 12 ${top + plotHeight / 2})`, "text-anchor": "middle" }, axisLabel),
+    bars,
+    xLabels,
+    points.length ? null : svg("text", { x: left + plotWidth / 2, y: top + plotHeight / 2, "text-anchor": "middle" }, "No data in this range"));
+  chart.addEventListener("keydown", (event) => moveFocus(event, chart));
+
+  const total = values.reduce((a, b) => a + b, 0);
+  const highest = points[values.indexOf(max)];
+  const summary = points.length
+    ? `${points.length} bars from ${points[0].label} to ${points[points.length - 1].label}; total ${format(total)}, highest ${format(max)}${highest && max > 0 ? ` (${highest.label})` : ""}.`
+    : "No data in this range.";
+  const alternative = el("table", { class: "visually-hidden" },
+    el("caption", {}, title),
+    el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Period"), el("th", { scope: "col" }, unit ? `Value (${unit})` : "Value"))),
+    el("tbody", {}, points.map((point, index) => el("tr", {}, el("th", { scope: "row" }, point.label), el("td", {}, format(values[index]))))));
+  return el("figure", { class: "chart" },
+    el("figcaption", { id: `${id}-title` }, title),
+    chart,
+    el("p", { id: `${id}-summary`, class: "hint" }, summary),
+    alternative);
+}
+
+// One tab stop per chart: the arrow keys, Home and End move between its bars.
+function moveFocus(event, chart) {
+  const bars = [...chart.querySelectorAll("g.bar")];
+  const at = bars.indexOf(document.activeElement);
+  if (at < 0) return;
+  const to = { ArrowLeft: at - 1, ArrowRight: at + 1, Home: 0, End: bars.length - 1 }[event.key];
+  if (to === undefined || to < 0 || to >= bars.length) return;
+  event.preventDefault();
+  bars[at].setAttribute("tabindex", "-1");
+  bars[to].setAttribute("tabindex", "0");
+  bars[to].focus();
+}
+
+// The days [from, to) as points, each with the row of that day or zeros.
+function everyDay(from, to, rows, key) {
+  const found = new Map(rows.map((row) => [row[key], row]));
+  const points = [];
+  for (let day = new Date(from + "T00:00:00Z"); day < new Date(to + "T00:00:00Z"); day = new Date(day.getTime() + 86400000)) {
+    const label = isoDay(day);
+    points.push({ requests: 0, errors: 0, cost_usd: "0", ...found.get(label), label, short: label.slice(5) });
+  }
+  return points;
+}
+
+// The hours of [from, to) as points, each with the row of that hour or zeros.
+function everyHour(from, to, rows, key) {
+  const found = new Map(rows.map((row) => [row[key], row]));
+  const points = [];
+  for (let hour = new Date(from + "T00:00:00Z"); hour < new Date(to + "T00:00:00Z"); hour = new Date(hour.getTime() + 3600000)) {
+    const label = hour.toISOString().slice(0, 13) + ":00:00Z";
+    const short = label.slice(11, 13) === "00" ? label.slice(5, 10) : label.slice(11, 16);
+    points.push({ requests: 0, errors: 0, cost_usd: "0", ...found.get(label), label: label.replace("T", " ").slice(0, 16) + " UTC", short });
+  }
+  return points;
 }
 
 function card(label, value) {
@@ -121,7 +231,7 @@ async function overview() {
     { title: "p95 latency (ms)", num: true, cell: (r) => num(r.p95_ms) },
     { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
   ];
-  const series = data.series.map((point) => ({ ...point, label: point.hour.slice(11, 16) }));
+  const series = data.series.map((point) => ({ ...point, label: point.hour.replace("T", " ").slice(0, 16) + " UTC", short: point.hour.slice(11, 16) }));
   return [
     el("h1", {}, "Overview"),
     el("div", { class: "cards" },
@@ -132,8 +242,8 @@ async function overview() {
       card("Errors today", num(data.today.errors)),
       card("Spend today", usd(data.today.cost_usd))),
     el("h2", {}, "Last 24 hours"),
-    barChart("Requests per hour (UTC)", series, (p) => p.requests, num),
-    barChart("Spend per hour (USD)", series, (p) => Number(p.cost_usd), usd),
+    barChart({ title: "Requests per hour, last 24 hours (UTC)", points: series, value: (p) => p.requests, format: num, unit: "requests", axisLabel: "Requests" }),
+    barChart({ title: "Spend per hour, last 24 hours (UTC)", points: series, value: (p) => Number(p.cost_usd), format: usd, axisLabel: "USD" }),
     el("h2", {}, "Last hour by model"),
     table("Requests in the last 60 minutes, per model", modelColumns, data.last_hour.by_model),
     el("h2", {}, "Today by model"),
@@ -371,6 +481,21 @@ function isoDay(date) {
   return date.toISOString().slice(0, 10);
 }
 
+// A key by its name and prefix (the report adds them), a subject or model as it is.
+function groupName(by, row) {
+  if (by === "key" && row.name) return `${row.name} (${row.prefix})`;
+  return row[by] ?? "—";
+}
+
+function usagePoints(report) {
+  if (report.by === "day") return everyDay(report.from, report.to, report.data, "day");
+  if (report.by === "hour") return everyHour(report.from, report.to, report.data, "hour");
+  return report.data.map((row) => {
+    const label = String(groupName(report.by, row));
+    return { ...row, label, short: label.length > 14 ? label.slice(0, 13) + "…" : label };
+  });
+}
+
 async function usage() {
   if (!usageQuery.to) {
     const tomorrow = new Date(Date.now() + 86400000);
@@ -381,7 +506,7 @@ async function usage() {
   const report = await api(`/usage/report?${query}`);
   const form = el("form", { class: "filters", "aria-label": "Usage range" },
     field("Group by", el("select", { name: "by" },
-      ["day", "model", "key", "subject"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
+      ["day", "hour", "model", "key", "subject"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
     field("From (UTC day)", el("input", { name: "from", type: "date", value: usageQuery.from, required: true })),
     field("To (UTC day, exclusive)", el("input", { name: "to", type: "date", value: usageQuery.to, required: true })),
     el("button", { type: "submit" }, "Show usage"),
@@ -392,14 +517,16 @@ async function usage() {
     Object.assign(usageQuery, { by: data.get("by"), from: data.get("from"), to: data.get("to") });
     render();
   });
-  const points = report.data.map((row) => ({ ...row, label: String(row[report.by] ?? "—") }));
+  const points = usagePoints(report);
+  const per = report.by === "day" || report.by === "hour" ? `per ${report.by}` : `by ${report.by}`;
+  const range = `${report.from} to ${report.to} (UTC, end exclusive)`;
   return [
     el("h1", {}, "Usage"),
     form,
-    barChart(`Requests by ${report.by}`, points, (p) => p.requests, num),
-    barChart(`Spend by ${report.by} (USD)`, points, (p) => Number(p.cost_usd), usd),
+    barChart({ title: `Requests ${per}, ${range}`, points, value: (p) => p.requests, format: num, unit: "requests", axisLabel: "Requests" }),
+    barChart({ title: `Spend ${per}, ${range}`, points, value: (p) => Number(p.cost_usd), format: usd, axisLabel: "USD" }),
     table(`Usage by ${report.by}, ${report.from} to ${report.to}`, [
-      { title: report.by[0].toUpperCase() + report.by.slice(1), cell: (r) => r[report.by] ?? "—" },
+      { title: report.by[0].toUpperCase() + report.by.slice(1), cell: (r) => groupName(report.by, r) },
       { title: "Requests", num: true, cell: (r) => num(r.requests) },
       { title: "Errors", num: true, cell: (r) => num(r.errors) },
       { title: "Input tokens", num: true, cell: (r) => num(r.input_tokens) },
