@@ -367,6 +367,11 @@ async def test_charts_read_like_charts_with_one_day_and_thirty_days_of_data(
             spend = f"Spend per day, {start} to {end} (UTC, end exclusive)"
             await _check_chart(page, spend, 30, zero_bars=29 if days == 1 else 0)
             await shot(page, f"usage-by-day-{suffix}")
+            await (
+                page.locator("svg.chart g.bar").nth(25).focus()
+            )  # its value, as a keyboard shows it
+            await shot(page, f"usage-by-day-focused-{suffix}")
+            await page.evaluate("document.activeElement.blur()")
             # Per hour over the last three days: 72 hours, the quiet ones at 0.
             await page.get_by_label("Group by").select_option("hour")
             await page.get_by_label("From (UTC day)").fill(str(end - timedelta(days=3)))
