@@ -89,12 +89,13 @@ function table(caption, columns, rows) {
 
 const CHART = { height: 230, left: 64, right: 12, top: 22, bottom: 34 };
 
-// Ticks 0, step, 2·step … covering max, with step 1, 2 or 5 × 10^n.
-function ticks(max, count = 4) {
+// Ticks 0, step, 2·step … covering max, with step 1, 2 or 5 × 10^n (at least 1 for whole counts).
+function ticks(max, whole, count = 4) {
   if (!(max > 0)) return { step: 1, values: [0, 1] };
   const rough = max / count;
   const magnitude = 10 ** Math.floor(Math.log10(rough));
-  const step = [1, 2, 5, 10].map((m) => m * magnitude).find((s) => s >= rough);
+  const nice = [1, 2, 5, 10].map((m) => m * magnitude).find((s) => s >= rough);
+  const step = whole ? Math.max(1, nice) : nice;  // no "0.5 requests"
   const values = [];
   for (let v = 0; v < max + step / 2; v += step) values.push(Number(v.toPrecision(12)));
   if (values[values.length - 1] < max) values.push(Number((values.length * step).toPrecision(12)));
@@ -119,7 +120,8 @@ function barChart({ title, points, value, format, unit, axisLabel, kind }) {
   const plotHeight = height - top - bottom;
   const values = points.map(value);
   const max = Math.max(0, ...values);
-  const { step, values: yTicks } = ticks(max);
+  const total = values.reduce((a, b) => a + b, 0);
+  const { step, values: yTicks } = ticks(max, format === num);
   const yMax = yTicks[yTicks.length - 1];
   const y = (v) => top + plotHeight - (v / yMax) * plotHeight;
   const slot = plotWidth / Math.max(1, points.length);
@@ -159,10 +161,10 @@ function barChart({ title, points, value, format, unit, axisLabel, kind }) {
     readoutText.textContent = `${points[index].short ?? points[index].label}: ${format(values[index])}`;
     const textWidth = readoutText.getComputedTextLength() + 12;
     const centre = Math.min(Math.max(left + slot * (index + 0.5), left + textWidth / 2), width - right - textWidth / 2);
-    const top_ = Math.max(2, y(values[index]) - 24);
+    const boxTop = Math.max(2, y(values[index]) - 24);
     readoutText.setAttribute("x", centre);
-    readoutText.setAttribute("y", top_ + 14);
-    Object.entries({ x: centre - textWidth / 2, y: top_, width: textWidth, height: 20 }).forEach(([k, v]) => readoutBox.setAttribute(k, v));
+    readoutText.setAttribute("y", boxTop + 14);
+    Object.entries({ x: centre - textWidth / 2, y: boxTop, width: textWidth, height: 20 }).forEach(([k, v]) => readoutBox.setAttribute(k, v));
     readout.setAttribute("visibility", "visible");
   };
   const hide = () => {
@@ -184,10 +186,9 @@ function barChart({ title, points, value, format, unit, axisLabel, kind }) {
     bars,
     xLabels,
     readout,
-    points.length ? null : svg("text", { x: left + plotWidth / 2, y: top + plotHeight / 2, "text-anchor": "middle" }, "No data in this range"));
+    total > 0 ? null : svg("text", { x: left + plotWidth / 2, y: top + plotHeight / 2, "text-anchor": "middle" }, "Nothing in this range"));
   chart.addEventListener("keydown", (event) => moveFocus(event, chart));
 
-  const total = values.reduce((a, b) => a + b, 0);
   const highest = points[values.indexOf(max)];
   const span = kind ? `${points.length} bars, one per ${kind}` : `${points.length} bars from ${points[0]?.label} to ${points[points.length - 1]?.label}`;
   const summary = points.length
@@ -224,25 +225,25 @@ function moveFocus(event, chart) {
   bars[to].focus();
 }
 
-// The days [from, to) as points, each with the row of that day or zeros.
-function everyDay(from, to, rows, key) {
-  const found = new Map(rows.map((row) => [row[key], row]));
-  const points = [];
-  for (let day = new Date(from + "T00:00:00Z"); day < new Date(to + "T00:00:00Z"); day = new Date(day.getTime() + 86400000)) {
-    const label = isoDay(day);
-    points.push({ requests: 0, errors: 0, cost_usd: "0", ...found.get(label), label, short: label.slice(5) });
-  }
-  return points;
-}
+// Every day or hour of the UTC days [from, to) as a point: its row of the report, or zeros.
+const PERIODS = {
+  day: { step: 86400000, key: (t) => isoDay(t), label: (k) => k, short: (k) => k.slice(5) },
+  hour: {
+    step: 3600000,
+    key: (t) => t.toISOString().slice(0, 13) + ":00:00Z",
+    label: (k) => k.replace("T", " ").slice(0, 16) + " UTC",
+    short: (k) => (k.slice(11, 13) === "00" ? k.slice(5, 10) : k.slice(11, 16)),  // midnight: the date
+  },
+};
 
-// The hours of [from, to) as points, each with the row of that hour or zeros.
-function everyHour(from, to, rows, key) {
-  const found = new Map(rows.map((row) => [row[key], row]));
+function everyPeriod(by, from, to, rows) {
+  const period = PERIODS[by];
+  const found = new Map(rows.map((row) => [row[by], row]));
   const points = [];
-  for (let hour = new Date(from + "T00:00:00Z"); hour < new Date(to + "T00:00:00Z"); hour = new Date(hour.getTime() + 3600000)) {
-    const label = hour.toISOString().slice(0, 13) + ":00:00Z";
-    const short = label.slice(11, 13) === "00" ? label.slice(5, 10) : label.slice(11, 16);
-    points.push({ requests: 0, errors: 0, cost_usd: "0", ...found.get(label), label: label.replace("T", " ").slice(0, 16) + " UTC", short });
+  const end = new Date(to + "T00:00:00Z");
+  for (let t = new Date(from + "T00:00:00Z"); t < end; t = new Date(t.getTime() + period.step)) {
+    const key = period.key(t);
+    points.push({ requests: 0, errors: 0, cost_usd: "0", ...found.get(key), label: period.label(key), short: period.short(key) });
   }
   return points;
 }
@@ -563,13 +564,12 @@ function isoDay(date) {
 // A key by its name and prefix (the report adds them), a subject or model as it is.
 function groupName(by, row) {
   if (by === "key" && row.name) return `${row.name} (${row.prefix})`;
-  if (by === "hour") return row.hour.replace("T", " ").slice(0, 16) + " UTC";
+  if (by === "hour") return PERIODS.hour.label(row.hour);
   return row[by] ?? "—";
 }
 
 function usagePoints(report) {
-  if (report.by === "day") return everyDay(report.from, report.to, report.data, "day");
-  if (report.by === "hour") return everyHour(report.from, report.to, report.data, "hour");
+  if (report.by in PERIODS) return everyPeriod(report.by, report.from, report.to, report.data);
   // Categories, largest first; a key is drawn by its name (its prefix is in the full label).
   return [...report.data].sort((a, b) => b.requests - a.requests).map((row) => {
     const label = String(groupName(report.by, row));
@@ -599,7 +599,7 @@ async function usage() {
     render();
   });
   const points = usagePoints(report);
-  const overTime = report.by === "day" || report.by === "hour";
+  const overTime = report.by in PERIODS;
   const per = overTime ? `per ${report.by}` : `by ${report.by}`;
   const kind = overTime ? undefined : report.by;
   const range = `${report.from} to ${report.to} (UTC, end exclusive)`;
