@@ -34,6 +34,7 @@ from llmgw.middleware import (
     auth_middleware,
     error_middleware,
     rate_limit_middleware,
+    refusal_count_middleware,
     request_context_middleware,
 )
 from llmgw.providers.base import UpstreamHTTPError
@@ -41,6 +42,7 @@ from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.routes import PUBLIC_PATHS, add_routes, body_limits
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
+from llmgw.storage.refusals import RefusalCounts
 from llmgw.storage.responses import ResponseStore
 from llmgw.streaming import supervisor
 from llmgw.telemetry.model_names import remember_listed
@@ -122,11 +124,14 @@ def create_app(
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(limits, ledger)
+        refusals = app[app_keys.REFUSALS] = RefusalCounts(pool)
+        await refusals.start()
         responses = app[RESPONSE_STORE] = ResponseStore(
             pool, retention=timedelta(days=settings.responses_retention_days)
         )
         yield
         await responses.close()
+        await refusals.close()
         await ledger.close()  # after the server stopped: every finished request is written
         await limits.close()  # and every reservation settled
         await authenticator.close()
@@ -180,6 +185,7 @@ def create_app(
         [
             generations.middleware,
             request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
+            refusal_count_middleware(),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,

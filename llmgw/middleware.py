@@ -25,6 +25,7 @@ from llmgw.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    ProviderError,
 )
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import GatewayInstruments
@@ -37,6 +38,7 @@ __all__ = [
     "auth_middleware",
     "error_middleware",
     "rate_limit_middleware",
+    "refusal_count_middleware",
     "render_error",
     "request_context_middleware",
 ]
@@ -252,5 +254,31 @@ def rate_limit_middleware() -> Middleware:
         if not (limits.reserves(key) and getattr(request.match_info.handler, ADMITS_ITSELF, False)):
             request[app_keys.RATE_LIMIT] = await limits.hit(key)
         return await handler(request)
+
+    return impl
+
+
+def refusal_count_middleware(*, api_prefix: str = "/v1/") -> Middleware:
+    """Count the gateway's own 4xx answers on the API routes for the console (refusals_by_minute).
+
+    Outside ``error_middleware``, so it sees refusals raised anywhere (authentication, limits,
+    body size). No provider was called for these, so the ledger has no row of them; a provider's
+    own 4xx (``provider_error``) is in the ledger already and is not counted again.
+    """
+
+    @web.middleware
+    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        error_kind = request.get(_ERROR_TYPE_ON_SPAN)
+        if (
+            error_kind is not None
+            and error_kind != ProviderError.code
+            and 400 <= response.status < 500
+            and request.path.startswith(api_prefix)
+        ):
+            counts = request.config_dict.get(app_keys.REFUSALS)
+            if counts is not None:
+                counts.count(_route_template(request), response.status, error_kind)
+        return response
 
     return impl

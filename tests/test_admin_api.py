@@ -12,7 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw import app_keys
 from tests.conftest import Gateway
+from tests.fake_venice import Behaviour
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 CHAT = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
@@ -112,7 +114,7 @@ async def test_key_lifecycle_through_the_admin_api(admin: Admin) -> None:
         "id", "prefix", "name", "subject_id", "rate_limit_requests", "rate_limit_window_seconds",
         "allowed_models", "expires_at", "tokens_per_minute", "max_concurrent_requests", "is_active",
         "created_at",
-        "last_used_at", "revoked_at",
+        "last_used_at", "revoked_at", "replaced_by",
     }  # fmt: skip
     assert set(created) == expected_fields
     assert await admin.chat(plaintext) == 200
@@ -136,6 +138,7 @@ async def test_key_lifecycle_through_the_admin_api(admin: Admin) -> None:
     assert rotated["key"] != plaintext
     assert rotated["rate_limit_requests"] == 9
     assert rotated["replaces"]["is_active"] is False
+    assert rotated["replaces"]["replaced_by"] == rotated["id"]
     await _eventually(lambda: admin.chat(plaintext), 401)
     assert await admin.chat(rotated["key"]) == 200
 
@@ -167,6 +170,9 @@ async def test_rotation_with_grace_keeps_the_old_key_working_for_a_while(admin: 
         "POST", f"/keys/{created['id']}/rotate", {"grace_seconds": 1.5}
     )
     assert status == 201
+    # The old key says what replaced it, still active until its grace ends.
+    assert rotated["replaces"]["replaced_by"] == rotated["id"]
+    assert rotated["replaces"]["is_active"] is True
     assert await admin.chat(created["key"]) == 200
     assert await admin.chat(rotated["key"]) == 200
     await asyncio.sleep(1.6)
@@ -276,6 +282,33 @@ async def test_subject_budget_is_set_shown_and_cleared(admin: Admin) -> None:
     assert cleared["monthly_budget_usd"] is None
     status, _ = await admin.call("PUT", f"/subjects/{subject}", {"monthly_budget_usd": -1})
     assert status == 400
+
+
+async def test_the_overview_counts_requests_the_gateway_refused(admin: Admin) -> None:
+    """401, 413 and 429 never reach a provider, so the ledger has no row of them; the overview
+    counts them all the same (a provider's own errors stay in the ledger's error counts)."""
+    key = await admin.gateway.create_key(rate_limit_requests=1)
+    assert await admin.chat(key) == 200
+    assert await admin.chat(key) == 429
+    assert await admin.chat("llmg_not-a-key-at-all-0123456789") == 401
+    huge = "x" * (admin.gateway.server.app[app_keys.SETTINGS].request_body_limit_bytes + 1)
+    other = await admin.gateway.create_key()
+    assert await admin.chat(other, user=huge) == 413
+    admin.gateway.fake.enqueue(Behaviour(status=400))
+    assert await admin.chat(other) == 400  # the provider's refusal: in the ledger, not here
+    expected = [
+        {"status": 401, "code": "invalid_api_key", "requests": 1},
+        {"status": 413, "code": "request_too_large", "requests": 1},
+        {"status": 429, "code": "rate_limit_exceeded", "requests": 1},
+    ]
+    deadline = time.monotonic() + 10
+    while True:
+        _, overview = await admin.call("GET", "/overview")
+        if overview["last_hour"]["refused"] == expected or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert overview["last_hour"]["refused"] == expected
+    assert overview["today"]["refused"] == expected
 
 
 async def _eventually(call: Any, expected: int, within: float = 1.0) -> None:

@@ -5,6 +5,7 @@ Every change is written to ``admin_audit`` in the same transaction as the change
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import hmac
@@ -34,7 +35,7 @@ from llmgw.admin.schemas import (
 )
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import reject_duplicate_keys
-from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound
+from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
@@ -270,7 +271,30 @@ async def get_subject(request: web.Request) -> web.Response:
     subject_id = _uuid(request.match_info["subject_id"], "subject_id")
     async with _transaction(request) as connection:
         subject = await subjects.get_subject(connection, subject_id)
-    return _json(to_json(subject))
+    (shown,) = await _with_reserved(request, [subject])
+    return _json(shown)
+
+
+async def _with_reserved(
+    request: web.Request, found: list[subjects.SubjectBudget]
+) -> list[dict[str, Any]]:
+    """Each subject with what its requests in flight reserve against its budget (None: the limit
+    store is unreachable); the spend above is only what the ledger has settled."""
+    limits = request.config_dict[app_keys.LIMITS]
+
+    async def reserved(subject: subjects.SubjectBudget) -> float | None:
+        if subject.monthly_budget_usd is None:
+            return 0.0  # nothing is reserved without a budget
+        try:
+            return await limits.budget_reserved(subject.subject_id)
+        except ServiceUnavailable:
+            return None
+
+    amounts = await asyncio.gather(*(reserved(subject) for subject in found))
+    return [
+        {**to_json(subject), "month_to_date_reserved_usd": amount}
+        for subject, amount in zip(found, amounts, strict=True)
+    ]
 
 
 def _time(text: str | None, name: str) -> datetime | None:
@@ -335,7 +359,7 @@ async def list_subjects(request: web.Request) -> web.Response:
     return _json(
         {
             "object": "list",
-            "data": [to_json(subject) for subject in page],
+            "data": await _with_reserved(request, page),
             "has_more": more,
             "next_offset": offset + len(page) if more else None,
         }

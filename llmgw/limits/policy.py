@@ -80,6 +80,10 @@ def _month(moment: datetime) -> date:
     return moment.date().replace(day=1)
 
 
+def _budget_counter(subject_id: uuid.UUID, now: datetime) -> str:
+    return f"{_BUDGET}:{subject_id}:{_month(now).strftime('%Y-%m')}"
+
+
 def _seconds_until_next_month(moment: datetime) -> float:
     days = calendar.monthrange(moment.year, moment.month)[1]
     start = datetime(moment.year, moment.month, 1, tzinfo=UTC)
@@ -266,7 +270,7 @@ class LimitPolicy:
             cap = key.monthly_budget_usd
             reservations.append(
                 Reservation(
-                    f"{_BUDGET}:{key.subject_id}:{_month(now).strftime('%Y-%m')}",
+                    _budget_counter(key.subject_id, now),
                     cap + cap * _CAP_SLACK,
                     worst.cost_usd,
                     keep_seconds=_seconds_until_next_month(now) + 86400,
@@ -274,6 +278,13 @@ class LimitPolicy:
             )
         # One global locking order (by name) for every store, so concurrent calls never deadlock.
         return tuple(sorted(reservations, key=lambda r: r.counter))
+
+    async def budget_reserved(self, subject_id: uuid.UUID) -> float:
+        """USD the subject's requests in flight hold against this month's budget (their worst
+        cases, until they settle)."""
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        _used, reserved = await self.store.usage(_budget_counter(subject_id, now))
+        return reserved
 
     def _refusal(self, key: AuthenticatedKey, refused: Reservation, now: datetime) -> RateLimited:
         kind = refused.counter.split(":", 1)[0]

@@ -37,7 +37,7 @@ __all__ = [
 _COLUMNS = (
     "id, name, subject_id, prefix, rate_limit_requests, rate_limit_window_seconds, "
     "allowed_models, expires_at, tokens_per_minute, max_concurrent_requests, is_active, created_at, "
-    "last_used_at, revoked_at"
+    "last_used_at, revoked_at, replaced_by"
 )
 
 
@@ -89,6 +89,7 @@ class ApiKeyRecord:
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    replaced_by: uuid.UUID | None  # rotated: the key that replaced this one
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> ApiKeyRecord:
@@ -248,14 +249,21 @@ async def rotate_key(
             row = await conn.fetchrow(
                 f"""
                 UPDATE api_keys
-                SET expires_at = least(coalesce(expires_at, 'infinity'), now() + make_interval(secs => $2))
+                SET expires_at = least(coalesce(expires_at, 'infinity'), now() + make_interval(secs => $2)),
+                    replaced_by = $3
                 WHERE id = $1 RETURNING {_COLUMNS}
                 """,
                 old.id,
                 float(grace_seconds),
+                issued.record.id,
             )
-            assert row is not None
-            old_after = ApiKeyRecord.from_row(row)
         else:
-            old_after = await revoke_key(conn, str(old.id))
+            await revoke_key(conn, str(old.id))
+            row = await conn.fetchrow(
+                f"UPDATE api_keys SET replaced_by = $2 WHERE id = $1 RETURNING {_COLUMNS}",
+                old.id,
+                issued.record.id,
+            )
+        assert row is not None
+        old_after = ApiKeyRecord.from_row(row)
     return old_after, issued

@@ -19,6 +19,7 @@ import asyncpg
 import attrs
 
 from llmgw.accounting.usage import UsageRecord, cost_decimal
+from llmgw.storage.refusals import refusals_since
 
 __all__ = [
     "LATENCY_BUCKETS_MS",
@@ -175,7 +176,7 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
         query.key_id,
         query.subject_id,
     )
-    return [
+    report = [
         {
             query.by: row["grp"] or None,
             "requests": row["requests"],
@@ -187,6 +188,24 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
         }
         for row in rows
     ]
+    if query.by == "key":
+        await _name_keys(conn, report)
+    return report
+
+
+async def _name_keys(conn: asyncpg.Connection, report: list[dict[str, Any]]) -> None:
+    """Add each key's name and prefix (None for a key since deleted): ids alone mean nothing to a reader."""
+    found = {
+        str(row["id"]): row
+        for row in await conn.fetch(
+            "SELECT id, name, prefix FROM api_keys WHERE id = ANY($1::uuid[])",
+            [row["key"] for row in report],
+        )
+    }
+    for row in report:
+        key = found.get(row["key"])
+        row["name"] = None if key is None else key["name"]
+        row["prefix"] = None if key is None else key["prefix"]
 
 
 # Today's figures per model, with latency percentiles from the summed bucket counts.
@@ -240,7 +259,8 @@ GROUP BY model ORDER BY model
 
 
 async def overview(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
-    """The console's first page: the last hour (raw ledger), today and the last 24 hours (rollup)."""
+    """The console's first page: the last hour (raw ledger), today and the last 24 hours (rollup);
+    with each period, the requests the gateway refused itself (never in the ledger)."""
     last_hour = [
         {
             "model": row["model"],
@@ -264,10 +284,20 @@ async def overview(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
         hour_start(now) - timedelta(hours=24),
         hour_start(now),
     )
+    # Refusals are counted per minute: "the last hour" starts at the minute an hour ago.
+    hour_ago = (now - timedelta(hours=1)).replace(second=0, microsecond=0)
     return {
         "generated_at": now.isoformat(),
-        "last_hour": {"by_model": last_hour, **_totals(last_hour)},
-        "today": {"by_model": by_model, **_totals(by_model)},
+        "last_hour": {
+            "by_model": last_hour,
+            **_totals(last_hour),
+            "refused": await refusals_since(conn, hour_ago),
+        },
+        "today": {
+            "by_model": by_model,
+            **_totals(by_model),
+            "refused": await refusals_since(conn, _midnight(today)),
+        },
         "series": _hourly_series(series_rows, hour_start(now)),
     }
 

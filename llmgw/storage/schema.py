@@ -14,6 +14,7 @@ __all__ = [
     "limit_counters",
     "limit_leases",
     "metadata",
+    "refusals_by_minute",
     "responses",
     "subject_monthly_spend",
     "subjects",
@@ -61,6 +62,13 @@ api_keys = sa.Table(
     ),
     sa.Column("tokens_per_minute", sa.Integer(), nullable=True),
     sa.Column("max_concurrent_requests", sa.Integer(), nullable=True),
+    # Set when the key is rotated: the key that replaced it (it may work on through a grace period).
+    sa.Column(
+        "replaced_by",
+        UUID(as_uuid=True),
+        sa.ForeignKey("api_keys.id", ondelete="SET NULL"),
+        nullable=True,
+    ),
     sa.UniqueConstraint("prefix"),
     sa.UniqueConstraint("key_hash"),
     sa.CheckConstraint("char_length(prefix) = 12", name="prefix_length"),
@@ -277,6 +285,21 @@ usage_hourly = sa.Table(
         "date_trunc('hour', hour AT TIME ZONE 'UTC') = hour AT TIME ZONE 'UTC'",
         name="hour_is_whole",
     ),
+)
+
+# Requests the gateway refused itself (401, 403, 413, 429, its own 400s): no provider was called, so
+# the ledger has no row of them; counted per minute for the console (llmgw/storage/refusals.py).
+refusals_by_minute = sa.Table(
+    "refusals_by_minute",
+    metadata,
+    sa.Column("minute", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("route", sa.Text(), nullable=False),
+    sa.Column("status", sa.Integer(), nullable=False),
+    sa.Column("code", sa.Text(), nullable=False),
+    sa.Column("requests", sa.BigInteger(), nullable=False),
+    sa.PrimaryKeyConstraint("minute", "route", "status", "code"),
+    sa.CheckConstraint("status BETWEEN 400 AND 499", name="status_refusal"),
+    sa.CheckConstraint("requests > 0", name="requests_positive"),
 )
 
 # Console sign-ins: only a SHA-256 of the session cookie is kept, never the admin token; the

@@ -95,6 +95,21 @@ async def test_budget_reserves_the_worst_case_and_prices_are_required() -> None:
         await admit(limits, k, model="unpriced")
 
 
+async def test_a_subjects_reserved_spend_is_its_requests_in_flight() -> None:
+    clock = Clock()
+    price = Price(input_usd_per_mtok=1_000.0, output_usd_per_mtok=10_000.0)
+    limits = policy(clock, m=price)
+    subject = uuid.uuid4()
+    k = key(subject_id=subject, monthly_budget_usd=1.0)
+    assert await limits.budget_reserved(subject) == 0
+    first, _ = await admit(limits, k), await admit(limits, k)
+    assert await limits.budget_reserved(subject) == pytest.approx(2 * price.cost(8, 10))
+    limits.settle(first, _record(k))
+    assert await limits.flush()
+    assert await limits.budget_reserved(subject) == pytest.approx(price.cost(8, 10))
+    assert await limits.budget_reserved(uuid.uuid4()) == 0
+
+
 async def test_tokens_per_minute_reserve_in_the_current_minute() -> None:
     clock = Clock()
     limits = policy(clock)

@@ -137,6 +137,9 @@ async def test_reports_group_by_day_model_key_and_subject(db: asyncpg.Connection
         UsageReportQuery(by="key", start=day, end=day + timedelta(1), key_id=records[1].api_key_id),
     )
     assert [row["key"] for row in by_key] == [str(records[1].api_key_id)]
+    # Named, so a reader need not look ids up: records[1] is key "a".
+    key_a = await api_keys.find_key(db, str(records[1].api_key_id))
+    assert [(row["name"], row["prefix"]) for row in by_key] == [("a", key_a.prefix)]
     assert await usage_report(db, UsageReportQuery(by="day", start=date(2026, 1, 1), end=day)) == []
 
 

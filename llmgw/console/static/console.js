@@ -81,27 +81,180 @@ function table(caption, columns, rows) {
   return el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, caption), el("thead", {}, head), el("tbody", {}, body)));
 }
 
-// A bar chart of one series: bars for values, labels under the first and last.
-function barChart(title, points, value, format) {
-  const width = 600;
-  const height = 160;
-  const max = Math.max(1e-12, ...points.map(value));
-  const step = points.length ? width / points.length : width;
-  const bars = points.map((point, index) => {
-    const h = (value(point) / max) * (height - 20);
-    return svg("rect", { x: index * step + 1, y: height - 14 - h, width: Math.max(1, step - 2), height: h },
-      svg("title", {}, `${point.label}: ${format(value(point))}`));
-  });
-  const labels = points.length
-    ? [svg("text", { x: 0, y: height - 2 }, points[0].label), svg("text", { x: width, y: height - 2, "text-anchor": "end" }, points[points.length - 1].label)]
-    : [svg("text", { x: width / 2, y: height / 2, "text-anchor": "middle" }, "No data in this range")];
-  return el("figure", {},
-    svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `${title}, highest ${format(max)}`, preserveAspectRatio: "none" }, bars, labels),
-    el("figcaption", { class: "hint" }, title));
+// ---------------------------------------------------------------------------------------------
+// Bar charts: one bar per point of the chosen range (points without traffic are zeros, so the x
+// axis is the range itself), a y axis with rounded ticks, the value of a bar on hover and on
+// keyboard focus (one tab stop; the arrow keys, Home and End move between bars), and the same
+// figures as a visually hidden table for screen readers.
+
+const CHART = { height: 230, left: 64, right: 12, top: 22, bottom: 34 };
+
+// Ticks 0, step, 2·step … covering max, with step 1, 2 or 5 × 10^n (at least 1 for whole counts).
+function ticks(max, whole, count = 4) {
+  if (!(max > 0)) return { step: 1, values: [0, 1] };
+  const rough = max / count;
+  const magnitude = 10 ** Math.floor(Math.log10(rough));
+  const nice = [1, 2, 5, 10].map((m) => m * magnitude).find((s) => s >= rough);
+  const step = whole ? Math.max(1, nice) : nice;  // no "0.5 requests"
+  const values = [];
+  for (let v = 0; v < max + step / 2; v += step) values.push(Number(v.toPrecision(12)));
+  if (values[values.length - 1] < max) values.push(Number((values.length * step).toPrecision(12)));
+  return { step, values };
 }
 
-function card(label, value) {
-  return el("div", { class: "card" }, el("div", { class: "value" }, value), el("div", { class: "label" }, label));
+// Tick labels keep the digits their step needs ("$0.00002", "1,500"), no more.
+function tickFormat(format, step) {
+  const decimals = Math.max(0, -Math.floor(Math.log10(step)));
+  if (format === usd) return (v) => "$" + v.toFixed(Math.max(2, decimals));
+  return (v) => v.toLocaleString("en-US", { maximumFractionDigits: decimals });
+}
+
+let chartCount = 0;
+
+// ``kind``: what a bar stands for ("key", "model" …) when the bars are categories, not a range.
+function barChart({ title, points, value, format, unit, axisLabel, kind }) {
+  const { height, left, right, top, bottom } = CHART;
+  // As wide as the page is now, so one unit is one pixel and the text keeps its size.
+  const width = Math.max(300, Math.min(1168, page.clientWidth - 34));
+  const plotWidth = width - left - right;
+  const plotHeight = height - top - bottom;
+  const values = points.map(value);
+  const max = Math.max(0, ...values);
+  const total = values.reduce((a, b) => a + b, 0);
+  const { step, values: yTicks } = ticks(max, format === num);
+  const yMax = yTicks[yTicks.length - 1];
+  const y = (v) => top + plotHeight - (v / yMax) * plotHeight;
+  const slot = plotWidth / Math.max(1, points.length);
+  const gap = slot > 6 ? Math.max(Math.min(slot * 0.2, 8), slot - 72) : 0;  // bars at most 72 wide
+  const tickText = tickFormat(format, step);
+  const id = `chart-${++chartCount}`;
+
+  const grid = yTicks.map((v) => svg("g", { class: "tick" },
+    svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v) }),
+    svg("text", { x: left - 6, y: y(v), "text-anchor": "end", "dominant-baseline": "middle" }, tickText(v))));
+
+  // As many x labels as fit (about 60 px each, at most 10), evenly spaced, the last one always.
+  const every = Math.max(1, Math.ceil(points.length / Math.min(10, Math.max(2, Math.floor(plotWidth / 60)))));
+  const xLabels = points.map((point, index) => {
+    if (index % every !== 0 && index !== points.length - 1) return null;
+    if (index === points.length - 1 && index % every !== 0 && index % every < every / 2) return null;
+    return svg("text", { class: "x-label", x: left + slot * (index + 0.5), y: height - bottom + 16, "text-anchor": "middle" }, fit(point.short ?? point.label, slot * every));
+  });
+
+  const described = (point, v) => `${point.label}: ${format(v)}${unit ? " " + unit : ""}`;
+  const bars = points.map((point, index) => {
+    const v = values[index];
+    const x = left + slot * index + gap / 2;
+    const barWidth = Math.max(1, slot - gap);
+    return svg("g", { class: "bar", tabindex: index === points.length - 1 ? "0" : "-1", role: "img", "aria-label": described(point, v), "data-value": String(v) },
+      svg("rect", { class: "hit", x: left + slot * index, y: top, width: slot, height: plotHeight }),
+      svg("rect", { class: "fill", x, y: y(v), width: barWidth, height: Math.max(0, top + plotHeight - y(v)) }));
+  });
+
+  // The value of the bar under the pointer or with the focus: one label drawn above every bar.
+  const readoutText = svg("text", { "text-anchor": "middle" });
+  const readoutBox = svg("rect", { rx: 3 });
+  const readout = svg("g", { class: "readout", "aria-hidden": "true", visibility: "hidden" }, readoutBox, readoutText);
+  const show = (bar) => {
+    const index = bars.indexOf(bar);
+    if (index < 0) return;
+    readoutText.textContent = `${points[index].short ?? points[index].label}: ${format(values[index])}`;
+    const textWidth = readoutText.getComputedTextLength() + 12;
+    const centre = Math.min(Math.max(left + slot * (index + 0.5), left + textWidth / 2), width - right - textWidth / 2);
+    const boxTop = Math.max(2, y(values[index]) - 24);
+    readoutText.setAttribute("x", centre);
+    readoutText.setAttribute("y", boxTop + 14);
+    Object.entries({ x: centre - textWidth / 2, y: boxTop, width: textWidth, height: 20 }).forEach(([k, v]) => readoutBox.setAttribute(k, v));
+    readout.setAttribute("visibility", "visible");
+  };
+  const hide = () => {
+    const focused = bars.includes(document.activeElement) ? document.activeElement : null;
+    if (focused) show(focused);
+    else readout.setAttribute("visibility", "hidden");
+  };
+  for (const bar of bars) {
+    bar.addEventListener("pointerenter", () => show(bar));
+    bar.addEventListener("pointerleave", hide);
+    bar.addEventListener("focus", () => show(bar));
+    bar.addEventListener("blur", () => setTimeout(hide));
+  }
+
+  const chart = svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "group", "aria-labelledby": `${id}-title`, "aria-describedby": `${id}-summary` },
+    grid,
+    svg("line", { class: "axis", x1: left, x2: width - right, y1: top + plotHeight, y2: top + plotHeight }),
+    svg("text", { class: "axis-title", x: 12, y: top + plotHeight / 2, transform: `rotate(-90 12 ${top + plotHeight / 2})`, "text-anchor": "middle" }, axisLabel),
+    bars,
+    xLabels,
+    readout,
+    total > 0 ? null : svg("text", { x: left + plotWidth / 2, y: top + plotHeight / 2, "text-anchor": "middle" }, "Nothing in this range"));
+  chart.addEventListener("keydown", (event) => moveFocus(event, chart));
+
+  const highest = points[values.indexOf(max)];
+  const span = kind ? `${points.length} bars, one per ${kind}` : `${points.length} bars from ${points[0]?.label} to ${points[points.length - 1]?.label}`;
+  const summary = points.length
+    ? `${span}; total ${format(total)}, highest ${format(max)}${highest && max > 0 ? ` (${highest.label})` : ""}.`
+    : "No data in this range.";
+  // In a hidden box, not a hidden table: a table's own height and overflow do not clip it.
+  const alternative = el("div", { class: "visually-hidden" }, el("table", {},
+    el("caption", {}, title),
+    el("thead", {}, el("tr", {}, el("th", { scope: "col" }, kind ? kind[0].toUpperCase() + kind.slice(1) : "Period"), el("th", { scope: "col" }, unit ? `Value (${unit})` : "Value"))),
+    el("tbody", {}, points.map((point, index) => el("tr", {}, el("th", { scope: "row" }, point.label), el("td", {}, format(values[index])))))));
+  return el("figure", { class: "chart" },
+    el("figcaption", { id: `${id}-title` }, title),
+    chart,
+    el("p", { id: `${id}-summary`, class: "hint" }, summary),
+    alternative);
+}
+
+// A label cut to the room it has (about 7 px a character at 11 px).
+function fit(text, room) {
+  const chars = Math.max(3, Math.floor(room / 7));
+  return text.length > chars ? text.slice(0, chars - 1) + "…" : text;
+}
+
+// One tab stop per chart: the arrow keys, Home and End move between its bars.
+function moveFocus(event, chart) {
+  const bars = [...chart.querySelectorAll("g.bar")];
+  const at = bars.indexOf(document.activeElement);
+  if (at < 0) return;
+  const to = { ArrowLeft: at - 1, ArrowRight: at + 1, Home: 0, End: bars.length - 1 }[event.key];
+  if (to === undefined || to < 0 || to >= bars.length) return;
+  event.preventDefault();
+  bars[at].setAttribute("tabindex", "-1");
+  bars[to].setAttribute("tabindex", "0");
+  bars[to].focus();
+}
+
+// Every day or hour of the UTC days [from, to) as a point: its row of the report, or zeros.
+const PERIODS = {
+  day: { step: 86400000, key: (t) => isoDay(t), label: (k) => k, short: (k) => k.slice(5) },
+  hour: {
+    step: 3600000,
+    key: (t) => t.toISOString().slice(0, 13) + ":00:00Z",
+    label: (k) => k.replace("T", " ").slice(0, 16) + " UTC",
+    short: (k) => (k.slice(11, 13) === "00" ? k.slice(5, 10) : k.slice(11, 16)),  // midnight: the date
+  },
+};
+
+function everyPeriod(by, from, to, rows) {
+  const period = PERIODS[by];
+  const found = new Map(rows.map((row) => [row[by], row]));
+  const points = [];
+  const end = new Date(to + "T00:00:00Z");
+  for (let t = new Date(from + "T00:00:00Z"); t < end; t = new Date(t.getTime() + period.step)) {
+    const key = period.key(t);
+    points.push({ requests: 0, errors: 0, cost_usd: "0", ...found.get(key), label: period.label(key), short: period.short(key) });
+  }
+  return points;
+}
+
+function card(label, value, detail) {
+  return el("div", { class: "card" }, el("div", { class: "value" }, value), el("div", { class: "label" }, label),
+    detail ? el("div", { class: "detail" }, detail) : null);
+}
+
+function refusedTotal(rows) {
+  return rows.reduce((sum, row) => sum + row.requests, 0);
 }
 
 function field(label, input) {
@@ -121,23 +274,34 @@ async function overview() {
     { title: "p95 latency (ms)", num: true, cell: (r) => num(r.p95_ms) },
     { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
   ];
-  const series = data.series.map((point) => ({ ...point, label: point.hour.slice(11, 16) }));
+  const refusedLastHour = refusedTotal(data.last_hour.refused);
+  const refusedToday = refusedTotal(data.today.refused);
+  const refusalColumns = [
+    { title: "Status", num: true, cell: (r) => String(r.status) },
+    { title: "Code", cell: (r) => el("code", {}, r.code) },
+    { title: "Requests", num: true, cell: (r) => num(r.requests) },
+  ];
+  const series = data.series.map((point) => ({ ...point, label: point.hour.replace("T", " ").slice(0, 16) + " UTC", short: point.hour.slice(11, 16) }));
   return [
     el("h1", {}, "Overview"),
     el("div", { class: "cards" },
-      card("Requests, last hour", num(data.last_hour.requests)),
-      card("Errors, last hour", num(data.last_hour.errors)),
+      card("Requests, last hour", num(data.last_hour.requests + refusedLastHour)),
+      card("Errors, last hour", num(data.last_hour.errors + refusedLastHour), `${num(refusedLastHour)} refused by the gateway`),
       card("Spend, last hour", usd(data.last_hour.cost_usd)),
-      card("Requests today", num(data.today.requests)),
-      card("Errors today", num(data.today.errors)),
+      card("Requests today", num(data.today.requests + refusedToday)),
+      card("Errors today", num(data.today.errors + refusedToday), `${num(refusedToday)} refused by the gateway`),
       card("Spend today", usd(data.today.cost_usd))),
+    el("p", { class: "hint" }, "Requests and errors include those the gateway refused itself (401, 403, 413, 429 …), which never reached a provider; the tables by model count only requests that did."),
     el("h2", {}, "Last 24 hours"),
-    barChart("Requests per hour (UTC)", series, (p) => p.requests, num),
-    barChart("Spend per hour (USD)", series, (p) => Number(p.cost_usd), usd),
+    barChart({ title: "Requests per hour, last 24 hours (UTC)", points: series, value: (p) => p.requests, format: num, unit: "requests", axisLabel: "Requests" }),
+    barChart({ title: "Spend per hour, last 24 hours (UTC)", points: series, value: (p) => Number(p.cost_usd), format: usd, axisLabel: "USD" }),
     el("h2", {}, "Last hour by model"),
     table("Requests in the last 60 minutes, per model", modelColumns, data.last_hour.by_model),
     el("h2", {}, "Today by model"),
     table("Requests since midnight UTC, per model (latency from hourly buckets)", modelColumns, data.today.by_model),
+    el("h2", {}, "Refused by the gateway"),
+    table("Refused in the last 60 minutes, by status and code", refusalColumns, data.last_hour.refused),
+    table("Refused since midnight UTC, by status and code", refusalColumns, data.today.refused),
   ];
 }
 
@@ -158,16 +322,17 @@ function shownOnce(title, issued) {
     copy);
 }
 
-function limitsText(key) {
-  const parts = [`${key.rate_limit_requests}/${key.rate_limit_window_seconds}s`];
-  if (key.tokens_per_minute) parts.push(`${num(key.tokens_per_minute)} tok/min`);
-  if (key.max_concurrent_requests) parts.push(`${key.max_concurrent_requests} concurrent`);
-  return parts.join(", ");
-}
-
-function keyState(key) {
+function keyState(key, listed) {
+  const expired = key.expires_at && new Date(key.expires_at) <= new Date();
+  if (key.replaced_by) {
+    // Rotated: the old key works on until its grace period ends (its expiry), then it is done.
+    const successor = listed.find((other) => other.id === key.replaced_by);
+    const by = successor ? ` by ${successor.prefix}` : "";
+    if (key.is_active && !expired) return el("span", { class: "state-grace", title: `Replaced${by}; works until ${when(key.expires_at)}` }, `rotated${by}, in grace period`);
+    return `rotated${by}`;
+  }
   if (!key.is_active) return "revoked";
-  if (key.expires_at && new Date(key.expires_at) <= new Date()) return "expired";
+  if (expired) return "expired";
   return "active";
 }
 
@@ -207,6 +372,7 @@ async function keys() {
     field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: 60 })),
     field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: 60 })),
     field("Tokens per minute (optional)", el("input", { name: "tokens_per_minute", type: "number", min: 1 })),
+    field("Concurrent requests (optional)", el("input", { name: "max_concurrent_requests", type: "number", min: 1 })),
     field("Allowed models (comma-separated, optional)", el("input", { name: "allowed_models" })),
     field("Expires (UTC, optional)", el("input", { name: "expires_at", type: "datetime-local" })),
     el("button", { type: "submit" }, "Create key"));
@@ -220,6 +386,7 @@ async function keys() {
     };
     if (form.get("subject_id")) body.subject_id = form.get("subject_id");
     if (form.get("tokens_per_minute")) body.tokens_per_minute = Number(form.get("tokens_per_minute"));
+    if (form.get("max_concurrent_requests")) body.max_concurrent_requests = Number(form.get("max_concurrent_requests"));
     const models = String(form.get("allowed_models") || "").split(",").map((m) => m.trim()).filter(Boolean);
     if (models.length) body.allowed_models = models;
     if (form.get("expires_at")) body.expires_at = form.get("expires_at") + ":00Z";
@@ -269,12 +436,14 @@ async function keys() {
           field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: key.rate_limit_requests })),
           field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: key.rate_limit_window_seconds })),
           field("Tokens per minute (empty = none)", el("input", { name: "tokens_per_minute", type: "number", min: 1, value: key.tokens_per_minute ?? "" })),
+          field("Concurrent requests (empty = none)", el("input", { name: "max_concurrent_requests", type: "number", min: 1, value: key.max_concurrent_requests ?? "" })),
           field("Allowed models (comma-separated, empty = all)", el("input", { name: "allowed_models", value: key.allowed_models.join(", ") })),
         ], "Save limits", async (form) => {
           await api(`/keys/${key.id}`, { method: "PATCH", body: {
             rate_limit_requests: Number(form.get("rate_limit_requests")),
             rate_limit_window_seconds: Number(form.get("rate_limit_window_seconds")),
             tokens_per_minute: numberOrNull(form.get("tokens_per_minute")),
+            max_concurrent_requests: numberOrNull(form.get("max_concurrent_requests")),
             allowed_models: String(form.get("allowed_models")).split(",").map((m) => m.trim()).filter(Boolean),
           } });
           say(`Limits of ${key.prefix} saved.`);
@@ -302,11 +471,13 @@ async function keys() {
     table(`Keys ${keyFilters.offset + 1}–${keyFilters.offset + listing.data.length}`, [
       { title: "Name", cell: (k) => k.name },
       { title: "Prefix", cell: (k) => el("code", {}, k.prefix) },
-      { title: "Subject", cell: (k) => k.subject_id || "—" },
-      { title: "Limits", cell: limitsText },
-      { title: "Allowed models", cell: (k) => (k.allowed_models.length ? k.allowed_models.join(", ") : "all") },
+      { title: "Subject", cell: (k) => (k.subject_id ? el("code", { title: k.subject_id, "aria-label": k.subject_id }, k.subject_id.slice(0, 8) + "…") : "—") },
+      { title: "Requests", cell: (k) => el("span", { class: "nowrap" }, `${num(k.rate_limit_requests)} / ${num(k.rate_limit_window_seconds)} s`) },
+      { title: "Tokens per minute", num: true, cell: (k) => (k.tokens_per_minute ? num(k.tokens_per_minute) : "no limit") },
+      { title: "Concurrency", num: true, cell: (k) => (k.max_concurrent_requests ? num(k.max_concurrent_requests) : "no limit") },
+      { title: "Allowed models", cell: (k) => (k.allowed_models.length ? k.allowed_models.join(", ") : "all models") },
       { title: "Expires", cell: (k) => when(k.expires_at) },
-      { title: "State", cell: keyState },
+      { title: "State", cell: (k) => keyState(k, listing.data) },
       { title: "Last used", cell: (k) => when(k.last_used_at) },
       { title: "Actions", cell: actions },
     ], listing.data),
@@ -332,23 +503,42 @@ async function subjects() {
       render();
     } catch (error) { say(error.message); }
   });
+  // Settled spend (the ledger's) and what requests in flight have reserved, as parts of the cap.
   const bar = (s) => {
     if (s.monthly_budget_usd === null) return "no cap";
     const cap = s.monthly_budget_usd;
     const spent = s.month_to_date_spend_usd;
-    return el("span", {},
-      el("meter", { min: 0, max: cap || 1, value: Math.min(spent, cap || 1), high: (cap || 1) * 0.8, optimum: 0,
-        "aria-label": `Spend of ${s.subject_id}: ${usd(spent)} of ${usd(cap)}` }),
-      ` ${cap ? Math.round((spent / cap) * 100) : 100}%`);
+    const reserved = s.month_to_date_reserved_usd;
+    const share = (amount) => (cap > 0 ? Math.min(100, (amount / cap) * 100) : amount > 0 ? 100 : 0);
+    const settledShare = share(spent);
+    const reservedShare = Math.min(100 - settledShare, share(reserved || 0));
+    const reservedText = reserved === null ? "reserved unknown (limit store unreachable)" : `${usd(reserved)} reserved`;
+    const label = `Spend of ${s.subject_id}: ${usd(spent)} settled, ${reservedText}, of ${usd(cap)}`;
+    const percent = (value) => `${Math.round(value)}%`;
+    // Widths through the CSSOM: the page's CSP refuses style attributes.
+    const settledPart = el("span", { class: "settled" });
+    const reservedPart = el("span", { class: "reserved" });
+    settledPart.style.width = `${settledShare}%`;
+    reservedPart.style.width = `${reservedShare}%`;
+    return el("div", { class: "budget" },
+      el("div", { class: `budget-bar${spent + (reserved || 0) >= cap ? " over" : ""}`, role: "meter", "aria-label": label,
+        "aria-valuemin": "0", "aria-valuemax": String(cap), "aria-valuenow": String(Math.min(cap, spent + (reserved || 0))),
+        "aria-valuetext": label, title: label },
+        settledPart, reservedPart),
+      el("span", { class: "hint" }, `${percent(settledShare)} settled${reserved ? ` + ${percent(reservedShare)} reserved` : ""}`));
   };
   return [
     el("h1", {}, "Subjects"),
     el("p", { class: "hint" }, "A subject is the team or user keys are issued to; its monthly budget caps every key it owns."),
     setForm,
+    el("p", { class: "legend" },
+      el("span", {}, el("span", { class: "swatch settled" }), "settled: spend the ledger has recorded"),
+      el("span", {}, el("span", { class: "swatch reserved" }), "reserved: worst cases of requests still running")),
     table("Subjects this month, highest spend first", [
       { title: "Subject", cell: (s) => el("code", {}, s.subject_id) },
       { title: "Monthly budget", num: true, cell: (s) => (s.monthly_budget_usd === null ? "—" : usd(s.monthly_budget_usd)) },
-      { title: "Spent this month", num: true, cell: (s) => usd(s.month_to_date_spend_usd) },
+      { title: "Settled this month", num: true, cell: (s) => usd(s.month_to_date_spend_usd) },
+      { title: "Reserved now", num: true, cell: (s) => (s.month_to_date_reserved_usd === null ? "unknown" : usd(s.month_to_date_reserved_usd)) },
       { title: "Budget used", cell: bar },
       { title: "Actions", cell: (s) => (s.monthly_budget_usd === null ? "—" : el("button", { type: "button", class: "secondary",
           "aria-label": `Clear cap of ${s.subject_id}`, onclick: async () => {
@@ -371,6 +561,22 @@ function isoDay(date) {
   return date.toISOString().slice(0, 10);
 }
 
+// A key by its name and prefix (the report adds them), a subject or model as it is.
+function groupName(by, row) {
+  if (by === "key" && row.name) return `${row.name} (${row.prefix})`;
+  if (by === "hour") return PERIODS.hour.label(row.hour);
+  return row[by] ?? "—";
+}
+
+function usagePoints(report) {
+  if (report.by in PERIODS) return everyPeriod(report.by, report.from, report.to, report.data);
+  // Categories, largest first; a key is drawn by its name (its prefix is in the full label).
+  return [...report.data].sort((a, b) => b.requests - a.requests).map((row) => {
+    const label = String(groupName(report.by, row));
+    return { ...row, label, short: report.by === "key" && row.name ? row.name : label };
+  });
+}
+
 async function usage() {
   if (!usageQuery.to) {
     const tomorrow = new Date(Date.now() + 86400000);
@@ -381,7 +587,7 @@ async function usage() {
   const report = await api(`/usage/report?${query}`);
   const form = el("form", { class: "filters", "aria-label": "Usage range" },
     field("Group by", el("select", { name: "by" },
-      ["day", "model", "key", "subject"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
+      ["day", "hour", "model", "key", "subject"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
     field("From (UTC day)", el("input", { name: "from", type: "date", value: usageQuery.from, required: true })),
     field("To (UTC day, exclusive)", el("input", { name: "to", type: "date", value: usageQuery.to, required: true })),
     el("button", { type: "submit" }, "Show usage"),
@@ -392,20 +598,25 @@ async function usage() {
     Object.assign(usageQuery, { by: data.get("by"), from: data.get("from"), to: data.get("to") });
     render();
   });
-  const points = report.data.map((row) => ({ ...row, label: String(row[report.by] ?? "—") }));
+  const points = usagePoints(report);
+  const overTime = report.by in PERIODS;
+  const per = overTime ? `per ${report.by}` : `by ${report.by}`;
+  const kind = overTime ? undefined : report.by;
+  const range = `${report.from} to ${report.to} (UTC, end exclusive)`;
   return [
     el("h1", {}, "Usage"),
     form,
-    barChart(`Requests by ${report.by}`, points, (p) => p.requests, num),
-    barChart(`Spend by ${report.by} (USD)`, points, (p) => Number(p.cost_usd), usd),
+    barChart({ title: `Requests ${per}, ${range}`, points, value: (p) => p.requests, format: num, unit: "requests", axisLabel: "Requests", kind }),
+    barChart({ title: `Spend ${per}, ${range}`, points, value: (p) => Number(p.cost_usd), format: usd, axisLabel: "USD", kind }),
+    // Rows as the charts order them (categories largest first); periods without traffic left out.
     table(`Usage by ${report.by}, ${report.from} to ${report.to}`, [
-      { title: report.by[0].toUpperCase() + report.by.slice(1), cell: (r) => r[report.by] ?? "—" },
+      { title: report.by[0].toUpperCase() + report.by.slice(1), cell: (r) => groupName(report.by, r) },
       { title: "Requests", num: true, cell: (r) => num(r.requests) },
       { title: "Errors", num: true, cell: (r) => num(r.errors) },
       { title: "Input tokens", num: true, cell: (r) => num(r.input_tokens) },
       { title: "Output tokens", num: true, cell: (r) => num(r.output_tokens) },
       { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
-    ], report.data),
+    ], overTime ? report.data : points),
   ];
 }
 
