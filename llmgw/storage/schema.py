@@ -11,6 +11,7 @@ __all__ = [
     "api_key_token_windows",
     "api_keys",
     "console_sessions",
+    "limit_cancelled_leases",
     "limit_counters",
     "limit_leases",
     "metadata",
@@ -250,6 +251,15 @@ limit_leases = sa.Table(
     sa.PrimaryKeyConstraint("lease_id", "counter"),
     sa.Index("ix_limit_leases_counter", "counter", "expires_at"),
     sa.CheckConstraint("amount >= 0", name="amount_non_negative"),
+)
+
+# Admissions whose caller gave up waiting: refused should they still reach the database, until
+# expires_at (llmgw_limits_admit_unless_cancelled; pruned afterwards).
+limit_cancelled_leases = sa.Table(
+    "limit_cancelled_leases",
+    metadata,
+    sa.Column("lease_id", UUID(as_uuid=True), primary_key=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 # Per hour, key and model: what the console and `llmgw usage report` read (llmgw/storage/rollup.py).
