@@ -26,9 +26,9 @@ class StallProxy:
         self._paused = False
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> int:
-        """Listen on a free port of 127.0.0.1; returns it."""
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> int:
+        """Listen on ``port`` of 127.0.0.1 (0: a free one); returns it."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 

@@ -57,6 +57,9 @@ class MemoryLimitStore:
     async def close(self) -> None:
         """Nothing to release."""
 
+    async def ping(self) -> None:
+        """Always reachable: it is this process."""
+
     def _window(
         self, window: Window, now: float
     ) -> tuple[tuple[uuid.UUID, int, float], int, float]:

@@ -77,7 +77,6 @@ async def _send(queue: list[T], send: Callable[[list[T]], Awaitable[None]], what
     except ServiceUnavailable:
         # Kept for the next try, up to a bound: past it, the oldest leases expire instead.
         queue[:0] = batch[-_MAX_QUEUED_CHARGES:]
-        log.warning("limit %s failed; %d items will be retried", what, len(batch))
         return False
     except asyncio.CancelledError:
         queue[:0] = batch
@@ -377,12 +376,23 @@ class LimitPolicy:
             ) and await _send(self._charges, self.store.settle, "settlement")
 
     async def _settle_forever(self) -> None:
+        failing = False  # logged once when sending starts failing and once when it works again
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not await self.flush():
-                await asyncio.sleep(1.0)
-                self._wake.set()
+            if await self.flush():
+                if failing:
+                    log.warning("limit settlements and cancellations are sent again")
+                failing = False
+                continue
+            if not failing:
+                log.warning(
+                    "limit settlements and cancellations cannot reach the store; they stay queued "
+                    "and are retried every second"
+                )
+            failing = True
+            await asyncio.sleep(1.0)
+            self._wake.set()
 
     async def _renew_forever(self) -> None:
         while True:

@@ -104,6 +104,9 @@ class PostgresLimitStore:
         await cancel_and_wait([self._pruner])
         await self._connections.close()
 
+    async def ping(self) -> None:
+        """The database /readyz already checks: nothing more to ask."""
+
     async def hit(self, window: Window) -> RateLimitDecision:
         with database_errors():
             row = await self._connections.fetchrow(

@@ -9,6 +9,8 @@ passed, so this needs a single Redis server (not Cluster).
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +29,8 @@ from llmgw.limits.store import (
 )
 
 __all__ = ["RedisLimitStore"]
+
+log = logging.getLogger(__name__)
 
 # Shared by the scripts: the clock, and giving back a counter's expired leases.
 _PRELUDE = """
@@ -181,16 +185,36 @@ return {tostring(used), tostring(reserved)}
 )
 
 
-@contextmanager
-def _store_errors() -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        # Fail closed: without the shared counts no replica can know whether a key is over.
-        raise ServiceUnavailable(
-            "The gateway cannot reach its rate-limit store right now; retry in a few seconds.",
-            code="rate_limit_store_unavailable",
-        ) from exc
+class _Reachability:
+    """Turns Redis errors into 503s, and logs an outage once when it starts and once when it ends
+    (every request fails while it lasts; a line per request would bury the two that matter)."""
+
+    def __init__(self) -> None:
+        self._down_since: float | None = None
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                log.warning(
+                    "the rate-limit store (Redis) cannot be reached (%s: %s); requests that need "
+                    "it get 503 and /readyz is not ready until it answers",
+                    type(exc).__name__, exc,
+                )  # fmt: skip
+            # Fail closed: without the shared counts no replica can know whether a key is over.
+            raise ServiceUnavailable(
+                "The gateway cannot reach its rate-limit store right now; retry in a few seconds.",
+                code="rate_limit_store_unavailable",
+            ) from exc
+        if self._down_since is not None:
+            log.warning(
+                "the rate-limit store (Redis) answers again after %.1f s unreachable",
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
 
 
 class RedisLimitStore:
@@ -205,6 +229,7 @@ class RedisLimitStore:
         self._cancel: Any = self._client.register_script(_CANCEL)
         self._usage: Any = self._client.register_script(_USAGE)
         self._key_prefix = key_prefix
+        self._reachability = _Reachability()
 
     def _counter(self, name: str) -> str:
         return f"{self._key_prefix}:counter:{name}"
@@ -218,8 +243,12 @@ class RedisLimitStore:
     async def close(self) -> None:
         await self._client.aclose()
 
+    async def ping(self) -> None:
+        with self._reachability.errors():
+            await self._client.ping()
+
     async def hit(self, window: Window) -> RateLimitDecision:
-        with _store_errors():
+        with self._reachability.errors():
             allowed, count, reset = await self._hit(
                 keys=[f"{self._key_prefix}:{window.key_id}"], args=[window.limit, window.seconds]
             )
@@ -245,7 +274,7 @@ class RedisLimitStore:
             self._cancel_mark(admission.lease_id),
             *(self._counter(r.counter) for r in admission.reservations),
         ]
-        with _store_errors():
+        with self._reachability.errors():
             allowed, count, reset, refused = await self._admit(keys=keys, args=args)
         index = int(refused)
         if index < 0:
@@ -264,7 +293,7 @@ class RedisLimitStore:
         args: list[Any] = []
         for charge in charges:
             args.extend((str(charge.lease_id), repr(charge.actual)))
-        with _store_errors():
+        with self._reachability.errors():
             await self._settle(keys=[self._counter(c.counter) for c in charges], args=args)
 
     async def renew(
@@ -277,7 +306,7 @@ class RedisLimitStore:
                 keys.append(self._counter(counter))
                 args.append(str(lease_id))
         if keys:
-            with _store_errors():
+            with self._reachability.errors():
                 await self._renew(keys=keys, args=args)
 
     async def cancel(
@@ -291,10 +320,10 @@ class RedisLimitStore:
                 counters.append(self._counter(name))
                 args.append(str(lease_id))
         if marks:
-            with _store_errors():
+            with self._reachability.errors():
                 await self._cancel(keys=[*marks, *counters], args=args)
 
     async def usage(self, counter: str) -> tuple[float, float]:
-        with _store_errors():
+        with self._reachability.errors():
             used, reserved = await self._usage(keys=[self._counter(counter)], args=[])
         return float(used), float(reserved)
