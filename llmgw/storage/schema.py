@@ -166,6 +166,9 @@ usage_events = sa.Table(
     # "field:reason" for each value dropped or changed to make the row storable (UsageRecord).
     sa.Column("flags", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")),
     sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
+    # UsageRecord.event_id: a record written twice (a spool replayed) is stored once. NULL: older rows.
+    sa.Column("event_id", UUID(as_uuid=True), nullable=True),
+    sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
     sa.Index("ix_usage_events_subject_id", "subject_id", "occurred_at"),
