@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
@@ -46,7 +46,9 @@ def spool_directory(data_dir: Path, database_url: str | None) -> Path:
     if database_url is None:
         return data_dir / "ledger-spool" / "embedded"
     url = urlsplit(database_url)
-    where = f"{url.username}@{url.hostname}:{url.port}{url.path}?{url.query}"  # no password
+    # The address and the user, never a password (the query may name the host, e.g. a socket).
+    query = [(k, v) for k, v in parse_qsl(url.query) if "password" not in k.lower()]
+    where = f"{url.username}@{url.hostname}:{url.port}{url.path}?{sorted(query)}"
     return data_dir / "ledger-spool" / hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
@@ -142,7 +144,11 @@ class Spool:
     def adopt(self, take: Callable[[UsageRecord], None]) -> int:
         """Hand every record of processes that are gone to ``take``, then delete their files."""
         adopted = 0
-        for lock_path in sorted(self._directory.glob("*.lock")):
+        try:
+            locks = sorted(self._directory.glob("*.lock"))
+        except OSError:
+            return 0
+        for lock_path in locks:
             token = lock_path.name.removesuffix(".lock")
             if token == self._token:
                 continue
@@ -162,6 +168,12 @@ class Spool:
                 for path in segments:
                     path.unlink(missing_ok=True)
                 lock_path.unlink(missing_ok=True)
+            except OSError as exc:
+                # Never a reason not to start: what was not read stays for the next start.
+                log.warning(
+                    "usage ledger: the spool of %s could not be read (%s: %s)",
+                    token, type(exc).__name__, exc.strerror,
+                )  # fmt: skip
             finally:
                 os.close(lock)
         return adopted
