@@ -32,15 +32,15 @@ __all__ = ["RedisLimitStore"]
 
 log = logging.getLogger(__name__)
 
-# Shared by the scripts: the clock, and giving back a counter's expired leases.
+# Shared by the scripts: the clock, and giving back a lease (settled, cancelled or expired).
 _PRELUDE = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
 local function give_back(counter, lease)
     local given = redis.call('HGET', counter .. ':a', lease)
+    redis.call('ZREM', counter .. ':l', lease)
     if given then
         redis.call('HDEL', counter .. ':a', lease)
-        redis.call('ZREM', counter .. ':l', lease)
         redis.call('HINCRBYFLOAT', counter, 'reserved', -tonumber(given))
     end
 end
