@@ -44,6 +44,7 @@ from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
 from llmgw.storage.responses import ResponseStore
+from llmgw.storage.spool import Spool, spool_directory
 from llmgw.streaming import supervisor
 from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.runtime import Telemetry
@@ -120,6 +121,11 @@ def create_app(
             pool,
             on_drop=telemetry.instruments.usage_ledger_dropped.add,
             on_dead_letter=telemetry.instruments.usage_ledger_dead_letters.add,
+            spool=Spool.open(
+                spool_directory(
+                    settings.data_dir, None if settings.database_url is None else database_url
+                )
+            ),
         )
         await ledger.start()
         app[app_keys.LEDGER] = ledger

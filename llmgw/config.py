@@ -121,7 +121,11 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "false",
         "true = record prompts and completions on spans (off by default)",
     ),
-    EnvVar("LLMGW_DATA_DIR", None, "where the embedded database lives (default: user data dir)"),
+    EnvVar(
+        "LLMGW_DATA_DIR",
+        None,
+        "where the embedded database and the usage ledger's spool live (default: user data dir)",
+    ),
     EnvVar("LLMGW_AUTO_MIGRATE", "false", "true = serve migrates an external database to head"),
     EnvVar("SHUTDOWN_GRACE_SECONDS", "30", "time in-flight requests get to finish on SIGTERM"),
     EnvVar(

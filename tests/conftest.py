@@ -157,8 +157,15 @@ class InMemoryTelemetry:
         return points
 
 
+def fresh_data_dir() -> Path:
+    """A data dir of its own for a test's gateway: its ledger spool is never another test's (nor
+    in the user's data dir)."""
+    return Path(tempfile.mkdtemp(prefix="llmgw-test-data-"))
+
+
 def make_settings(fake: FakeVenice, database_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
+        "data_dir": fresh_data_dir(),
         "database_url": database_url,
         "venice_api_key": FAKE_VENICE_KEY,
         "venice_base_url": fake.base_url,
@@ -403,7 +410,11 @@ class GatewayProcess:
 
 def gateway_env(database_url: str, venice_base_url: str, **extra: str) -> dict[str, str]:
     """The environment of a gateway process for tests (external database, fake Venice)."""
-    defaults = {"REQUEST_TIMEOUT_SECONDS": "5", "SHUTDOWN_GRACE_SECONDS": "10"}
+    defaults = {
+        "REQUEST_TIMEOUT_SECONDS": "5",
+        "SHUTDOWN_GRACE_SECONDS": "10",
+        "LLMGW_DATA_DIR": str(fresh_data_dir()),
+    }
     return clean_env(
         DATABASE_URL=database_url,
         VENICE_API_KEY=FAKE_VENICE_KEY,

@@ -180,3 +180,52 @@ async def test_supervisor_exits_non_zero_when_workers_cannot_start(
         await admin.execute(f"REVOKE ALL ON alembic_version FROM {role}")
         await admin.execute(f"DROP ROLE {role}")
         await admin.close()
+
+
+async def test_a_worker_killed_right_after_its_answers_loses_no_ledger_row(
+    gateway_processes: StartGateways,
+    database_url: str,
+    fake_venice: FakeVenice,
+    db: asyncpg.Connection,
+    tmp_path: Path,
+) -> None:
+    """Rows are batched in memory; the worker's spool file keeps them when it is killed outright,
+    and its replacement writes them (each once)."""
+    (gateway,) = gateway_processes(
+        gateway_env(
+            database_url,
+            fake_venice.base_url,
+            LLMGW_WORKERS="2",
+            LLMGW_DATA_DIR=str(tmp_path / "data"),
+        )
+    )
+    await wait_until_serving(gateway, 1, 1)
+    key = (await api_keys.create_key(db, api_keys.KeySettings(name="w"))).plaintext
+    locker = await asyncpg.connect(database_url)
+    try:
+        # The ledger cannot write while another session holds its table: every answered
+        # request's row is still queued in its worker when that worker is killed.
+        async with locker.transaction():
+            await locker.execute("LOCK TABLE usage_events IN ACCESS EXCLUSIVE MODE")
+            results = await asyncio.gather(*(post(gateway.url, key) for _ in range(30)))
+            answered = [request_id for status, request_id in results if status == 200]
+            assert len(answered) == 30
+            assert (await workers_of(gateway, answered))[1] > 0
+            (victim,) = worker_pids(gateway, 1)
+            os.kill(victim, signal.SIGKILL)
+    finally:
+        await locker.close()
+    await wait_until_serving(gateway, 2, 1)
+
+    async def stored() -> list[str]:
+        rows = await db.fetch("SELECT request_id FROM usage_events")
+        return sorted(row["request_id"] for row in rows)
+
+    deadline = time.monotonic() + 15
+    while True:
+        rows = await stored()
+        if rows == sorted(answered) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert rows == sorted(answered)  # every answered request's row, none twice
+    assert "were found in its spool; they are written now" in gateway.log_text()

@@ -131,6 +131,8 @@ class UsageRecord:
     cost_computed: bool = False  # the cost is from the price table, not the provider
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
+    # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
+    event_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
 
     def __attrs_post_init__(self) -> None:
         # The constructor is the one place every record passes, so no caller (and no provider's
@@ -182,6 +184,7 @@ class UsageRecord:
         fields["occurred_at"] = self.occurred_at.isoformat()
         fields["api_key_id"] = str(self.api_key_id)
         fields["subject_id"] = None if self.subject_id is None else str(self.subject_id)
+        fields["event_id"] = str(self.event_id)
         return fields
 
 

@@ -1,4 +1,5 @@
-"""Operational routes: /healthz (liveness), /readyz (database and schema), /metrics (Prometheus)."""
+"""Operational routes: /healthz (liveness), /readyz (database, schema and rate-limit store),
+/metrics (Prometheus)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ async def readyz(request: web.Request) -> web.Response:
             "run 'alembic upgrade head'.",
             code="schema_not_at_head",
         )
+    try:
+        # Requests fail closed without it (503), so a replica that cannot reach it is not ready.
+        await request.app[app_keys.LIMITS].store.ping()
+    except ServiceUnavailable:
+        raise ServiceUnavailable(
+            "Not ready: the rate-limit store does not answer.", code="rate_limit_store_unavailable"
+        ) from None
     return web.Response(body=b'{"status":"ready"}', content_type="application/json")
 
 

@@ -37,6 +37,7 @@ class MemoryLimitStore:
         self._clock = clock
         self._windows: dict[tuple[uuid.UUID, int, float], int] = {}
         self._counters: dict[str, _Counter] = {}
+        self._cancelled: dict[uuid.UUID, float] = {}  # lease id -> until when it is refused
         self._calls = 0
 
     def _prune(self, now: float) -> None:
@@ -48,12 +49,16 @@ class MemoryLimitStore:
         self._counters = {
             name: c for name, c in self._counters.items() if c.keep_until >= now or c.leases
         }
+        self._cancelled = {lease: t for lease, t in self._cancelled.items() if t >= now}
 
     async def start(self) -> None:
         """Nothing to start."""
 
     async def close(self) -> None:
         """Nothing to release."""
+
+    async def ping(self) -> None:
+        """Always reachable: it is this process."""
 
     def _window(
         self, window: Window, now: float
@@ -82,6 +87,8 @@ class MemoryLimitStore:
     async def admit(self, admission: Admission) -> AdmissionResult:
         now = self._clock()
         self._prune(now)
+        if self._cancelled.get(admission.lease_id, -math.inf) >= now:
+            return AdmissionResult(None, cancelled=True)
         decision = None
         slot: tuple[uuid.UUID, int, float] | None = None
         if admission.window is not None:
@@ -125,6 +132,14 @@ class MemoryLimitStore:
                 counter = self._counters.get(name)
                 if counter is not None and lease_id in counter.leases:
                     counter.leases[lease_id] = (counter.leases[lease_id][0], expiry)
+
+    async def cancel(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        until = self._clock() + seconds
+        for lease_id, counters in leases:
+            self._cancelled[lease_id] = until
+            await self.settle([Charge(lease_id, name, 0.0) for name in counters])
 
     async def usage(self, counter: str) -> tuple[float, float]:
         live = self._live(counter, self._clock())

@@ -12,6 +12,11 @@ Everything a request reserves is taken in one store round trip together with its
 nothing. When the request ends, :meth:`LimitPolicy.settle` queues the actual figures; a background
 task sends them in batches (one round trip each, never before the answer). Live leases are renewed
 while their request runs (long streams); a killed replica's leases expire after ``lease_seconds``.
+
+An admission the request stopped waiting for (the store stalled past its timeout, or the client
+left) may still reach the store later. It is cancelled by its lease id, by the same background task:
+the store gives back what it reserved if it landed, and refuses it if it lands afterwards, so a stall
+never holds a key's slots or budget until the lease expires.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -54,6 +59,32 @@ _BUDGET = "budget"
 # Float sums in a store may land a hair above an exactly-fitting cap; this much is not an overshoot.
 _CAP_SLACK = 1e-9
 _MAX_QUEUED_CHARGES = 100_000
+# How long a store refuses a cancelled admission that reaches it late, in leases: past this, a
+# statement held up that long would at worst hold its slots for one lease, as a killed replica does.
+_CANCEL_MEMORY_LEASES = 10
+
+T = TypeVar("T")
+
+
+async def _send(queue: list[T], send: Callable[[list[T]], Awaitable[None]], what: str) -> bool:
+    """Send everything queued in one round trip; False if the store was unreachable."""
+    if not queue:
+        return True
+    batch = queue.copy()
+    queue.clear()
+    try:
+        await send(batch)
+    except ServiceUnavailable:
+        # Kept for the next try, up to a bound: past it, the oldest leases expire instead.
+        queue[:0] = batch[-_MAX_QUEUED_CHARGES:]
+        return False
+    except asyncio.CancelledError:
+        queue[:0] = batch
+        raise
+    except Exception:
+        # A batch the store refuses is not retried forever; its leases expire.
+        log.exception("limit %s of %d items was refused", what, len(batch))
+    return True
 
 
 @attrs.frozen(slots=True)
@@ -109,6 +140,7 @@ class LimitPolicy:
         self._on_window_refusal = on_window_refusal
         self._live: dict[uuid.UUID, tuple[str, ...]] = {}
         self._charges: list[Charge] = []
+        self._cancels: list[tuple[uuid.UUID, tuple[str, ...]]] = []
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -190,14 +222,21 @@ class LimitPolicy:
         now = datetime.fromtimestamp(self._clock(), UTC)
         reservations = self._reservations(key, worst, now)
         lease_id = uuid.uuid4()
-        result = await self.store.admit(
-            Admission(
-                lease_id=lease_id,
-                lease_seconds=self._lease_seconds,
-                window=None if window_counted else self._window(key),
-                reservations=reservations,
+        counters = tuple(r.counter for r in reservations)
+        try:
+            result = await self.store.admit(
+                Admission(
+                    lease_id=lease_id,
+                    lease_seconds=self._lease_seconds,
+                    window=None if window_counted else self._window(key),
+                    reservations=reservations,
+                )
             )
-        )
+        except BaseException:
+            # Timed out, cut off or cancelled: the store may still run it, so take it back.
+            self._cancels.append((lease_id, counters))
+            self._wake.set()
+            raise
         if result.window is not None:
             self._check_window(key, result.window)
         if result.refused is not None:
@@ -205,7 +244,6 @@ class LimitPolicy:
             if result.window is not None:
                 refusal.headers = {**refusal.headers, **result.window.headers()}
             raise refusal
-        counters = tuple(r.counter for r in reservations)
         self._live[lease_id] = counters
         return Admitted(result.window, lease_id, counters, worst)
 
@@ -340,33 +378,32 @@ class LimitPolicy:
         self._wake.set()
 
     async def flush(self) -> bool:
-        """Send every queued settlement now; False if the store refused (they stay queued)."""
+        """Send every queued cancellation and settlement now; False if the store was unreachable
+        (what was not sent stays queued)."""
         async with self._flushing:
-            if not self._charges:
-                return True
-            batch, self._charges = self._charges, []
-            try:
-                await self.store.settle(batch)
-            except ServiceUnavailable:
-                # Kept for the next try, up to a bound: past it, the oldest leases expire instead.
-                self._charges[:0] = batch[-_MAX_QUEUED_CHARGES:]
-                log.warning("limit settlement failed; %d charges will be retried", len(batch))
-                return False
-            except asyncio.CancelledError:
-                self._charges[:0] = batch
-                raise
-            except Exception:
-                # A batch the store refuses is not retried forever; its leases expire.
-                log.exception("limit settlement of %d charges was refused", len(batch))
-            return True
+            cancel_seconds = self._lease_seconds * _CANCEL_MEMORY_LEASES
+            return await _send(
+                self._cancels, lambda batch: self.store.cancel(batch, cancel_seconds), "cancel"
+            ) and await _send(self._charges, self.store.settle, "settlement")
 
     async def _settle_forever(self) -> None:
+        failing = False  # logged once when sending starts failing and once when it works again
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not await self.flush():
-                await asyncio.sleep(1.0)
-                self._wake.set()
+            if await self.flush():
+                if failing:
+                    log.warning("limit settlements and cancellations are sent again")
+                failing = False
+                continue
+            if not failing:
+                log.warning(
+                    "limit settlements and cancellations cannot reach the store; they stay queued "
+                    "and are retried every second"
+                )
+            failing = True
+            await asyncio.sleep(1.0)
+            self._wake.set()
 
     async def _renew_forever(self) -> None:
         while True:

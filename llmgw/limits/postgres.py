@@ -4,7 +4,9 @@ A plain request window (keys with no reservable limit) is today's single ``INSER
 UPDATE … WHERE request_count < limit``: the row lock serialises concurrent requests on any number
 of replicas, so exactly ``limit`` of them see a row come back. A request with reservations calls
 ``llmgw_limits_admit`` (migration 0005), which does the window hit and every reservation all or
-nothing in the same single statement; ``llmgw_limits_settle`` settles a batch.
+nothing in the same single statement; ``llmgw_limits_settle`` settles a batch. Admissions go
+through ``llmgw_limits_admit_unless_cancelled`` (migration 0009), which refuses a lease that
+``llmgw_limits_cancel`` cancelled first.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ WITH clock AS (
 SELECT (SELECT request_count FROM counted) AS request_count,
        (SELECT reset_seconds FROM window_bounds)::float8 AS reset_seconds
 """
-_ADMIT = "SELECT * FROM llmgw_limits_admit($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+_ADMIT = "SELECT * FROM llmgw_limits_admit_unless_cancelled($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 _SETTLE = "SELECT llmgw_limits_settle($1::uuid[], $2::text[], $3::float8[])"
+_CANCEL = "SELECT llmgw_limits_cancel($1::uuid[], $2::float8)"
 _RENEW = """
 UPDATE limit_leases SET expires_at = clock_timestamp() + make_interval(secs => $2)
 WHERE lease_id = ANY($1::uuid[])
@@ -66,6 +69,7 @@ _PRUNE_WINDOWS = """
 DELETE FROM api_key_rate_limit_windows
 WHERE window_start_at + make_interval(secs => window_seconds) < now() - interval '1 minute'
 """
+_PRUNE_CANCELLED = "DELETE FROM limit_cancelled_leases WHERE expires_at < now()"
 _PRUNE_COUNTERS = """
 DELETE FROM limit_counters c WHERE keep_until < now()
 AND NOT EXISTS (SELECT 1 FROM limit_leases l WHERE l.counter = c.counter AND l.expires_at >= now())
@@ -100,6 +104,9 @@ class PostgresLimitStore:
         await cancel_and_wait([self._pruner])
         await self._connections.close()
 
+    async def ping(self) -> None:
+        """The database /readyz already checks: nothing more to ask."""
+
     async def hit(self, window: Window) -> RateLimitDecision:
         with database_errors():
             row = await self._connections.fetchrow(
@@ -131,6 +138,8 @@ class PostgresLimitStore:
             else _decision(window.limit, row["window_count"], row["window_reset"])
         )
         refused: int = row["refused"]
+        if refused < 0:
+            return AdmissionResult(None, cancelled=True)
         return AdmissionResult(decision, reservations[refused - 1] if refused > 0 else None)
 
     async def settle(self, charges: Sequence[Charge]) -> None:
@@ -148,6 +157,12 @@ class PostgresLimitStore:
         with database_errors():
             await self._connections.fetchrow(_RENEW, [lease_id for lease_id, _ in leases], seconds)
 
+    async def cancel(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        with database_errors():
+            await self._connections.fetchrow(_CANCEL, [lease_id for lease_id, _ in leases], seconds)
+
     async def usage(self, counter: str) -> tuple[float, float]:
         with database_errors():
             row = await self._connections.fetchrow(_USAGE, counter)
@@ -156,9 +171,11 @@ class PostgresLimitStore:
         return row["used"], max(0.0, row["reserved"])
 
     async def prune(self) -> int:
-        """Delete ended windows and counters past their period; returns how many windows."""
+        """Delete ended windows, counters past their period and old cancellations; returns how
+        many windows."""
         status: str = await self._pool.execute(_PRUNE_WINDOWS)
         await self._pool.execute(_PRUNE_COUNTERS)
+        await self._pool.execute(_PRUNE_CANCELLED)
         return int(status.rsplit(" ", 1)[-1])
 
     async def _prune_forever(self) -> None:

@@ -2,12 +2,15 @@
 
 Scripts read the clock of the Redis server (``TIME``), so every replica agrees on window boundaries
 and lease expiry. A counter ``C`` is three keys: the hash ``C`` (``used``, ``reserved``), the sorted
-set ``C:l`` of its leases by expiry, and the hash ``C:a`` of each lease's amount. Keys are derived
-from the ones passed, so this needs a single Redis server (not Cluster).
+set ``C:l`` of its leases by expiry, and the hash ``C:a`` of each lease's amount; a cancelled
+admission is a key ``<prefix>:cancelled:<lease id>`` that expires. Keys are derived from the ones
+passed, so this needs a single Redis server (not Cluster).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,17 +30,24 @@ from llmgw.limits.store import (
 
 __all__ = ["RedisLimitStore"]
 
-# Shared by the scripts: the clock, and giving back a counter's expired leases.
+log = logging.getLogger(__name__)
+
+# Shared by the scripts: the clock, and giving back a lease (settled, cancelled or expired).
 _PRELUDE = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
+local function give_back(counter, lease)
+    local given = redis.call('HGET', counter .. ':a', lease)
+    redis.call('ZREM', counter .. ':l', lease)
+    if given then
+        redis.call('HDEL', counter .. ':a', lease)
+        redis.call('HINCRBYFLOAT', counter, 'reserved', -tonumber(given))
+    end
+end
 local function expire_leases(counter)
     local expired = redis.call('ZRANGEBYSCORE', counter .. ':l', '-inf', '(' .. now)
     for _, lease in ipairs(expired) do
-        local given = tonumber(redis.call('HGET', counter .. ':a', lease) or '0')
-        redis.call('HDEL', counter .. ':a', lease)
-        redis.call('ZREM', counter .. ':l', lease)
-        redis.call('HINCRBYFLOAT', counter, 'reserved', -given)
+        give_back(counter, lease)
     end
 end
 local function taken(counter)
@@ -47,9 +57,10 @@ local function taken(counter)
 end
 """
 
-# KEYS[1]: the key's window prefix ('' for none); KEYS[2..]: counters.
-# ARGV: window limit ('' for none), window seconds, lease id, lease seconds, then per counter:
-# cap, amount, keep seconds. Returns {window allowed, count, reset, refused counter index}.
+# KEYS[1]: the key's window prefix ('' for none); KEYS[2]: the lease's cancel mark; KEYS[3..]:
+# counters. ARGV: window limit ('' for none), window seconds, lease id, lease seconds, then per
+# counter: cap, amount, keep seconds. Returns {window allowed, count, reset, refused counter index}
+# (index -1: the lease was cancelled, nothing counted).
 _HIT_WINDOW = """
 local function window_state(prefix, limit, seconds)
     local start = math.floor(now / seconds) * seconds
@@ -82,6 +93,9 @@ _ADMIT = (
     _PRELUDE
     + _HIT_WINDOW
     + """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+    return {0, 0, '0', -1}
+end
 local window_key, count, reset, ends = nil, 0, 0, 0
 local limit = tonumber(ARGV[1])
 if limit then
@@ -91,18 +105,18 @@ if limit then
     end
 end
 local lease, lease_seconds = ARGV[3], tonumber(ARGV[4])
-for i = 2, #KEYS do
-    local at = 5 + (i - 2) * 3
+for i = 3, #KEYS do
+    local at = 5 + (i - 3) * 3
     expire_leases(KEYS[i])
     if taken(KEYS[i]) + tonumber(ARGV[at + 1]) > tonumber(ARGV[at]) then
-        return {1, count, tostring(reset), i - 1}
+        return {1, count, tostring(reset), i - 2}
     end
 end
 if window_key then
     count = count_window(window_key, ends)
 end
-for i = 2, #KEYS do
-    local at = 5 + (i - 2) * 3
+for i = 3, #KEYS do
+    local at = 5 + (i - 3) * 3
     local counter, amount, keep = KEYS[i], ARGV[at + 1], math.ceil(tonumber(ARGV[at + 2]))
     redis.call('HINCRBYFLOAT', counter, 'reserved', amount)
     redis.call('ZADD', counter .. ':l', now + lease_seconds, lease)
@@ -124,12 +138,7 @@ _SETTLE = (
 for i = 1, #KEYS do
     local counter, lease, actual = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
     if redis.call('EXISTS', counter) == 1 then
-        local given = redis.call('HGET', counter .. ':a', lease)
-        if given then
-            redis.call('HDEL', counter .. ':a', lease)
-            redis.call('ZREM', counter .. ':l', lease)
-            redis.call('HINCRBYFLOAT', counter, 'reserved', -tonumber(given))
-        end
+        give_back(counter, lease)
         if actual ~= 0 then
             redis.call('HINCRBYFLOAT', counter, 'used', actual)
         end
@@ -150,6 +159,22 @@ return 0
 """
 )
 
+# KEYS[1..n]: the cancel marks of n leases, then counters; ARGV: seconds, n, then the lease id of
+# each counter. Marks first: an admission that arrives later sees its mark and is refused.
+_CANCEL = (
+    _PRELUDE
+    + """
+local seconds, n = math.ceil(tonumber(ARGV[1])), tonumber(ARGV[2])
+for i = 1, n do
+    redis.call('SET', KEYS[i], '1', 'EX', seconds)
+end
+for i = n + 1, #KEYS do
+    give_back(KEYS[i], ARGV[i - n + 2])
+end
+return 0
+"""
+)
+
 _USAGE = (
     _PRELUDE
     + """
@@ -160,16 +185,36 @@ return {tostring(used), tostring(reserved)}
 )
 
 
-@contextmanager
-def _store_errors() -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        # Fail closed: without the shared counts no replica can know whether a key is over.
-        raise ServiceUnavailable(
-            "The gateway cannot reach its rate-limit store right now; retry in a few seconds.",
-            code="rate_limit_store_unavailable",
-        ) from exc
+class _Reachability:
+    """Turns Redis errors into 503s, and logs an outage once when it starts and once when it ends
+    (every request fails while it lasts; a line per request would bury the two that matter)."""
+
+    def __init__(self) -> None:
+        self._down_since: float | None = None
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                log.warning(
+                    "the rate-limit store (Redis) cannot be reached (%s: %s); requests that need "
+                    "it get 503 and /readyz is not ready until it answers",
+                    type(exc).__name__, exc,
+                )  # fmt: skip
+            # Fail closed: without the shared counts no replica can know whether a key is over.
+            raise ServiceUnavailable(
+                "The gateway cannot reach its rate-limit store right now; retry in a few seconds.",
+                code="rate_limit_store_unavailable",
+            ) from exc
+        if self._down_since is not None:
+            log.warning(
+                "the rate-limit store (Redis) answers again after %.1f s unreachable",
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
 
 
 class RedisLimitStore:
@@ -181,11 +226,16 @@ class RedisLimitStore:
         self._admit: Any = self._client.register_script(_ADMIT)
         self._settle: Any = self._client.register_script(_SETTLE)
         self._renew: Any = self._client.register_script(_RENEW)
+        self._cancel: Any = self._client.register_script(_CANCEL)
         self._usage: Any = self._client.register_script(_USAGE)
         self._key_prefix = key_prefix
+        self._reachability = _Reachability()
 
     def _counter(self, name: str) -> str:
         return f"{self._key_prefix}:counter:{name}"
+
+    def _cancel_mark(self, lease_id: uuid.UUID) -> str:
+        return f"{self._key_prefix}:cancelled:{lease_id}"
 
     async def start(self) -> None:
         """Nothing to start: keys expire by themselves (EXPIRE), so there is no pruning."""
@@ -193,8 +243,12 @@ class RedisLimitStore:
     async def close(self) -> None:
         await self._client.aclose()
 
+    async def ping(self) -> None:
+        with self._reachability.errors():
+            await self._client.ping()
+
     async def hit(self, window: Window) -> RateLimitDecision:
-        with _store_errors():
+        with self._reachability.errors():
             allowed, count, reset = await self._hit(
                 keys=[f"{self._key_prefix}:{window.key_id}"], args=[window.limit, window.seconds]
             )
@@ -217,10 +271,14 @@ class RedisLimitStore:
             args.extend((repr(reservation.cap), repr(reservation.amount), reservation.keep_seconds))
         keys = [
             "" if window is None else f"{self._key_prefix}:{window.key_id}",
+            self._cancel_mark(admission.lease_id),
             *(self._counter(r.counter) for r in admission.reservations),
         ]
-        with _store_errors():
+        with self._reachability.errors():
             allowed, count, reset, refused = await self._admit(keys=keys, args=args)
+        index = int(refused)
+        if index < 0:
+            return AdmissionResult(None, cancelled=True)
         decision = None
         if window is not None:
             decision = RateLimitDecision(
@@ -229,14 +287,13 @@ class RedisLimitStore:
                 remaining=max(0, window.limit - int(count)),
                 reset_seconds=float(reset),
             )
-        index = int(refused)
         return AdmissionResult(decision, admission.reservations[index - 1] if index > 0 else None)
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         args: list[Any] = []
         for charge in charges:
             args.extend((str(charge.lease_id), repr(charge.actual)))
-        with _store_errors():
+        with self._reachability.errors():
             await self._settle(keys=[self._counter(c.counter) for c in charges], args=args)
 
     async def renew(
@@ -249,10 +306,24 @@ class RedisLimitStore:
                 keys.append(self._counter(counter))
                 args.append(str(lease_id))
         if keys:
-            with _store_errors():
+            with self._reachability.errors():
                 await self._renew(keys=keys, args=args)
 
+    async def cancel(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        marks = [self._cancel_mark(lease_id) for lease_id, _ in leases]
+        counters: list[str] = []
+        args: list[Any] = [seconds, len(marks)]
+        for lease_id, names in leases:
+            for name in names:
+                counters.append(self._counter(name))
+                args.append(str(lease_id))
+        if marks:
+            with self._reachability.errors():
+                await self._cancel(keys=[*marks, *counters], args=args)
+
     async def usage(self, counter: str) -> tuple[float, float]:
-        with _store_errors():
+        with self._reachability.errors():
             used, reserved = await self._usage(keys=[self._counter(counter)], args=[])
         return float(used), float(reserved)

@@ -6,7 +6,9 @@ A store keeps two kinds of state, shared by every replica:
 - counters: ``used + reserved <= cap``. A request reserves an amount on each counter it falls
   under, all or nothing, under a lease; settling the lease moves the reservation to ``used`` at
   the actual amount. A lease that is neither settled nor renewed expires and its reservation is
-  given back.
+  given back. An admission whose caller gave up waiting (a stalled store, a timeout) is cancelled
+  by its lease id: what it reserved is given back, and should it reach the store only later it is
+  refused, so a stall never leaves a lease behind (whichever of the two arrives first).
 
 Counter names say what they count and for which period (``tokens:<key>:<minute>``); the policy makes
 them, the store only compares and adds. Every call is one round trip. Stores fail closed: an
@@ -92,10 +94,15 @@ class AdmissionResult:
 
     window: RateLimitDecision | None
     refused: Reservation | None = None
+    cancelled: bool = False  # its lease was cancelled before it reached the store
 
     @property
     def admitted(self) -> bool:
-        return self.refused is None and (self.window is None or self.window.allowed)
+        return (
+            not self.cancelled
+            and self.refused is None
+            and (self.window is None or self.window.allowed)
+        )
 
 
 @attrs.frozen(slots=True)
@@ -127,8 +134,19 @@ class LimitStore(Protocol):
         """Push back the expiry of live leases (lease id, its counters) to ``seconds`` from now."""
         ...
 
+    async def cancel(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        """Give back what these admissions (lease id, its counters) reserved, if they landed, and
+        refuse them if they land within ``seconds`` from now; cancelling twice changes nothing."""
+        ...
+
     async def usage(self, counter: str) -> tuple[float, float]:
         """``(used, reserved)`` of a counter, expired leases excluded (tests and reports)."""
+        ...
+
+    async def ping(self) -> None:
+        """One round trip (readiness); raises ServiceUnavailable when the store cannot be reached."""
         ...
 
     async def start(self) -> None: ...

@@ -5,7 +5,9 @@
 next try. A batch the database refuses for what is in it is split in halves until the refused row
 is alone; that row is set aside in ``usage_dead_letters`` (an ERROR line, and counted in
 ``llmgw.usage_ledger.dead_letters``) and every other row is written, so one bad row never stops
-the ledger. ``close`` writes whatever is queued, so a graceful shutdown loses nothing.
+the ledger. ``close`` writes whatever is queued, so a graceful shutdown loses nothing; with a
+:class:`~llmgw.storage.spool.Spool`, neither does a process killed outright: each queued row is in
+its spool file too, and the next process to start writes the rows of processes that are gone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncpg
 
 from llmgw.accounting.usage import UsageRecord
 from llmgw.storage.database import BACKGROUND_WRITE_TIMEOUT_SECONDS, DATABASE_DOWN_ERRORS
+from llmgw.storage.spool import Spool
 from llmgw.storage.usage import dead_letter_json, set_aside, write_batch
 
 __all__ = ["UsageLedger"]
@@ -49,8 +52,10 @@ class UsageLedger:
         flush_interval: float = 0.5,
         on_drop: Callable[[int], None] = lambda _count: None,
         on_dead_letter: Callable[[int], None] = lambda _count: None,
+        spool: Spool | None = None,
     ) -> None:
         self._pool = pool
+        self._spool = spool
         self._capacity = capacity
         self._batch_size = batch_size
         self._flush_interval = flush_interval
@@ -71,11 +76,22 @@ class UsageLedger:
             self._on_drop(1)
             log.warning("usage ledger queue is full (%d rows); a row was dropped", self._capacity)
             return
-        self._queue.append(record)
+        self._take(record)
         if len(self._queue) >= self._batch_size:
             self._wake.set()
 
+    def _take(self, record: UsageRecord) -> None:
+        self._queue.append(record)
+        if self._spool is not None:
+            self._spool.append(record)
+
     async def start(self) -> None:
+        if self._spool is not None and (adopted := self._spool.adopt(self._take)):
+            log.warning(
+                "usage ledger: %d rows of a process that stopped before writing them (killed?) "
+                "were found in its spool; they are written now (rows it had written are skipped)",
+                adopted,
+            )
         self._writer = asyncio.create_task(self._write_forever(), name="llmgw-usage-ledger")
 
     async def close(self) -> None:
@@ -87,13 +103,19 @@ class UsageLedger:
         while self._queue:
             if not await self.flush():
                 log.error(
-                    "usage ledger: %d rows could not be written at shutdown", len(self._queue)
+                    "usage ledger: %d rows could not be written at shutdown%s",
+                    len(self._queue),
+                    "" if self._spool is None else "; the next start writes them from the spool",
                 )
-                return
+                break
+        if self._spool is not None:
+            self._spool.close(empty=not self._queue)
 
     async def flush(self) -> bool:
         """Write everything queued now; False if the database was unreachable (rows stay queued)."""
         async with self._lock:
+            # The segments up to ``spooled`` hold only rows queued now: deleted once they are written.
+            spooled = None if self._spool is None or not self._queue else self._spool.rotate()
             while self._queue:
                 count = min(self._batch_size, len(self._queue))
                 # Parts still to write, the next one last; a refused part is replaced by its halves.
@@ -108,10 +130,15 @@ class UsageLedger:
                 except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
                     self._put_back(parts)
                     log.warning("usage ledger write failed (%s); will retry", type(exc).__name__)
+                    if self._spool is not None and spooled is not None:
+                        # They may wait a while: on disk, they survive the machine too.
+                        await asyncio.to_thread(self._spool.sync, spooled)
                     return False
                 except BaseException:
                     self._put_back(parts)  # cancelled: the rows stay queued
                     raise
+            if self._spool is not None and spooled is not None:
+                self._spool.discard(spooled)
         return True
 
     async def _write(self, connection: asyncpg.Connection, parts: list[list[UsageRecord]]) -> None:

@@ -11,6 +11,7 @@ __all__ = [
     "api_key_token_windows",
     "api_keys",
     "console_sessions",
+    "limit_cancelled_leases",
     "limit_counters",
     "limit_leases",
     "metadata",
@@ -173,6 +174,9 @@ usage_events = sa.Table(
     # "field:reason" for each value dropped or changed to make the row storable (UsageRecord).
     sa.Column("flags", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")),
     sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
+    # UsageRecord.event_id: a record written twice (a spool replayed) is stored once. NULL: older rows.
+    sa.Column("event_id", UUID(as_uuid=True), nullable=True),
+    sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
     sa.Index("ix_usage_events_subject_id", "subject_id", "occurred_at"),
@@ -258,6 +262,15 @@ limit_leases = sa.Table(
     sa.PrimaryKeyConstraint("lease_id", "counter"),
     sa.Index("ix_limit_leases_counter", "counter", "expires_at"),
     sa.CheckConstraint("amount >= 0", name="amount_non_negative"),
+)
+
+# Admissions whose caller gave up waiting: refused should they still reach the database, until
+# expires_at (llmgw_limits_admit_unless_cancelled; pruned afterwards).
+limit_cancelled_leases = sa.Table(
+    "limit_cancelled_leases",
+    metadata,
+    sa.Column("lease_id", UUID(as_uuid=True), primary_key=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 # Per hour, key and model: what the console and `llmgw usage report` read (llmgw/storage/rollup.py).

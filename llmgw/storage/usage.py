@@ -33,9 +33,14 @@ _INSERT = """
 INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
-    time_to_first_chunk_ms, usage_source, flags, cost_computed
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+    time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
+          $21)
+ON CONFLICT (event_id) DO NOTHING
 """
+# Rows of the batch already stored (a replayed spool, or a batch retried after its commit was cut
+# off): skipped, so neither the row nor the running totals and rollup count them twice.
+_STORED = "SELECT event_id FROM usage_events WHERE event_id = ANY($1::uuid[])"
 # Saturates just below what numeric(30,18) holds, so no amount of spend can make a later row of
 # the same subject unstorable (each row's cost is bounded by accounting.usage.MAX_COST).
 _ADD_SPEND = """
@@ -70,7 +75,17 @@ def _decimal(value: float | None) -> Decimal | None:
 
 
 async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
-    """Insert the rows and add them to the running totals and the hourly rollup, in one transaction."""
+    """Insert the rows and add them to the running totals and the hourly rollup, in one transaction;
+    rows already stored (by event id) are skipped."""
+    async with conn.transaction():
+        stored = {row[0] for row in await conn.fetch(_STORED, [r.event_id for r in records])}
+        fresh = {r.event_id: r for r in records if r.event_id not in stored}  # and once each
+        await _write_new(conn, list(fresh.values()))
+
+
+async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
+    if not records:
+        return
     spend: defaultdict[tuple[uuid.UUID, date], Decimal] = defaultdict(Decimal)
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
     rows = []
@@ -82,7 +97,7 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
                 r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
                 r.input_tokens, r.output_tokens, cost_usd, _decimal(r.cost_diem),
                 r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
-                r.cost_computed,
+                r.cost_computed, r.event_id,
             )
         )  # fmt: skip
         if r.subject_id is not None and cost_usd:
@@ -90,13 +105,12 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
         used = (r.input_tokens or 0) + (r.output_tokens or 0)
         if used:
             tokens[(r.api_key_id, minute_start(r.occurred_at))] += used
-    async with conn.transaction():
-        await conn.executemany(_INSERT, rows)
-        if spend:
-            await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
-        if tokens:
-            await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
-        await add_to_rollup(conn, records)
+    await conn.executemany(_INSERT, rows)
+    if spend:
+        await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
+    if tokens:
+        await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
+    await add_to_rollup(conn, records)
 
 
 async def set_aside(conn: asyncpg.Connection, record: UsageRecord, error: BaseException) -> None:

@@ -1,23 +1,33 @@
 """Every limit store keeps the same contract: exact windows, all-or-nothing reservations under
-concurrency, settlement, and expiry of leases nobody settles (memory, Postgres, Redis)."""
+concurrency, settlement, expiry of leases nobody settles, and cancellation of admissions whose
+caller gave up (memory, Postgres, Redis), also through a real stall of Postgres or Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
+from llmgw.accounting.prices import PriceTable
+from llmgw.errors import RateLimited, ServiceUnavailable
 from llmgw.limits.memory import MemoryLimitStore
+from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import Admission, Charge, LimitStore, Reservation, Window
+from tests.limits.test_policy import admit, key
+from tests.stall_proxy import StallProxy
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
-BACKENDS = ["memory", "postgres", pytest.param("redis", marks=pytest.mark.skipif(
-    not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL to test Redis"))]  # fmt: skip
+REDIS = pytest.param("redis", marks=[pytest.mark.redis, pytest.mark.skipif(
+    not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL to test Redis")])  # fmt: skip
+BACKENDS = ["memory", "postgres", REDIS]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -112,3 +122,113 @@ async def test_a_renewed_lease_does_not_expire(store: LimitStore) -> None:
     await store.renew([(held.lease_id, (counter,))], 30.0)
     await asyncio.sleep(0.5)
     assert not (await store.admit(admission(counter, 1.0, 1.0))).admitted
+
+
+async def test_a_cancelled_admission_gives_back_what_it_reserved(store: LimitStore) -> None:
+    counter = f"concurrency:{uuid.uuid4()}"
+    landed = admission(counter, 1.0, 1.0)
+    assert (await store.admit(landed)).admitted
+    await store.cancel([(landed.lease_id, (counter,))], 60.0)
+    await store.cancel([(landed.lease_id, (counter,))], 60.0)  # cancelling twice: nothing more
+    assert await store.usage(counter) == (0.0, 0.0)
+    assert (await store.admit(admission(counter, 1.0, 1.0))).admitted
+
+
+async def test_an_admission_that_lands_after_its_cancel_is_refused(
+    store: LimitStore, db: asyncpg.Connection
+) -> None:
+    window = Window(await new_key(db), limit=1, seconds=60)
+    counter = f"concurrency:{uuid.uuid4()}"
+    late = Admission(uuid.uuid4(), 30.0, window, (Reservation(counter, 1.0, 1.0, 120),))
+    await store.cancel([(late.lease_id, (counter,))], 60.0)
+    result = await store.admit(late)
+    assert result.cancelled
+    assert not result.admitted
+    assert await store.usage(counter) == (0.0, 0.0)
+    assert (await store.hit(window)).allowed  # it took no place in the window either
+
+
+Stall = Callable[[str], AbstractAsyncContextManager[None]]
+
+
+async def _no_lease_survives_a_stall(store: LimitStore, stall: Stall, key_id: uuid.UUID) -> None:
+    """Two admissions cut off by a stall (the store's 2 s timeout) run once the store resumes;
+    the key's two concurrency slots must be free again right after, not for a lease's 60 s."""
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=60)
+    await limits.start()
+    try:
+        k = key(id=key_id, max_concurrent_requests=2)
+        limits.settle(await admit(limits, k), None)  # the counter exists; statements are ready
+        assert await limits.flush()
+        async with stall(f"concurrency:{k.id}"):
+            cut_off = await asyncio.gather(
+                admit(limits, k), admit(limits, k), return_exceptions=True
+            )
+            assert [type(outcome) for outcome in cut_off] == [ServiceUnavailable] * 2
+        assert await limits.flush()
+        await admit(limits, k)
+        await admit(limits, k)
+        with pytest.raises(RateLimited):
+            await admit(limits, k)  # the cap still holds
+    finally:
+        await limits.close()
+
+
+async def test_no_lease_survives_a_postgres_stall(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    @contextlib.asynccontextmanager
+    async def row_lock(counter: str) -> AsyncIterator[None]:
+        """Another session holds the counter's row: admissions wait in the database."""
+        locker = await asyncpg.connect(database_url)
+        try:
+            async with locker.transaction():
+                await locker.execute(
+                    "SELECT 1 FROM limit_counters WHERE counter = $1 FOR UPDATE", counter
+                )
+                yield
+            # The waiting statements run now; wait until they have.
+            async with asyncio.timeout(10):
+                while True:
+                    running = await db.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                        "AND state = 'active' AND query LIKE '%llmgw_limits_%'"
+                    )
+                    if not running:
+                        break
+                    await asyncio.sleep(0.02)
+        finally:
+            await locker.close()
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        store = PostgresLimitStore(pool, database_url)
+        await _no_lease_survives_a_stall(store, row_lock, await new_key(db))
+    finally:
+        await pool.close()
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL to test Redis")
+async def test_no_lease_survives_a_redis_stall(db: asyncpg.Connection) -> None:
+    from llmgw.limits.redis import RedisLimitStore
+
+    assert REDIS_URL is not None
+    target = urlsplit(REDIS_URL)
+    proxy = StallProxy(target.hostname or "127.0.0.1", target.port or 6379)
+    port = await proxy.start()
+
+    @contextlib.asynccontextmanager
+    async def network_stall(_counter: str) -> AsyncIterator[None]:
+        proxy.pause()
+        yield
+        await proxy.resume()  # what was held back reaches Redis and runs
+
+    try:
+        store = RedisLimitStore(
+            target._replace(netloc=f"127.0.0.1:{port}").geturl(),
+            key_prefix=f"llmgw-test:{uuid.uuid4().hex}",
+        )
+        await _no_lease_survives_a_stall(store, network_stall, await new_key(db))
+    finally:
+        await proxy.close()

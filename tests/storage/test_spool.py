@@ -1,0 +1,93 @@
+"""The ledger's spool: rows of a process killed before writing them are written by the next one,
+each once, and a live process's spool is never taken."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from llmgw.storage.ledger import UsageLedger
+from llmgw.storage.spool import Spool, from_line, to_line
+from llmgw.storage.usage import write_batch
+from tests.usage_records import usage_record
+
+SUBJECT = uuid.UUID(int=7)
+
+# A process that spools the records given as lines on stdin, then is killed outright.
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from llmgw.storage.spool import Spool, from_line
+spool = Spool.open(Path(sys.argv[1]))
+for line in sys.stdin.buffer:
+    spool.append(from_line(line))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def files(directory: Path, pattern: str) -> list[str]:
+    return sorted(path.name for path in directory.glob(pattern))
+
+
+@pytest.fixture
+async def pool(database_url: str, db: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    yield pool
+    await pool.close()
+
+
+def test_a_record_reads_back_as_written() -> None:
+    record = usage_record(subject_id=SUBJECT, cost_usd=0.00010471875, flags=("model:truncated",))
+    assert from_line(to_line(record)) == record
+
+
+async def test_the_rows_of_a_killed_process_are_written_once_by_the_next(
+    tmp_path: Path, pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    records = [usage_record(request_id=f"r{i}", subject_id=SUBJECT, cost_usd=0.5) for i in range(5)]
+    killed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED_WRITER, str(tmp_path), stdin=asyncio.subprocess.PIPE
+    )
+    await killed.communicate(b"".join(map(to_line, records)))
+    assert killed.returncode == -9
+    async with pool.acquire() as connection:
+        await write_batch(connection, records[:2])  # it had written these before it was killed
+    ledger = UsageLedger(pool, spool=Spool.open(tmp_path))
+    await ledger.start()
+    await ledger.close()
+    rows = await db.fetch("SELECT request_id FROM usage_events ORDER BY request_id")
+    assert [row["request_id"] for row in rows] == ["r0", "r1", "r2", "r3", "r4"]
+    spend = await db.fetchval("SELECT spend_usd FROM subject_monthly_spend")
+    assert spend == Decimal("2.5")  # the two rows written before were not counted again
+    assert files(tmp_path, "*") == []  # all written: nothing kept
+
+
+async def test_a_live_process_keeps_its_spool_and_a_clean_stop_leaves_none(
+    tmp_path: Path, pool: asyncpg.Pool, db: asyncpg.Connection
+) -> None:
+    live = Spool.open(tmp_path)
+    assert live is not None
+    live.append(usage_record(request_id="theirs"))
+    ledger = UsageLedger(pool, spool=Spool.open(tmp_path))
+    await ledger.start()
+    ledger.record(usage_record(request_id="mine"))
+    await ledger.close()
+    rows = await db.fetch("SELECT request_id FROM usage_events")
+    assert [row["request_id"] for row in rows] == ["mine"]
+    live.close(empty=False)  # as if it stopped with the row unwritten: the next start takes it
+    assert len(files(tmp_path, "*.jsonl")) == 1
+
+
+def test_a_spool_that_cannot_be_made_is_none_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("")
+    assert Spool.open(tmp_path / "file" / "spool") is None
+    assert "rows not yet written are lost if this process is killed" in caplog.text
