@@ -5,7 +5,7 @@ UPDATE … WHERE request_count < limit``: the row lock serialises concurrent req
 of replicas, so exactly ``limit`` of them see a row come back. A request with reservations calls
 ``llmgw_limits_admit`` (migration 0005), which does the window hit and every reservation all or
 nothing in the same single statement; ``llmgw_limits_settle`` settles a batch. Admissions go
-through ``llmgw_limits_admit_unless_cancelled`` (migration 0009), which refuses a lease that
+through ``llmgw_limits_admit_unless_cancelled`` (migration 0010), which refuses a lease that
 ``llmgw_limits_cancel`` cancelled first.
 """
 

@@ -1,8 +1,8 @@
 """Usage ledger: an event id per row, unique, so a record written twice (the spool of a killed
 process replayed at the next start) is stored once. Rows from before have none.
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-02
 """
 
@@ -13,8 +13,8 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

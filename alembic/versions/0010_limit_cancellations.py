@@ -2,8 +2,8 @@
 a timeout) is cancelled by its lease id: what it reserved is given back, and if the statement
 still runs later it is refused, so a stall never leaves a lease behind.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-02
 """
 
@@ -14,8 +14,8 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
