@@ -41,6 +41,7 @@ from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.responses import ResponseStore
 from llmgw.streaming import supervisor
 from llmgw.telemetry.model_names import remember_listed
+from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -153,7 +154,15 @@ def create_app(
         yield
         app[app_keys.TELEMETRY].providers.shutdown()
 
-    app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    refusals = app[app_keys.REFUSALS] = RefusalLog()
+
+    async def refusal_summaries(app: web.Application) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(refusals.run(), name="llmgw-refusal-summaries")
+        yield
+        await cancel_and_wait([sweeper])
+        refusals.close()  # the repeats counted so far, before the process ends
+
+    app.cleanup_ctx.extend([telemetry_flush, refusal_summaries, database, provider_sessions])
     supervisor.install(  # after the cleanup contexts above: its drains end before they close
         app,
         supervisor.StreamSupervisor(
@@ -171,7 +180,9 @@ def create_app(
     app.middlewares.extend(
         [
             generations.middleware,
-            request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
+            request_context_middleware(
+                tracer=telemetry.tracer, instruments=telemetry.instruments, refusals=refusals
+            ),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,

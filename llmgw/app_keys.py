@@ -12,6 +12,7 @@ from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.store import RateLimitDecision
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.storage.ledger import UsageLedger
+from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -22,6 +23,7 @@ PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 LEDGER = web.AppKey("ledger", UsageLedger)
 USAGE = web.AppKey("usage", UsageAccounting)
+REFUSALS = web.AppKey("refusals", RefusalLog)
 
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)

@@ -10,6 +10,7 @@ import os
 import random
 import re
 import secrets
+import time
 from collections.abc import Callable, Collection, Sequence
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw import app_keys
+from llmgw.auth.keys import KEY_MARKER, PREFIX_LENGTH, key_prefix
 from llmgw.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -25,10 +27,12 @@ from llmgw.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    ProviderError,
 )
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import GatewayInstruments
 from llmgw.telemetry.logs import REQUEST_ID
+from llmgw.telemetry.refusals import Refusal, RefusalLog
 
 __all__ = [
     "ADMITS_ITSELF",
@@ -45,7 +49,8 @@ log = logging.getLogger(__name__)
 # Set on a route handler that admits its requests itself (the proxy pipeline): see rate_limit_middleware.
 ADMITS_ITSELF = "llmgw_admits_itself"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-_ERROR_TYPE_ON_SPAN = web.RequestKey("error_type", str)
+# The error the gateway answered with (render_error): the span's error.type, the refusal's line.
+_ANSWERED_ERROR = web.RequestKey("answered_error", GatewayError)
 # The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
 ErrorRenderer = Callable[[GatewayError], bytes]
 _ERROR_RENDERER: web.RequestKey[ErrorRenderer] = web.RequestKey("error_renderer")
@@ -67,12 +72,14 @@ def _route_template(request: web.Request) -> str:
 
 
 def request_context_middleware(
-    *, tracer: trace.Tracer, instruments: GatewayInstruments
+    *, tracer: trace.Tracer, instruments: GatewayInstruments, refusals: RefusalLog
 ) -> Middleware:
-    """Request id (accepted if sane, else made), a SERVER span continuing the caller's trace."""
+    """Request id (accepted if sane, else made), a SERVER span continuing the caller's trace; the
+    end of every request: its metric, and the log line of a refusal."""
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
         offered = request.headers.get("X-Request-Id", "")
         request_id = offered if _SANE_REQUEST_ID.fullmatch(offered) else _new_request_id()
         request[app_keys.REQUEST_ID] = request_id
@@ -96,10 +103,10 @@ def request_context_middleware(
             response = await handler(request)
             status = response.status
             span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
-            error_type = request.get(_ERROR_TYPE_ON_SPAN)
-            if error_type is not None:
-                span.set_attribute(sc.ERROR_TYPE, error_type)
-                span.set_status(Status(StatusCode.ERROR, error_type))
+            error = request.get(_ANSWERED_ERROR)
+            if error is not None:
+                span.set_attribute(sc.ERROR_TYPE, error.error_kind)
+                span.set_status(Status(StatusCode.ERROR, error.error_kind))
             return response
         finally:
             context.detach(span_token)
@@ -108,9 +115,20 @@ def request_context_middleware(
                 sc.HTTP_ROUTE: route,
                 sc.HTTP_RESPONSE_STATUS_CODE: status,
             }
-            error_type = request.get(_ERROR_TYPE_ON_SPAN)
-            if error_type is not None:
-                attributes[sc.ERROR_TYPE] = error_type
+            error = request.get(_ANSWERED_ERROR)
+            if error is not None:
+                attributes[sc.ERROR_TYPE] = error.error_kind
+                # A provider's own error, re-rendered, is in the request's billing record.
+                if not isinstance(error, ProviderError):
+                    refusals.record(
+                        Refusal(
+                            route,
+                            error.status,
+                            error.error_kind,
+                            _key_prefix(request),
+                            round((time.perf_counter() - started) * 1000, 3),
+                        )
+                    )
             instruments.requests.add(1, attributes)
             REQUEST_ID.reset(token)
 
@@ -127,8 +145,19 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
         response.headers.update(decision.headers())
 
 
+def _key_prefix(request: web.Request) -> str | None:
+    """The prefix of the key the request was authenticated with, else of the gateway key it
+    presented (a refused one); never a part of anything else it presented."""
+    if app_keys.API_KEY in request:
+        return request[app_keys.API_KEY].prefix
+    token = _presented_key(request)
+    if token is None or not token.startswith(KEY_MARKER) or len(token) <= PREFIX_LENGTH:
+        return None
+    return key_prefix(token)
+
+
 def render_error(request: web.Request, error: GatewayError) -> web.Response:
-    request[_ERROR_TYPE_ON_SPAN] = error.error_kind
+    request[_ANSWERED_ERROR] = error
     renderer = request.get(_ERROR_RENDERER)
     return web.Response(
         status=error.status,
@@ -184,7 +213,10 @@ def error_middleware(*, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> 
         except (ConnectionResetError, web.RequestPayloadError):
             raise
         except Exception:
-            log.exception("unexpected error while handling %s %s", request.method, request.path)
+            # The route's template, not the path as sent: nothing the caller chose is logged.
+            log.exception(
+                "unexpected error while handling %s %s", request.method, _route_template(request)
+            )
             return render_error(
                 request, InternalError("The gateway failed unexpectedly; see its logs.")
             )
