@@ -19,8 +19,8 @@ __all__ = ["ROUTE", "invalid_http_answer"]
 
 ROUTE = "invalid_http"  # the refusal's route: the request line may not even have been read
 _ERROR = InvalidRequest(
-    "The request is not valid HTTP: its request line or a header is malformed or too long "
-    "(at most 8190 bytes each).",
+    "The request is not valid HTTP: a request line or header that is malformed or longer than "
+    "8190 bytes, or a body whose framing is broken.",
     code="invalid_http",
 )
 
