@@ -51,6 +51,7 @@ ADMITS_ITSELF = "llmgw_admits_itself"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # The error the gateway answered with (render_error): the span's error.type, the refusal's line.
 _ANSWERED_ERROR = web.RequestKey("answered_error", GatewayError)
+_REFUSED_KEY_PREFIX = web.RequestKey("refused_key_prefix", str)
 # The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
 ErrorRenderer = Callable[[GatewayError], bytes]
 _ERROR_RENDERER: web.RequestKey[ErrorRenderer] = web.RequestKey("error_renderer")
@@ -146,11 +147,16 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
 
 
 def _key_prefix(request: web.Request) -> str | None:
-    """The prefix of the key the request was authenticated with, else of the gateway key it
-    presented (a refused one); never a part of anything else it presented."""
+    """The prefix of the key the request was authenticated with, else of the gateway key that
+    auth_middleware refused (never of an admin token, nor of anything else presented)."""
     if app_keys.API_KEY in request:
         return request[app_keys.API_KEY].prefix
-    token = _presented_key(request)
+    return request.get(_REFUSED_KEY_PREFIX)
+
+
+def _gateway_key_prefix(token: str | None) -> str | None:
+    """A presented token's prefix if it is shaped like a gateway key (the part that is no
+    secret); None for anything else, which could be any secret."""
     if token is None or not token.startswith(KEY_MARKER) or len(token) <= PREFIX_LENGTH:
         return None
     return key_prefix(token)
@@ -254,6 +260,9 @@ def auth_middleware(
             request[app_keys.API_KEY] = await authenticator.authenticate(token)
         except AuthenticationFailed:
             instruments.auth_failures.add(1)
+            prefix = _gateway_key_prefix(token)
+            if prefix is not None:
+                request[_REFUSED_KEY_PREFIX] = prefix  # for the refusal's log line
             raise
         return await handler(request)
 

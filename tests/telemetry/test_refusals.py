@@ -169,3 +169,17 @@ async def test_a_413_a_429_and_a_gateway_400_each_leave_a_line(
         (route, 413, "request_too_large", prefix, None),
         (route, 429, "rate_limit_exceeded", prefix, None),
     ]
+
+
+async def test_a_refused_admin_token_is_never_logged_even_in_part(
+    start_gateway: Any, refusal_lines: pytest.LogCaptureFixture
+) -> None:
+    gateway = await start_gateway(admin_token="llmg_the-admin-token-0123456789")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            gateway.url("/admin/v1/keys"),
+            headers={"Authorization": "Bearer llmg_not-the-admin-token-0123456789"},
+        ) as response:
+            assert response.status == 401
+    [line] = lines(refusal_lines)
+    assert kind(line) == ("/admin/v1/keys", 401, "invalid_api_key", None, None)
