@@ -72,6 +72,7 @@ _ADDED_LATER: Final = _STANDARD_ATTRIBUTES - frozenset(_INIT_ATTRIBUTES)
 
 # An exception's message is cut to this many characters: enough to say what failed.
 _EXCEPTION_MESSAGE_CHARS: Final = 500
+_MIN_SECRET_CHARS: Final = 8
 # Source paths are logged from the directory that holds the llmgw package (the checkout, or
 # site-packages), or from site-packages for libraries: short, and the same on every host.
 _PACKAGE: Final = Path(__file__).resolve().parents[1]
@@ -81,9 +82,12 @@ _SITE_PACKAGES: Final = os.sep + "site-packages" + os.sep
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, *, worker: int | None = None) -> None:
+    def __init__(self, *, worker: int | None = None, secrets: Iterable[str] = ()) -> None:
         super().__init__()
         self._worker = worker
+        # Redacted from exception messages. A value too short to be a secret (a placeholder
+        # key such as "x") would only mangle messages.
+        self._secrets = tuple(secret for secret in secrets if len(secret) >= _MIN_SECRET_CHARS)
         # (second, its date and time of day): one datetime per second instead of one per line.
         self._second: tuple[int, str] | None = None
 
@@ -102,7 +106,7 @@ class JsonFormatter(logging.Formatter):
         entry["trace_id"] = None if "trace_id" in attributes else _current_trace_id()
         entry.update(_extra(attributes))
         if record.exc_info and record.exc_info[0] is not None:
-            entry.update(_exception_fields(*record.exc_info))
+            entry.update(_exception_fields(*record.exc_info, self._secrets))
         return orjson.dumps(entry, default=str).decode()
 
     def _timestamp(self, created: float) -> str:
@@ -122,14 +126,17 @@ class JsonFormatter(logging.Formatter):
 
 
 def _exception_fields(
-    kind: type[BaseException], error: BaseException | None, traceback: TracebackType | None
+    kind: type[BaseException],
+    error: BaseException | None,
+    traceback: TracebackType | None,
+    secrets: tuple[str, ...],
 ) -> dict[str, str]:
     """What a line says of its exception: class, redacted message, where it was raised."""
     fields = {"exception": kind.__name__}
     if error is None:
         return fields
     try:
-        message = redact(str(error))
+        message = redact(str(error), secrets)
     except Exception:  # a __str__ that fails must not cost the line
         message = "(the message could not be read)"
     if len(message) > _EXCEPTION_MESSAGE_CHARS:
@@ -282,9 +289,12 @@ def _is_pipe(stream: TextIO) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-def configure_logging(level: str, *, worker: int | None = None) -> None:
+def configure_logging(
+    level: str, *, worker: int | None = None, secrets: Iterable[str] = ()
+) -> None:
+    """JSON lines in batches on stderr; ``secrets`` never appear in an exception's message."""
     handler = BatchingStreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(worker=worker))
+    handler.setFormatter(JsonFormatter(worker=worker, secrets=secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

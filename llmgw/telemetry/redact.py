@@ -10,12 +10,15 @@ with a key, a token it could not parse. What looks like a credential is replaced
 - any run of 24 or more letters, digits, ``-`` and ``_`` that holds a digit: the shape of a
   generated key or token (a provider's key, a hash); identifiers of code and SQL rarely hold one.
 
-What is left says what went wrong without any value that could let someone in.
+The gateway's own secrets (its provider keys, the admin token) are also replaced wherever they
+appear, whatever their shape. What is left says what went wrong without any value that could let
+someone in.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 
 __all__ = ["REDACTED", "redact"]
@@ -38,8 +41,11 @@ def _token_like(match: re.Match[str]) -> str:
     return REDACTED if _DIGIT.search(text) else text
 
 
-def redact(text: str) -> str:
-    """``text`` with every credential-like part replaced by ``[redacted]``."""
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with ``secrets`` (the gateway's own, exactly) and every credential-like part
+    replaced by ``[redacted]``."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
     text = _GATEWAY_KEY.sub(REDACTED, text)
     text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
     text = _SCHEME_VALUE.sub(rf"\1\2{REDACTED}", text)

@@ -215,6 +215,20 @@ def test_an_exception_message_is_logged_without_the_secrets_it_quotes(secret: st
     assert "exception_via" not in line  # raised in no library: nothing to add
 
 
+def test_the_gateways_own_secrets_are_redacted_whatever_their_shape() -> None:
+    admin_token = "correct-horse-battery-staple"  # no digit: no pattern would know it
+
+    def log_it(logger: logging.Logger) -> None:
+        try:
+            raise RuntimeError(f"token {admin_token!r} refused; x kept")
+        except RuntimeError:
+            logger.exception("unexpected error")
+
+    formatter = JsonFormatter(secrets=[admin_token, "x"])  # "x": too short to redact
+    line = orjson.loads(formatter.format(logged(log_it)))
+    assert line["exception_message"] == "token '[redacted]' refused; x kept"
+
+
 async def test_a_500_is_logged_with_the_message_and_where_it_was_raised(
     gateway: Gateway, api_key: str, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
