@@ -34,7 +34,6 @@ from llmgw.middleware import (
     auth_middleware,
     error_middleware,
     rate_limit_middleware,
-    refusal_count_middleware,
     request_context_middleware,
 )
 from llmgw.providers.base import UpstreamHTTPError
@@ -47,6 +46,7 @@ from llmgw.storage.responses import ResponseStore
 from llmgw.storage.spool import Spool, spool_directory
 from llmgw.streaming import supervisor
 from llmgw.telemetry.model_names import remember_listed
+from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 
@@ -130,14 +130,14 @@ def create_app(
         await ledger.start()
         app[app_keys.LEDGER] = ledger
         app[app_keys.USAGE] = UsageAccounting(limits, ledger)
-        refusals = app[app_keys.REFUSALS] = RefusalCounts(pool)
-        await refusals.start()
+        refusal_counts = app[app_keys.REFUSAL_COUNTS] = RefusalCounts(pool)
+        await refusal_counts.start()
         responses = app[RESPONSE_STORE] = ResponseStore(
             pool, retention=timedelta(days=settings.responses_retention_days)
         )
         yield
         await responses.close()
-        await refusals.close()
+        await refusal_counts.close()
         await ledger.close()  # after the server stopped: every finished request is written
         await limits.close()  # and every reservation settled
         await authenticator.close()
@@ -170,7 +170,15 @@ def create_app(
         yield
         app[app_keys.TELEMETRY].providers.shutdown()
 
-    app.cleanup_ctx.extend([telemetry_flush, database, provider_sessions])
+    refusals = app[app_keys.REFUSALS] = RefusalLog()
+
+    async def refusal_summaries(app: web.Application) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(refusals.run(), name="llmgw-refusal-summaries")
+        yield
+        await cancel_and_wait([sweeper])
+        refusals.close()  # the repeats counted so far, before the process ends
+
+    app.cleanup_ctx.extend([telemetry_flush, refusal_summaries, database, provider_sessions])
     supervisor.install(  # after the cleanup contexts above: its drains end before they close
         app,
         supervisor.StreamSupervisor(
@@ -190,8 +198,9 @@ def create_app(
     app.middlewares.extend(
         [
             generations.middleware,
-            request_context_middleware(tracer=telemetry.tracer, instruments=telemetry.instruments),
-            refusal_count_middleware(),
+            request_context_middleware(
+                tracer=telemetry.tracer, instruments=telemetry.instruments, refusals=refusals
+            ),
             error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,

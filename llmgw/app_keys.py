@@ -14,6 +14,7 @@ from llmgw.limits.store import RateLimitDecision
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
+from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -24,7 +25,8 @@ PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 LEDGER = web.AppKey("ledger", UsageLedger)
 USAGE = web.AppKey("usage", UsageAccounting)
-REFUSALS = web.AppKey("refusals", RefusalCounts)
+REFUSALS = web.AppKey("refusals", RefusalLog)
+REFUSAL_COUNTS = web.AppKey("refusal_counts", RefusalCounts)
 
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)

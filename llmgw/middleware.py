@@ -10,6 +10,7 @@ import os
 import random
 import re
 import secrets
+import time
 from collections.abc import Callable, Collection, Sequence
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw import app_keys
+from llmgw.auth.keys import KEY_MARKER, PREFIX_LENGTH, key_prefix
 from llmgw.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -30,6 +32,7 @@ from llmgw.errors import (
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import GatewayInstruments
 from llmgw.telemetry.logs import REQUEST_ID
+from llmgw.telemetry.refusals import Refusal, RefusalLog
 
 __all__ = [
     "ADMITS_ITSELF",
@@ -38,7 +41,6 @@ __all__ = [
     "auth_middleware",
     "error_middleware",
     "rate_limit_middleware",
-    "refusal_count_middleware",
     "render_error",
     "request_context_middleware",
 ]
@@ -49,7 +51,9 @@ log = logging.getLogger(__name__)
 ADMITS_ITSELF = "llmgw_admits_itself"
 OMITTED_PARAMS_HEADER = "llmgw-omitted-params"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-_ERROR_TYPE_ON_SPAN = web.RequestKey("error_type", str)
+# The error the gateway answered with (render_error): the span's error.type, the refusal's line.
+_ANSWERED_ERROR = web.RequestKey("answered_error", GatewayError)
+_REFUSED_KEY_PREFIX = web.RequestKey("refused_key_prefix", str)
 # The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
 ErrorRenderer = Callable[[GatewayError], bytes]
 _ERROR_RENDERER: web.RequestKey[ErrorRenderer] = web.RequestKey("error_renderer")
@@ -71,12 +75,14 @@ def _route_template(request: web.Request) -> str:
 
 
 def request_context_middleware(
-    *, tracer: trace.Tracer, instruments: GatewayInstruments
+    *, tracer: trace.Tracer, instruments: GatewayInstruments, refusals: RefusalLog
 ) -> Middleware:
-    """Request id (accepted if sane, else made), a SERVER span continuing the caller's trace."""
+    """Request id (accepted if sane, else made), a SERVER span continuing the caller's trace; the
+    end of every request: its metric, and the log line of a refusal."""
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
         offered = request.headers.get("X-Request-Id", "")
         request_id = offered if _SANE_REQUEST_ID.fullmatch(offered) else _new_request_id()
         request[app_keys.REQUEST_ID] = request_id
@@ -100,10 +106,10 @@ def request_context_middleware(
             response = await handler(request)
             status = response.status
             span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
-            error_type = request.get(_ERROR_TYPE_ON_SPAN)
-            if error_type is not None:
-                span.set_attribute(sc.ERROR_TYPE, error_type)
-                span.set_status(Status(StatusCode.ERROR, error_type))
+            error = request.get(_ANSWERED_ERROR)
+            if error is not None:
+                span.set_attribute(sc.ERROR_TYPE, error.error_kind)
+                span.set_status(Status(StatusCode.ERROR, error.error_kind))
             return response
         finally:
             context.detach(span_token)
@@ -112,13 +118,33 @@ def request_context_middleware(
                 sc.HTTP_ROUTE: route,
                 sc.HTTP_RESPONSE_STATUS_CODE: status,
             }
-            error_type = request.get(_ERROR_TYPE_ON_SPAN)
-            if error_type is not None:
-                attributes[sc.ERROR_TYPE] = error_type
+            error = request.get(_ANSWERED_ERROR)
+            if error is not None:
+                attributes[sc.ERROR_TYPE] = error.error_kind
+                # A provider's own error, re-rendered, is in the request's billing record.
+                if not isinstance(error, ProviderError):
+                    refusals.record(
+                        Refusal(
+                            route,
+                            error.status,
+                            error.error_kind,
+                            _key_prefix(request),
+                            round((time.perf_counter() - started) * 1000, 3),
+                        )
+                    )
+                    _count_refusal(request, route, error)
             instruments.requests.add(1, attributes)
             REQUEST_ID.reset(token)
 
     return impl
+
+
+def _count_refusal(request: web.Request, route: str, error: GatewayError) -> None:
+    """The console's error counts (refusals_by_minute): the gateway's own 4xx on the API routes.
+    No provider was called for these, so the usage ledger has no row of them."""
+    counts = request.config_dict.get(app_keys.REFUSAL_COUNTS)
+    if counts is not None and 400 <= error.status < 500 and route.startswith("/v1/"):
+        counts.count(route, error.status, error.error_kind)
 
 
 async def add_response_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -137,8 +163,24 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
         response.headers[OMITTED_PARAMS_HEADER] = ", ".join(omitted)
 
 
+def _key_prefix(request: web.Request) -> str | None:
+    """The prefix of the key the request was authenticated with, else of the gateway key that
+    auth_middleware refused (never of an admin token, nor of anything else presented)."""
+    if app_keys.API_KEY in request:
+        return request[app_keys.API_KEY].prefix
+    return request.get(_REFUSED_KEY_PREFIX)
+
+
+def _gateway_key_prefix(token: str | None) -> str | None:
+    """A presented token's prefix if it is shaped like a gateway key (the part that is no
+    secret); None for anything else, which could be any secret."""
+    if token is None or not token.startswith(KEY_MARKER) or len(token) <= PREFIX_LENGTH:
+        return None
+    return key_prefix(token)
+
+
 def render_error(request: web.Request, error: GatewayError) -> web.Response:
-    request[_ERROR_TYPE_ON_SPAN] = error.error_kind
+    request[_ANSWERED_ERROR] = error
     renderer = request.get(_ERROR_RENDERER)
     return web.Response(
         status=error.status,
@@ -194,7 +236,10 @@ def error_middleware(*, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> 
         except (ConnectionResetError, web.RequestPayloadError):
             raise
         except Exception:
-            log.exception("unexpected error while handling %s %s", request.method, request.path)
+            # The route's template, not the path as sent: nothing the caller chose is logged.
+            log.exception(
+                "unexpected error while handling %s %s", request.method, _route_template(request)
+            )
             return render_error(
                 request, InternalError("The gateway failed unexpectedly; see its logs.")
             )
@@ -232,6 +277,9 @@ def auth_middleware(
             request[app_keys.API_KEY] = await authenticator.authenticate(token)
         except AuthenticationFailed:
             instruments.auth_failures.add(1)
+            prefix = _gateway_key_prefix(token)
+            if prefix is not None:
+                request[_REFUSED_KEY_PREFIX] = prefix  # for the refusal's log line
             raise
         return await handler(request)
 
@@ -254,31 +302,5 @@ def rate_limit_middleware() -> Middleware:
         if not (limits.reserves(key) and getattr(request.match_info.handler, ADMITS_ITSELF, False)):
             request[app_keys.RATE_LIMIT] = await limits.hit(key)
         return await handler(request)
-
-    return impl
-
-
-def refusal_count_middleware(*, api_prefix: str = "/v1/") -> Middleware:
-    """Count the gateway's own 4xx answers on the API routes for the console (refusals_by_minute).
-
-    Outside ``error_middleware``, so it sees refusals raised anywhere (authentication, limits,
-    body size). No provider was called for these, so the ledger has no row of them; a provider's
-    own 4xx (``provider_error``) is in the ledger already and is not counted again.
-    """
-
-    @web.middleware
-    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await handler(request)
-        error_kind = request.get(_ERROR_TYPE_ON_SPAN)
-        if (
-            error_kind is not None
-            and error_kind != ProviderError.code
-            and 400 <= response.status < 500
-            and request.path.startswith(api_prefix)
-        ):
-            counts = request.config_dict.get(app_keys.REFUSALS)
-            if counts is not None:
-                counts.count(_route_template(request), response.status, error_kind)
-        return response
 
     return impl

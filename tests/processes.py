@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from llmgw.config import ENVIRONMENT_VARIABLES
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,10 +29,24 @@ def free_port() -> int:
 NO_VENICE_URL = "http://127.0.0.1:9/api/v1"
 
 
+# The gateway's own settings: a test's process must not inherit any of them from the shell that
+# runs the suite (a developer's BIND_ADDR, LOG_LEVEL, REDIS_URL, ...).
+_GATEWAY_SETTINGS = frozenset(var.name for var in ENVIRONMENT_VARIABLES) | {"DATABASE_URL"}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))}
-    env.pop("DATABASE_URL", None)
+    """This environment without the gateway's settings, plus ``extra``.
+
+    ``BIND_ADDR`` is a free loopback port unless ``extra`` names one: never the default
+    0.0.0.0:3000, where a gateway may be running on the machine that runs the tests.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _GATEWAY_SETTINGS and not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))
+    }
     env["VENICE_BASE_URL"] = NO_VENICE_URL
+    env["BIND_ADDR"] = f"127.0.0.1:{free_port()}"
     env.update(extra)
     return env
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.config import ConfigError, load_settings
-from tests.processes import run_llmgw
+from tests.processes import clean_env, run_llmgw
 
 BAD_VALUES = [
     ("BIND_ADDR", "nonsense"),
@@ -41,10 +41,7 @@ BAD_VALUES = [
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))}
-    env.pop("DATABASE_URL", None)
-    env.update({"VENICE_API_KEY": "x", "LLMGW_DATA_DIR": str(tmp_path)})
-    return env
+    return clean_env(VENICE_API_KEY="x", LLMGW_DATA_DIR=str(tmp_path))
 
 
 def test_defaults_match_the_reference_design() -> None:

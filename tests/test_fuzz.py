@@ -578,6 +578,8 @@ def test_malformed_http_gets_a_4xx_and_a_closed_connection(target: Target, raw: 
     status_line = answer.partition(b"\r\n")[0]
     assert status_line.startswith(b"HTTP/1.") and status_line[9:10] == b"4", answer[:300]
     assert b"Traceback" not in answer
+    body = answer.partition(b"\r\n\r\n")[2]
+    assert json.loads(body)["error"]["code"] == "invalid_http", answer[:300]  # OpenAI's shape
 
 
 # ---------------------------------------------------------------------------------------------

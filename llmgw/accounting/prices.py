@@ -147,9 +147,23 @@ class PriceTable:
                 answer = await provider.list_models(deadline)
                 prices = parse_venice_models(orjson.loads(answer.body))
             except (GatewayError, UpstreamHTTPError, orjson.JSONDecodeError) as exc:
-                log.warning("price table: %s's model listing failed (%s)", provider.name, exc)
+                self._listing_failed(provider.name, exc)
                 continue
             self.publish(provider.name, prices)
+
+    def _listing_failed(self, provider: str, error: Exception) -> None:
+        kept = sum(1 for name, _ in self._published if name == provider)
+        if kept:
+            log.warning(
+                "price table: %s's model listing failed (%s); its %d published prices stay",
+                provider,
+                error,
+                kept,
+            )
+            return
+        # Nothing published yet: an OpenAI-compatible server at VENICE_BASE_URL may have no
+        # listing at all, and serve's start-up check already warned about a listing that fails.
+        log.debug("price table: %s's model listing failed (%s)", provider, error)
 
     async def start(self, publishers: Sequence[Provider] = ()) -> None:
         """Remember the publishers; their listings are fetched when a price is first needed."""

@@ -22,6 +22,7 @@ __all__ = [
     "EXIT_FAILURE",
     "CommandError",
     "bounded_int",
+    "database_url",
     "environment_help",
     "grace_seconds",
     "positive_int",
@@ -83,12 +84,21 @@ def environment_help(names: tuple[str, ...] | None = None) -> str:
     return "\n".join(lines)
 
 
+def database_url(settings: Settings) -> str:
+    """The database URL to use: DATABASE_URL, or the embedded cluster's (started when needed).
+
+    An embedded cluster that cannot start (a read-only LLMGW_DATA_DIR, ...) is a start-up error
+    only the operator can fix: exit status 2.
+    """
+    try:
+        return resolve_database_url(settings)
+    except EmbeddedDatabaseError as exc:
+        raise CommandError(str(exc), EXIT_CONFIG) from None
+
+
 def prepare_database(settings: Settings) -> str:
     """The database URL to use, with the schema at head (migrating when allowed)."""
-    try:
-        url = resolve_database_url(settings)
-    except EmbeddedDatabaseError as exc:
-        raise CommandError(str(exc)) from None
+    url = database_url(settings)
     head = revisions.head_revision()
     revision = run_with_connection(url, revisions.current_revision)
     if revision == head:

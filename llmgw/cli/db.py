@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, run_with_connection
+from llmgw.cli.common import (
+    EXIT_CONFIG,
+    CommandError,
+    database_url,
+    environment_help,
+    run_with_connection,
+)
 from llmgw.config import load_settings
 from llmgw.storage import revisions
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
-from llmgw.storage.embedded import EmbeddedDatabaseError, resolve_database_url
 
 __all__ = ["register"]
 
@@ -38,10 +43,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _url() -> str:
-    try:
-        return resolve_database_url(load_settings())
-    except EmbeddedDatabaseError as exc:
-        raise CommandError(str(exc)) from None
+    return database_url(load_settings())
 
 
 def _migrate(action: str, revision: str) -> int:

@@ -60,14 +60,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     create.add_argument(
         "--rate-limit-requests",
         type=positive_int,
-        default=60,
-        help="requests per window (default 60)",
+        default=api_keys.DEFAULT_RATE_LIMIT_REQUESTS,
+        help=f"requests per window (default {api_keys.DEFAULT_RATE_LIMIT_REQUESTS})",
     )
     create.add_argument(
         "--rate-limit-window-seconds",
         type=positive_int,
-        default=60,
-        help="window length in seconds (default 60)",
+        default=api_keys.DEFAULT_RATE_LIMIT_WINDOW_SECONDS,
+        help=f"window length in seconds (default {api_keys.DEFAULT_RATE_LIMIT_WINDOW_SECONDS})",
     )
     create.add_argument(
         "--allowed-model",
@@ -165,10 +165,27 @@ def _print_issued(issued: IssuedKey, as_json: bool, verb: str) -> None:
         )
         return
     print(issued.plaintext)
+    record = issued.record
     print(
-        f"{verb} key {issued.record.prefix} (id {issued.record.id}, name {issued.record.name!r}). "
-        "Store it now: it is not shown again.",
+        f"{verb} key {record.prefix} (id {record.id}, name {record.name!r}). "
+        "Store it now: it is not shown again.\n"
+        f"limits: {_describe_limits(record)}\n"
+        f"change them with PATCH /admin/v1/keys/{record.id} or in the console",
         file=sys.stderr,
+    )
+
+
+def _describe_limits(record: ApiKeyRecord) -> str:
+    """A key's limits in one line, unset ones included (so a default is never a surprise)."""
+    models = ", ".join(record.allowed_models) or "any"
+    return "; ".join(
+        [
+            f"{record.rate_limit_requests} requests per {record.rate_limit_window_seconds} s",
+            f"tokens per minute {record.tokens_per_minute or 'unlimited'}",
+            f"concurrent requests {record.max_concurrent_requests or 'unlimited'}",
+            f"models {models}",
+            f"expires {record.expires_at.isoformat() if record.expires_at else 'never'}",
+        ]
     )
 
 

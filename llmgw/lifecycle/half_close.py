@@ -19,7 +19,7 @@ from aiohttp.http import HttpVersion11
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-__all__ = ["HalfCloseServer"]
+__all__ = ["HalfCloseRequestHandler"]
 
 _PROBE_AFTER_SECONDS = 0.25  # answers quicker than this need no probe at all
 _PROBE_EVERY_SECONDS = 0.25
@@ -38,7 +38,9 @@ def _reset_by_peer(transport: asyncio.Transport) -> bool:
     return bool(state) and state[0] == _TCP_CLOSE
 
 
-class _HalfCloseRequestHandler(RequestHandler):
+class HalfCloseRequestHandler(RequestHandler):
+    """aiohttp's connection protocol, answering a client that half-closed."""
+
     __slots__ = ("_answered", "_probe", "_probed")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -90,10 +92,3 @@ class _HalfCloseRequestHandler(RequestHandler):
             self._probe.cancel()
             self._probe = None
         super().connection_lost(exc)
-
-
-class HalfCloseServer(web.Server):
-    """aiohttp's server, whose connections answer a client that half-closed."""
-
-    def __call__(self) -> RequestHandler:
-        return _HalfCloseRequestHandler(self, loop=self._loop, **self._kwargs)

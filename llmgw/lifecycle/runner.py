@@ -1,5 +1,8 @@
 """One serving process: the app on a listening socket until SIGTERM/SIGINT, SIGHUP reloads.
 
+Its connections answer clients that half-close (:mod:`llmgw.lifecycle.half_close`), and requests
+that are not valid HTTP with a JSON error that quotes nothing (:mod:`llmgw.lifecycle.invalid_http`).
+
 On SIGTERM or SIGINT the socket stops accepting, requests in flight get ``SHUTDOWN_GRACE_SECONDS``
 to finish, then the app's resources close (the telemetry export within its own bound). A worker
 also stops when its supervisor is gone, so a killed supervisor leaves no process behind.
@@ -15,12 +18,19 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
+from llmgw import app_keys
 from llmgw.config import Settings
-from llmgw.lifecycle.half_close import HalfCloseServer
+from llmgw.lifecycle.half_close import HalfCloseRequestHandler
+from llmgw.lifecycle.invalid_http import invalid_http_answer
 from llmgw.lifecycle.reload import RELOADER
+from llmgw.telemetry.refusals import RefusalLog
 
 __all__ = ["bind", "listen", "run"]
 
@@ -73,10 +83,34 @@ def _tune_garbage_collection() -> None:
     gc.set_threshold(_YOUNG_GENERATION_THRESHOLD, middle, oldest)
 
 
+class _RequestHandler(HalfCloseRequestHandler):
+    __slots__ = ("_refusals",)
+
+    def __init__(self, *args: Any, refusals: RefusalLog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._refusals = refusals
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if isinstance(exc, HttpProcessingError):  # the parser's: the request is not valid HTTP
+            return invalid_http_answer(status, self._refusals)
+        return super().handle_error(request, status, exc, message)
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
 class _Runner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = HalfCloseServer  # the same server; its connections answer half-closers
+        server.__class__ = _Server  # the same server; its connections are _RequestHandlers
         return server
 
 
@@ -97,6 +131,7 @@ async def _serve(
         shutdown_timeout=settings.shutdown_grace_seconds,
         # Also bounds a client that sends its request line and headers too slowly (slow loris).
         keepalive_timeout=min(75.0, settings.request_timeout_seconds),
+        refusals=app[app_keys.REFUSALS],  # passed on to each connection's _RequestHandler
     )
     await runner.setup()
     try:

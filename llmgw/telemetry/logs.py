@@ -1,5 +1,10 @@
 """JSON log lines: timestamp, level, logger, message, request id, trace id, and any ``extra`` fields.
 
+A line logged with an exception also carries the exception's class (``exception``), its message
+with anything like a credential redacted (``exception_message``, see :mod:`llmgw.telemetry.redact`)
+and where it was raised (``exception_at``: ``file:line in function``; with ``exception_via``, the
+innermost frame of llmgw's own code when it was raised in a library). Never the traceback.
+
 A worker of ``serve --workers N`` adds ``worker`` (its number, 1..N) to every line, the billing
 record included.
 
@@ -35,10 +40,14 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
+from pathlib import Path
+from types import TracebackType
 from typing import Any, Final, TextIO
 
 import orjson
 from opentelemetry import trace
+
+from llmgw.telemetry.redact import redact
 
 __all__ = [
     "FLUSH_INTERVAL_SECONDS",
@@ -61,11 +70,24 @@ _INIT_ATTRIBUTES: Final = tuple(vars(logging.LogRecord("", 0, "", 0, "", None, N
 _STANDARD_ATTRIBUTES: Final = frozenset(_INIT_ATTRIBUTES) | {"message", "asctime", "taskName"}
 _ADDED_LATER: Final = _STANDARD_ATTRIBUTES - frozenset(_INIT_ATTRIBUTES)
 
+# An exception's message is cut to this many characters: enough to say what failed.
+_EXCEPTION_MESSAGE_CHARS: Final = 500
+_MIN_SECRET_CHARS: Final = 8
+# Source paths are logged from the directory that holds the llmgw package (the checkout, or
+# site-packages), or from site-packages for libraries: short, and the same on every host.
+_PACKAGE: Final = Path(__file__).resolve().parents[1]
+_OWN_SOURCE: Final = str(_PACKAGE) + os.sep
+_SOURCE_ROOT: Final = str(_PACKAGE.parent) + os.sep
+_SITE_PACKAGES: Final = os.sep + "site-packages" + os.sep
+
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, *, worker: int | None = None) -> None:
+    def __init__(self, *, worker: int | None = None, secrets: Iterable[str] = ()) -> None:
         super().__init__()
         self._worker = worker
+        # Redacted from exception messages. A value too short to be a secret (a placeholder
+        # key such as "x") would only mangle messages.
+        self._secrets = tuple(secret for secret in secrets if len(secret) >= _MIN_SECRET_CHARS)
         # (second, its date and time of day): one datetime per second instead of one per line.
         self._second: tuple[int, str] | None = None
 
@@ -84,7 +106,7 @@ class JsonFormatter(logging.Formatter):
         entry["trace_id"] = None if "trace_id" in attributes else _current_trace_id()
         entry.update(_extra(attributes))
         if record.exc_info and record.exc_info[0] is not None:
-            entry["exception"] = record.exc_info[0].__name__
+            entry.update(_exception_fields(*record.exc_info, self._secrets))
         return orjson.dumps(entry, default=str).decode()
 
     def _timestamp(self, created: float) -> str:
@@ -101,6 +123,46 @@ class JsonFormatter(logging.Formatter):
             text = datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds")
             cached = self._second = (second, text.removesuffix("+00:00"))
         return f"{cached[1]}.{microseconds % 1_000_000 // 1000:03d}+00:00"
+
+
+def _exception_fields(
+    kind: type[BaseException],
+    error: BaseException | None,
+    traceback: TracebackType | None,
+    secrets: tuple[str, ...],
+) -> dict[str, str]:
+    """What a line says of its exception: class, redacted message, where it was raised."""
+    fields = {"exception": kind.__name__}
+    if error is None:
+        return fields
+    try:
+        message = redact(str(error), secrets)
+    except Exception:  # a __str__ that fails must not cost the line
+        message = "(the message could not be read)"
+    if len(message) > _EXCEPTION_MESSAGE_CHARS:
+        message = message[:_EXCEPTION_MESSAGE_CHARS] + "…"
+    fields["exception_message"] = message
+    innermost = own = None
+    while traceback is not None:
+        innermost = traceback
+        if traceback.tb_frame.f_code.co_filename.startswith(_OWN_SOURCE):
+            own = traceback
+        traceback = traceback.tb_next
+    if innermost is not None:
+        fields["exception_at"] = _where(innermost)
+        if own is not None and own is not innermost:
+            fields["exception_via"] = _where(own)
+    return fields
+
+
+def _where(traceback: TracebackType) -> str:
+    code = traceback.tb_frame.f_code
+    path = code.co_filename
+    if path.startswith(_SOURCE_ROOT):
+        path = path[len(_SOURCE_ROOT) :]
+    else:
+        path = path.rpartition(_SITE_PACKAGES)[2]
+    return f"{path}:{traceback.tb_lineno} in {code.co_name}"
 
 
 def _current_trace_id() -> str | None:
@@ -227,9 +289,12 @@ def _is_pipe(stream: TextIO) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-def configure_logging(level: str, *, worker: int | None = None) -> None:
+def configure_logging(
+    level: str, *, worker: int | None = None, secrets: Iterable[str] = ()
+) -> None:
+    """JSON lines in batches on stderr; ``secrets`` never appear in an exception's message."""
     handler = BatchingStreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(worker=worker))
+    handler.setFormatter(JsonFormatter(worker=worker, secrets=secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

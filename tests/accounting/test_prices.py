@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import orjson
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from llmgw.accounting.prices import Price, PriceTable, parse_venice_models
+from llmgw.providers.base import UpstreamHTTPError, UpstreamResponse
 
 RECORDED = Path(__file__).resolve().parents[2] / "../shared/venice/recorded/model_listing"
 
@@ -38,3 +40,41 @@ def test_configured_prices_win_and_cover_a_whole_provider() -> None:
     assert table.price("venice", "n") == Price(5.0, 6.0, max_output_tokens=7)
     assert table.price("venice", "unknown") is None
     assert Price(1.0, 2.0).cost(1_000, 500) == pytest.approx(0.002)
+
+
+class UnlistedProvider:
+    """A publisher whose listing fails (an OpenAI-compatible server with no ``/models``)."""
+
+    name = "venice"
+
+    def __init__(self, listing: bytes | None = None) -> None:
+        self.listing = listing
+
+    async def list_models(self, deadline: float) -> UpstreamResponse:
+        if self.listing is None:
+            raise UpstreamHTTPError(UpstreamResponse(404, b"Not Found", "text/plain"))
+        return UpstreamResponse(200, self.listing, "application/json")
+
+
+PRICED_LISTING = orjson.dumps({"data": [{"id": "m", "model_spec": {"pricing": {
+    "input": {"usd": 1.0}, "output": {"usd": 2.0}}}}]})  # fmt: skip
+
+
+async def test_a_listing_that_fails_before_any_price_was_published_is_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="llmgw.accounting.prices")
+    provider = UnlistedProvider()
+    table = PriceTable()
+    await table.start([provider])  # type: ignore[list-item]
+    await table.refresh()
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+    caplog.clear()
+
+    provider.listing = PRICED_LISTING
+    await table.refresh()
+    provider.listing = None
+    await table.refresh()  # now the prices it keeps are stale: that is worth a warning
+    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "its 1 published prices stay" in warning.getMessage()
+    assert table.price("venice", "m") == Price(1.0, 2.0)

@@ -73,3 +73,27 @@ async def test_list_shows_expiry(database_url: str, db: asyncpg.Connection) -> N
     assert "never" in table[2].split()
     listed = json.loads(run_llmgw("keys", "list", "--json", env=env).stdout)
     assert datetime.fromisoformat(listed[0]["expires_at"]) == expires
+
+
+async def test_create_prints_the_limits_it_set_defaults_included(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    env = clean_env(DATABASE_URL=database_url)
+    default = run_llmgw("keys", "create", "--name", "defaults", env=env)
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip().startswith("llmg_")  # stdout is the key alone, for $(...)
+    assert (
+        "limits: 60 requests per 60 s; tokens per minute unlimited; concurrent requests "
+        "unlimited; models any; expires never"
+    ) in default.stderr
+    assert "PATCH /admin/v1/keys/" in default.stderr
+    chosen = run_llmgw(
+        "keys", "create", "--name", "chosen", "--rate-limit-requests", "600",
+        "--rate-limit-window-seconds", "10", "--tokens-per-minute", "50000",
+        "--max-concurrent-requests", "4", "--allowed-model", "a", "--allowed-model", "b",
+        env=env,
+    )  # fmt: skip
+    assert (
+        "limits: 600 requests per 10 s; tokens per minute 50000; concurrent requests 4; "
+        "models a, b; expires never"
+    ) in chosen.stderr

@@ -1,16 +1,21 @@
 """Start-up errors are one line on stderr and exit status 2, never a traceback (real processes).
 
 A database that refuses the connection (unknown database or role, wrong password), a BIND_ADDR
-that is taken or not this host's, and a revision that does not exist.
+that is taken or not this host's, a revision that does not exist, and a data directory of the
+embedded database that cannot be written.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -127,3 +132,54 @@ def test_an_address_this_host_does_not_have_is_one_line(database_url: str) -> No
 def test_a_bad_revision_is_one_line(action: str, database_url: str) -> None:
     result = run_llmgw("db", action, "nonsense", env=clean_env(DATABASE_URL=database_url))
     assert_one_line(result, f"db {action} nonsense", "nonsense")
+
+
+RunReadOnly = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[tuple[Path, RunReadOnly]]:
+    """A directory llmgw cannot write in, and how to run llmgw so that it cannot.
+
+    Not as root: the directory's mode says so. As root (who may write anyway): a read-only tmpfs
+    mounted over it in a private mount namespace, as a read-only volume in a container is.
+    """
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    wrapper: list[str] = []
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+    else:
+        if shutil.which("unshare") is None:
+            pytest.skip("root, and no unshare to mount a read-only file system")
+        wrapper = ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o ro none {directory} && exec \"$@\"", "sh"]  # fmt: skip
+        probe = subprocess.run([*wrapper, "true"], capture_output=True, check=False)
+        if probe.returncode != 0:
+            pytest.skip(f"cannot mount a read-only file system: {probe.stderr!r}")
+
+    def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*wrapper, sys.executable, "-m", "llmgw", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    yield directory, run
+    directory.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["keys", "list"], ["db", "upgrade"]])
+def test_a_data_dir_that_cannot_be_written_is_one_line(
+    command: list[str], read_only_dir: tuple[Path, RunReadOnly]
+) -> None:
+    directory, run = read_only_dir
+    env = clean_env(
+        LLMGW_DATA_DIR=str(directory / "data"),
+        VENICE_API_KEY=FAKE_VENICE_KEY,
+        BIND_ADDR=f"127.0.0.1:{free_port()}",
+    )
+    line = assert_one_line(run(*command, env=env), "cannot write to", str(directory / "data"))
+    assert "LLMGW_DATA_DIR" in line and "DATABASE_URL" in line

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -26,10 +27,13 @@ from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
+from llmgw.api import pipeline
 from llmgw.storage import api_keys
 from llmgw.telemetry.logs import REQUEST_ID, BatchingStreamHandler, JsonFormatter, configure_logging
-from tests.conftest import StartGateways, gateway_env
+from llmgw.telemetry.redact import redact
+from tests.conftest import Gateway, StartGateways, gateway_env
 from tests.fake_venice import FakeVenice
+from tests.processes import REPO_ROOT
 from tests.usage_records import usage_record
 
 _STANDARD_ATTRIBUTES = frozenset(
@@ -56,6 +60,10 @@ def reference_format(record: logging.LogRecord, worker: int | None = None) -> st
             entry[name] = value
     if record.exc_info and record.exc_info[0] is not None:
         entry["exception"] = record.exc_info[0].__name__
+        entry["exception_message"] = redact(str(record.exc_info[1]))
+        raised = traceback.extract_tb(record.exc_info[2])[-1]
+        where = os.path.relpath(raised.filename, REPO_ROOT)
+        entry["exception_at"] = f"{where}:{raised.lineno} in {raised.name}"
     return orjson.dumps(entry, default=str).decode()
 
 
@@ -171,6 +179,81 @@ def test_the_timestamp_rounds_as_datetime_does(created: float) -> None:
         record = logged(lambda log: log.info("at"))
         record.created = repeat
         assert formatter.format(record) == reference_format(record)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exceptions: the message (redacted) and where it was raised, never a secret
+
+SECRETS_IN_MESSAGES = {
+    "a gateway key": "llmg_Zx81bQ0DW4Wc0zEZ5jBw3ZxQy3N7yHR-yxD3OB1eXKw",
+    "a provider key": "sk-proj-4fG7hJ2kL9mN0pQ3rS6tU8vW1xY5zA",
+    "a bearer token": "Bearer tok.en-without-digits",
+    "a named token": 'api_key="s3cr3t"',
+    "a URL's password": "postgresql://llmgw:hunter2@db:5432/llmgw",
+}
+
+
+@pytest.mark.parametrize("secret", SECRETS_IN_MESSAGES.values(), ids=SECRETS_IN_MESSAGES.keys())
+def test_an_exception_message_is_logged_without_the_secrets_it_quotes(secret: str) -> None:
+    def fail() -> None:
+        raise ValueError(f"could not use {secret} for the request to model qwen3-5-9b")
+
+    def log_it(logger: logging.Logger) -> None:
+        try:
+            fail()
+        except ValueError:
+            logger.exception("unexpected error")
+
+    line = orjson.loads(JsonFormatter().format(logged(log_it)))
+    message = line["exception_message"]
+    assert message.startswith("could not use ") and "[redacted]" in message
+    assert message.endswith(" for the request to model qwen3-5-9b")  # the rest stays readable
+    for part in ("Zx81bQ0DW4", "4fG7hJ2kL9", "tok.en", "s3cr3t", "hunter2"):
+        assert part not in message
+    line_number = fail.__code__.co_firstlineno + 1
+    assert line["exception_at"] == f"tests/telemetry/test_logs.py:{line_number} in fail"
+    assert "exception_via" not in line  # raised in no library: nothing to add
+
+
+def test_the_gateways_own_secrets_are_redacted_whatever_their_shape() -> None:
+    admin_token = "correct-horse-battery-staple"  # no digit: no pattern would know it
+
+    def log_it(logger: logging.Logger) -> None:
+        try:
+            raise RuntimeError(f"token {admin_token!r} refused; x kept")
+        except RuntimeError:
+            logger.exception("unexpected error")
+
+    formatter = JsonFormatter(secrets=[admin_token, "x"])  # "x": too short to redact
+    line = orjson.loads(formatter.format(logged(log_it)))
+    assert line["exception_message"] == "token '[redacted]' refused; x kept"
+
+
+async def test_a_500_is_logged_with_the_message_and_where_it_was_raised(
+    gateway: Gateway, api_key: str, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    def fail(document: dict[str, Any]) -> int:
+        raise KeyError(f"no choices for {api_key} in the answer")
+
+    monkeypatch.setattr(pipeline, "_output_chars", fail)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gateway.url("/v1/chat/completions"),
+            json={"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {api_key}"},
+        ) as response:
+            assert response.status == 500
+    [record] = [r for r in caplog.records if r.exc_info and r.levelno == logging.ERROR]
+    line = orjson.loads(JsonFormatter().format(record))
+    assert line["message"] == "unexpected error while handling POST /v1/chat/completions"
+    assert line["exception"] == "KeyError"
+    assert line["exception_message"] == "'no choices for [redacted] in the answer'"
+    assert line["exception_at"] == (
+        f"tests/telemetry/test_logs.py:{fail.__code__.co_firstlineno + 1} in fail"
+    )
+    # Raised outside llmgw: the innermost frame of llmgw's own code says where it was called.
+    assert line["exception_via"].startswith("llmgw/api/pipeline.py:")
+    assert line["exception_via"].endswith(" in _complete")
 
 
 # ---------------------------------------------------------------------------------------------
