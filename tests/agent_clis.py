@@ -78,21 +78,26 @@ def agent_cli(cli: AgentCli) -> Path:
 
 
 async def run_agent_cli(
-    binary: Path, *args: str, env: Mapping[str, str], cwd: Path, timeout: float = 120
+    binary: Path,
+    *args: str,
+    env: Mapping[str, str],
+    cwd: Path,
+    stdin: bytes | None = None,
+    timeout: float = 120,
 ) -> str:
-    """Run a CLI to its end with no stdin, within ``timeout`` seconds; its stdout. A failure (or a
-    hang, killed) fails the test with what it printed."""
+    """Run a CLI to its end within ``timeout`` seconds, ``stdin`` piped to it (none by default);
+    its stdout. A failure (or a hang, killed) fails the test with what it printed."""
     process = await asyncio.create_subprocess_exec(
         str(binary),
         *args,
         cwd=cwd,
         env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=timeout)
+        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), timeout=timeout)
     except TimeoutError:
         process.kill()
         await process.wait()

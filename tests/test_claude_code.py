@@ -5,7 +5,6 @@ and a tool use against the gateway and the fake Venice, against an upstream that
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -16,7 +15,7 @@ import orjson
 import pytest
 
 from llmgw.telemetry import semconv as sc
-from tests.agent_clis import CLAUDE_CODE, agent_cli
+from tests.agent_clis import CLAUDE_CODE, agent_cli, run_agent_cli
 from tests.conftest import Gateway
 from tests.fake_openai import providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
@@ -126,24 +125,7 @@ async def run_claude(
         DISABLE_AUTOUPDATER="1",
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
     )
-    process = await asyncio.create_subprocess_exec(
-        claude,
-        "-p",
-        prompt,
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), timeout=120)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode == 0, (stdout.decode(), stderr.decode())
-    return stdout.decode()
+    return await run_agent_cli(claude, "-p", prompt, env=env, cwd=workdir, stdin=stdin)
 
 
 async def test_claude_code_completes_a_prompt(
