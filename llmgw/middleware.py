@@ -57,6 +57,8 @@ _REFUSED_KEY_PREFIX = web.RequestKey("refused_key_prefix", str)
 # The body of an error in the shape of the API a route serves (OpenAI's is GatewayError's own).
 ErrorRenderer = Callable[[GatewayError], bytes]
 _ERROR_RENDERER: web.RequestKey[ErrorRenderer] = web.RequestKey("error_renderer")
+# The response whose headers went out while the handler still ran (a stream).
+_HEADERS_SENT = web.RequestKey("headers_sent", web.StreamResponse)
 
 
 # Request ids need to be unique, not secret: 128 bits from a generator seeded once from the OS
@@ -149,6 +151,7 @@ def _count_refusal(request: web.Request, route: str, error: GatewayError) -> Non
 
 async def add_response_headers(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: runs for plain and streamed responses alike, before headers leave."""
+    request[_HEADERS_SENT] = response
     request_id = request.get(app_keys.REQUEST_ID)
     if request_id is not None:
         response.headers["X-Request-Id"] = request_id
@@ -240,6 +243,10 @@ def error_middleware(*, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> 
             log.exception(
                 "unexpected error while handling %s %s", request.method, _route_template(request)
             )
+            if _HEADERS_SENT in request:
+                # A stream failed past its headers: it ends there, as it is (a second response
+                # would be written inside its body).
+                return request[_HEADERS_SENT]
             return render_error(
                 request, InternalError("The gateway failed unexpectedly; see its logs.")
             )

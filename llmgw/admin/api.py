@@ -34,7 +34,7 @@ from llmgw.admin.schemas import (
     to_json,
 )
 from llmgw.admin.sign_in_guard import SignInGuard
-from llmgw.api.body import reject_duplicate_keys
+from llmgw.api.body import parse_json
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
@@ -96,12 +96,7 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
     raw = await request.read()
     if not raw and optional:
         return {}
-    try:
-        document = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    reject_duplicate_keys(raw, document)
-    return document
+    return parse_json(raw)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:

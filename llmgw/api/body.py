@@ -7,7 +7,7 @@ import contextlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from aiohttp import web
@@ -18,33 +18,49 @@ from llmgw.api.body_memory import BodyAllowance, BodyLimit, BodyMemory
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "body_limit_middleware",
     "forget_raw_body",
+    "parse_json",
     "read_body",
     "read_json_object",
     "refuse_control_characters",
-    "reject_duplicate_keys",
     "validate_chat_request",
     "validate_embeddings_request",
 ]
+
+# The deepest nesting of objects and arrays a request body may have. orjson reads 1,024 levels but
+# writes only 254, and the gateway writes what it was sent, wrapped a few levels deeper (a
+# translated request, a stored response, a stream event), so an accepted body must stay far below
+# 254 (128 leaves room for any wrapping). Real bodies need far less: OpenAI's structured outputs
+# allow a schema 10 levels deep, and a Claude Code request with its tools nests 11.
+MAX_JSON_DEPTH: Final = 128
 
 # Every object key ends in a quote, optional whitespace and a colon; strings may hold more such
 # sequences, never fewer. So this count is at least the number of keys in the document.
 _KEY_END = re.compile(rb'"[ \t\n\r]*:')
 
 
-def _key_count(document: Any) -> int:
-    """Keys in every object of a parsed document: the distinct ones, duplicates already merged."""
-    count = 0
-    pending = [document]
-    while pending:
-        value = pending.pop()
-        if type(value) is dict:
-            count += len(value)
-            pending.extend(value.values())
-        elif type(value) is list:
-            pending.extend(value)
-    return count
+def _shape(document: Any) -> tuple[int, int]:
+    """(keys, depth): the keys in every object of a parsed document (duplicates already merged)
+    and how deeply its objects and arrays nest. Walked a level at a time, without recursion, and
+    no further than one level past MAX_JSON_DEPTH."""
+    keys = depth = 0
+    level = [document]
+    while level and depth <= MAX_JSON_DEPTH:
+        below: list[Any] = []
+        nests = False
+        for value in level:
+            if type(value) is dict:
+                keys += len(value)
+                below.extend(value.values())
+                nests = True
+            elif type(value) is list:
+                below.extend(value)
+                nests = True
+        depth += nests
+        level = below
+    return keys, depth
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -58,21 +74,27 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return document
 
 
-def reject_duplicate_keys(raw: bytes, document: Any) -> None:
-    """Refuse a body naming a key twice in one object: the gateway and the provider could each
-    read a different one (a checked ``model`` and a forwarded one).
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON document; InvalidRequest when it is not JSON, nests deeper than
+    MAX_JSON_DEPTH, or names a key twice in one object.
 
-    orjson keeps the last duplicate silently. The exact, slower parse runs only when the cheap
-    count of key endings in the raw text exceeds the keys parsed (a duplicate, or ``":`` inside
-    a string).
+    A duplicate is refused because the gateway and the provider could each read a different one (a
+    checked ``model`` and a forwarded one); orjson keeps the last silently. The exact, slower parse
+    runs only when the cheap count of key endings in the raw text exceeds the keys parsed (a
+    duplicate, or ``":`` inside a string).
     """
-    if len(_KEY_END.findall(raw)) == _key_count(document):
-        return
     try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc.msg}.") from None
+    keys, depth = _shape(document)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidRequest(
+            f"The request body nests objects and arrays more than {MAX_JSON_DEPTH} levels deep."
+        )
+    if len(_KEY_END.findall(raw)) != keys:
         json.loads(raw, object_pairs_hook=_refuse_duplicates)
-    except (RecursionError, ValueError):
-        # What orjson accepts but json cannot walk (nesting past its recursion limit).
-        raise InvalidRequest("The request body is nested too deeply to be checked.") from None
+    return document
 
 
 # C0, DEL and C1: no model name holds one, and a NUL cannot even be stored in the usage ledger.
@@ -86,13 +108,9 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
             f"Content-Type must be application/json, not {request.content_type or 'missing'!r}."
         )
     raw = await read_body(request)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc.msg}.") from None
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    reject_duplicate_keys(raw, body)
     return raw, body
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -33,7 +35,7 @@ from llmgw.accounting.estimate import (
     estimate_output_tokens,
 )
 from llmgw.accounting.prices import Price
-from llmgw.accounting.usage import UsageRecord, parse_usage
+from llmgw.accounting.usage import Usage, UsageRecord, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
@@ -53,10 +55,11 @@ from llmgw.streaming.relay import relay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.genai import ChatObservation, Outcome
+from llmgw.telemetry.genai import ChatObservation, Finished, Outcome
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
+    "RECORD_NOT_COMPUTED",
     "Exchange",
     "Operation",
     "UpstreamRequest",
@@ -67,6 +70,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# The flag of a usage row whose figures could not be computed (an internal error while building
+# it): the provider's reported usage as it came, no estimate, no price.
+RECORD_NOT_COMPUTED = "record:not_computed"
 
 
 @attrs.frozen
@@ -136,9 +145,24 @@ class Exchange:
         return prices.price(self.deployment.provider.name, self.deployment.model)
 
     def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
+        """Finish the observation and hand accounting the request's one record, whatever fails:
+        a request that reached a provider is always in the ledger, and what it reserved is
+        always settled."""
         if self.finished:
             return
         self.finished = True
+        try:
+            record = self._record(status, outcome, error_type)
+        except Exception:
+            log.exception("the usage record of request %s could not be built", self._request_id)
+            record = self._bare_record(status, outcome, error_type)
+        self.request.app[app_keys.USAGE](record, self.admitted)
+
+    @property
+    def _request_id(self) -> str:
+        return self.request[app_keys.REQUEST_ID]
+
+    def _record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         observation = self.observation
         charged = charge(
             observation.usage,
@@ -150,13 +174,54 @@ class Exchange:
             observation.usage = attrs.evolve(charged.usage, cost_usd=None)
             observation.usage_source = charged.source
         finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
-        usage = charged.usage
+        return self._usage_record(
+            status,
+            outcome,
+            error_type,
+            charged.usage,
+            finished,
+            usage_source=charged.source,
+            cost_computed=charged.cost_computed,
+        )
+
+    def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
+        """The record from what is known without computing anything that could fail again: the
+        provider's usage as reported (none: no tokens), flagged so the row can be found."""
+        observation = self.observation
+        observation.abandon()
+        measured = Finished(
+            duration_s=time.perf_counter() - observation.started,
+            time_to_first_chunk_s=None,
+            trace_id=None,
+        )
+        return self._usage_record(
+            status,
+            outcome,
+            error_type,
+            observation.usage or Usage(),
+            measured,
+            flags=(RECORD_NOT_COMPUTED,),
+        )
+
+    def _usage_record(
+        self,
+        status: int,
+        outcome: str,
+        error_type: str | None,
+        usage: Usage,
+        finished: Finished,
+        *,
+        usage_source: str = "reported",
+        cost_computed: bool = False,
+        flags: tuple[str, ...] = (),
+    ) -> UsageRecord:
+        observation = self.observation
         attributes = observation.metric_attributes
-        record = UsageRecord(
+        return UsageRecord(
             occurred_at=datetime.now(UTC),
             api_key_id=self.key.id,
             subject_id=self.key.subject_id,
-            request_id=self.request[app_keys.REQUEST_ID],
+            request_id=self._request_id,
             response_id=observation.response_id,
             operation=attributes[sc.GEN_AI_OPERATION_NAME],
             provider=attributes[sc.GEN_AI_PROVIDER_NAME],
@@ -176,10 +241,10 @@ class Exchange:
             if finished.time_to_first_chunk_s is None
             else round(finished.time_to_first_chunk_s * 1000, 3),
             trace_id=finished.trace_id,
-            usage_source=charged.source,
-            cost_computed=charged.cost_computed,
+            usage_source=usage_source,
+            cost_computed=cost_computed,
+            flags=flags,
         )
-        self.request.app[app_keys.USAGE](record, self.admitted)
 
 
 async def proxy(
@@ -396,17 +461,33 @@ async def _complete(
     observation.note_document(document)
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
     exchange.output_chars = _output_chars(document)
+    # Translated before the exchange finishes: an answer that cannot be translated is recorded as
+    # the failure the caller gets (with the usage the provider reported), not as a success.
+    if operation.codec is None:
+        body, content_type = result.body, result.content_type
+    else:
+        body = await _translate(operation.codec, document, caller_body, answered_by)
+        content_type = "application/json"
     exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     if exchange.admitted.lease_id is not None:
         # One turn of the loop: the settlement (a freed concurrency slot) goes to the store before
         # the answer goes to the client, so a client's next request finds the slot free.
         await asyncio.sleep(0)
-    if operation.codec is not None:
-        answer = await operation.codec.from_chat(document, request=caller_body)
-        return web.Response(status=result.status, body=answer, content_type="application/json")
-    return web.Response(
-        status=result.status, body=result.body, headers={"Content-Type": result.content_type}
-    )
+    return web.Response(status=result.status, body=body, headers={"Content-Type": content_type})
+
+
+async def _translate(
+    codec: ApiCodec, document: dict[str, Any], caller_body: dict[str, Any], answered_by: str
+) -> bytes:
+    try:
+        return await codec.from_chat(document, request=caller_body)
+    except orjson.JSONEncodeError:
+        # What orjson reads (1,024 levels) but cannot write (254): only a provider's answer can
+        # nest that deeply, since request bodies are bounded far below (MAX_JSON_DEPTH).
+        raise UpstreamUnavailable(
+            f"{answered_by} answered with JSON nested too deeply to relay.",
+            code="upstream_invalid_response",
+        ) from None
 
 
 async def observe_upstream(

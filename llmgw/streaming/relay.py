@@ -12,8 +12,9 @@ to ``on_end``:
   ``completed``; the upstream is read on in the background for a few seconds to get the usage.
 - The caller left earlier: ``cancelled`` with status 499, and the upstream closed (which stops the
   generation).
-- Anything else (an error event, a broken or garbled stream, a bound reached, shutdown): an error
-  event to the caller and ``failed``.
+- Anything else (an error event, a broken or garbled stream, a bound reached, shutdown, a failure
+  of the gateway's own): an error event to the caller and ``failed``. Once the headers are sent,
+  nothing but events is ever written.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmgw.errors import GatewayError, UpstreamUnavailable
+from llmgw.errors import GatewayError, InternalError, UpstreamUnavailable
 from llmgw.providers.base import ChatStream
 from llmgw.streaming.completion import completion_events
 from llmgw.streaming.observer import StreamObserver
@@ -126,6 +127,16 @@ class _Relay:
         except (ConnectionResetError, asyncio.CancelledError):
             drain = self._caller_left()
             raise
+        except Exception:
+            if not response.prepared:
+                raise  # no headers sent: the error middleware answers
+            # The gateway's own failure after the headers went out: the caller gets the API's
+            # error event, never a second response written inside this one.
+            log.exception("a relayed stream failed inside the gateway")
+            self._end(Outcome.FAILED, "internal_error")
+            await self._send_error(
+                response, InternalError("The gateway failed unexpectedly; see its logs.")
+            )
         finally:
             if drain:
                 self.streams.drain(self._drain_usage())
@@ -244,8 +255,14 @@ class _Relay:
         return sse_error_event(error) if self.translator is None else self.translator.error(error)
 
     async def _send_error(self, response: web.StreamResponse, error: GatewayError) -> None:
+        try:
+            event = self._error_event(error)
+        except Exception:
+            # A translator that cannot even render its error: the stream just ends, incomplete.
+            log.exception("the error event of a relayed stream could not be rendered")
+            event = b""
         with contextlib.suppress(ConnectionResetError):
-            await response.write(self._error_event(error))
+            await response.write(event)
             await response.write_eof()
 
 

@@ -338,6 +338,16 @@ class ChatObservation:
             trace_id=format(context.trace_id, "032x") if context.is_valid else None,
         )
 
+    def abandon(self) -> None:
+        """End the span of an observation whose finish failed part way (or never ran): an error,
+        with no figures, so no span is left open."""
+        self.finished = True
+        span = self.tracer_span
+        if span.is_recording():
+            span.set_status(Status(StatusCode.ERROR, "internal_error"))
+            span.set_attribute(sc.ERROR_TYPE, "internal_error")
+            span.end()
+
     def _record_usage(
         self, usage: Usage, span_attributes: dict[str, Any], metric_attributes: dict[str, Any]
     ) -> None:
