@@ -415,6 +415,9 @@ class Behaviour:
     # body's, or the usage chunk's), `response_id` its `id`.
     billing: dict[str, Any] | None = None
     response_id: str | None = None
+    # The tool call (when tools are offered) names no tool: "empty" sends "name": "", "missing"
+    # leaves the field out, as buggy backends and proxies have.
+    nameless_tool_call: Literal["empty", "missing"] | None = None
     # Stream framing other OpenAI-compatible servers use (the defaults are Venice's own).
     line_ending: bytes = b"\n"  # b"\r\n" or a bare b"\r" are valid SSE too
     data_space: bool = True  # False: "data:{...}", no space after the colon
@@ -493,6 +496,7 @@ class _Completion:
     requested_venice_parameters: Any  # echoed (with Venice's defaults) by JSON answers only
     reasoning: str | None = None  # reasoning_content before the answer, as qwen3 models send it
     billing_override: dict[str, Any] | None = None
+    nameless: Literal["empty", "missing"] | None = None  # see Behaviour.nameless_tool_call
     id: str = attrs.field(factory=lambda: "chatcmpl-" + os.urandom(16).hex())
     created: int = attrs.field(factory=lambda: int(time.time()))
 
@@ -521,6 +525,14 @@ class _Completion:
             billing["cost"] = {"diem": 0, "usd": expected_cost_usd(prompt, completion)}
         return billing
 
+    def _named(self, function: dict[str, Any]) -> dict[str, Any]:
+        """A tool call's function with the name as the scripted behaviour has it."""
+        if self.nameless == "empty":
+            return {**function, "name": ""}
+        if self.nameless == "missing":
+            return {key: value for key, value in function.items() if key != "name"}
+        return function
+
     def tool_call_id(self) -> str:
         # Derived from the completion id so stream and JSON agree without storing more state.
         return "call_" + self.id[-24:]
@@ -529,7 +541,7 @@ class _Completion:
         text = "".join(self.pieces)
         tool_calls: list[dict[str, Any]] = []
         if self.tool_name is not None:
-            function = {"arguments": text, "name": self.tool_name}
+            function = self._named({"arguments": text, "name": self.tool_name})
             tool_calls = [{"function": function, "id": self.tool_call_id(), "type": "function"}]
             text = ""
         message = {
@@ -594,7 +606,9 @@ class _Completion:
                 self._chunk([_choice(_text_delta(piece), token_ids=None)]) for piece in self.pieces
             ]
         # Venice names the call once with empty arguments, then streams argument fragments.
-        deltas = [_tool_delta(self.tool_call_id(), self.tool_name, "")]
+        first = _tool_delta(self.tool_call_id(), self.tool_name, "")
+        first["tool_calls"][0]["function"] = self._named(first["tool_calls"][0]["function"])
+        deltas = [first]
         deltas += [_tool_delta(None, None, piece) for piece in self.pieces]
         return self._reasoning_events() + [self._chunk([_choice(delta)]) for delta in deltas]
 
@@ -1109,6 +1123,7 @@ class FakeVenice:
         body, behaviour = admitted
         completion = self._completion(body)
         completion.billing_override = behaviour.billing
+        completion.nameless = behaviour.nameless_tool_call
         if behaviour.response_id is not None:
             completion.id = behaviour.response_id
         if body.get("stream") is True and not behaviour.json_answer:
