@@ -283,6 +283,52 @@ async def test_gateway_refusals_are_the_sdk_error_classes(
     assert "messages[0].role" in bad.value.body["error"]["message"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("fields", "answer"),
+    [
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {
+                                    "type": "base64",
+                                    "media_type": ["image/png"],
+                                    "data": PIXEL,
+                                },
+                            }
+                        ],
+                    }
+                ]
+            },
+            400,
+        ),
+        # Not ours to refuse: an effort that is no effort asks for the default.
+        ({"thinking": {"type": "adaptive"}, "output_config": {"effort": ["high"]}}, 200),
+    ],
+)
+async def test_a_list_where_a_string_belongs_is_a_400_or_ignored_never_a_500(
+    gateway: Gateway, api_key: str, fields: dict[str, Any], answer: int
+) -> None:
+    body = {"model": MODEL, "max_tokens": 16, "messages": HELLO, **fields}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url("/v1/messages"), json=body, headers={"x-api-key": api_key}
+        ) as response,
+    ):
+        assert response.status == answer
+        document = await response.json()
+    if answer == 400:
+        assert document["type"] == "error"
+        assert document["error"]["type"] == "invalid_request_error"
+        assert "media_type" in document["error"]["message"]
+        assert gateway.fake.received == []
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_provider_errors_keep_status_and_message_in_anthropic_shape(
     gateway: Gateway, api_key: str, stream: bool

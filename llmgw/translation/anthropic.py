@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, TypeGuard
 
 import orjson
@@ -26,6 +27,7 @@ from llmgw.errors import InvalidRequest
 __all__ = [
     "error_body",
     "error_type",
+    "is_one_of",
     "message_from_chat",
     "messages_to_chat",
     "new_message_id",
@@ -110,6 +112,11 @@ def validate_count_tokens_request(body: dict[str, Any]) -> str:
 
 def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_one_of(value: Any, allowed: AbstractSet[str]) -> TypeGuard[str]:
+    """``value`` is one of the strings ``allowed`` (a list or an object is not, and is not hashed)."""
+    return isinstance(value, str) and value in allowed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +274,7 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
         url = _string(source.get("url"), f"{where}.source.url")
     elif source.get("type") == "base64":
         media_type = source.get("media_type")
-        if media_type not in _MEDIA_TYPES:
+        if not is_one_of(media_type, _MEDIA_TYPES):
             raise InvalidRequest(
                 f"{where}.source.media_type: must be one of {', '.join(sorted(_MEDIA_TYPES))}.",
                 param=f"{where}.source.media_type",
@@ -412,7 +419,7 @@ def _reasoning_effort(thinking: Any, output_config: Any) -> str | None:
         return next((effort for limit, effort in _EFFORT_BUDGETS if budget <= limit), "high")
     if kind == "adaptive":
         effort = output_config.get("effort") if isinstance(output_config, dict) else None
-        return effort if effort in _EFFORTS else "medium"
+        return effort if is_one_of(effort, _EFFORTS) else "medium"
     return None  # disabled: the model's own default
 
 

@@ -21,7 +21,13 @@ import orjson
 
 from llmgw.accounting.estimate import estimate_output_tokens
 from llmgw.errors import GatewayError
-from llmgw.translation.anthropic import error_type, new_tool_use_id, stop_reason, usage_fields
+from llmgw.translation.anthropic import (
+    error_type,
+    is_one_of,
+    new_tool_use_id,
+    stop_reason,
+    usage_fields,
+)
 
 __all__ = ["MessageStream", "sse_event"]
 
@@ -193,7 +199,7 @@ class MessageStream:
             return
         self._stop_reason = stop_reason(finish_reason)
         matched = choice.get("stop_reason")
-        if self._stop_reason == "end_turn" and matched in self._stop_sequences:
+        if self._stop_reason == "end_turn" and is_one_of(matched, self._stop_sequences):
             self._stop_reason, self._stop_sequence = "stop_sequence", matched
 
     def _close(self) -> bytes:

@@ -9,15 +9,19 @@ diff is then reviewed like any other change.
 from __future__ import annotations
 
 import asyncio
+import copy as copy_module
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from llmgw.errors import GatewayError, InvalidRequest
+from llmgw.accounting.estimate import estimate_input_tokens
+from llmgw.api.messages import AnthropicCodec
+from llmgw.errors import GatewayError, InvalidRequest, UpstreamUnavailable
 from llmgw.translation import anthropic
 from llmgw.translation.anthropic_stream import MessageStream
 
@@ -286,3 +290,115 @@ def test_tool_input_is_always_an_object() -> None:
     assert anthropic.tool_input("[1, 2]") == {}
     assert anthropic.tool_input(None) == {}
     assert anthropic.tool_input(orjson.dumps({"b": 2})) == {"b": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrong JSON types anywhere: a caller's mistake is a 400 naming nothing worse; a provider's odd
+# answer is translated (or refused as the provider's fault), never a crash.
+
+_MISSING = object()  # the field left out
+WRONG_VALUES: list[Any] = [
+    _MISSING,
+    None,
+    True,
+    0,
+    -1,
+    1.5,
+    "x",
+    "",
+    [],
+    ["x"],
+    [[]],
+    {},
+    {"a": []},
+]
+
+
+def locations(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The path of every value in a document (the document itself first)."""
+    yield path
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            yield from locations(inner, (*path, name))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from locations(inner, (*path, index))
+
+
+def with_value(document: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """A copy of ``document`` with the value at ``path`` replaced (or removed: _MISSING)."""
+    if not path:
+        return value
+    copy = copy_module.deepcopy(document)
+    parent = copy
+    for step in path[:-1]:
+        parent = parent[step]
+    if value is _MISSING:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return copy
+
+
+def variants(document: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    for path in locations(document):
+        for value in WRONG_VALUES:
+            if path or value is not _MISSING:
+                yield (
+                    f"{list(path)} = {'missing' if value is _MISSING else repr(value)}",
+                    with_value(document, path, value),
+                )
+
+
+def test_a_request_with_a_wrong_type_anywhere_is_refused_or_translated() -> None:
+    crashes = []
+    for case in cases("request"):
+        for where, body in variants(load(case)["request"]):
+            if not isinstance(body, dict):
+                continue
+            try:
+                anthropic.validate_messages_request(body)
+                chat = anthropic.messages_to_chat(body)
+                orjson.dumps(chat)
+                estimate_input_tokens(chat)
+                AnthropicCodec().stream_translator(request=body, estimated_input_tokens=1).start()
+            except InvalidRequest:
+                pass
+            except Exception as exc:
+                crashes.append(f"{case.stem}: {where}: {exc!r}")
+    assert not crashes, "\n".join(crashes)
+
+
+def test_an_answer_with_a_wrong_type_anywhere_is_translated_or_refused() -> None:
+    crashes = []
+    for case_path in cases("response"):
+        case = load(case_path)
+        for where, completion in variants(case["completion"]):
+            if not isinstance(completion, dict):
+                continue
+            try:
+                message = anthropic.message_from_chat(
+                    completion, request=case["request"], message_id="msg_test"
+                )
+                orjson.dumps(message)
+            except UpstreamUnavailable:
+                pass
+            except Exception as exc:
+                crashes.append(f"{case_path.stem}: {where}: {exc!r}")
+    assert not crashes, "\n".join(crashes)
+
+
+def test_a_stream_with_a_wrong_type_anywhere_is_translated_or_ends_in_an_error() -> None:
+    crashes = []
+    for case_path in cases("stream"):
+        case = load(case_path)
+        for where, chunks in variants({"chunks": case["chunks"]}):
+            if not isinstance(chunks, dict) or not isinstance(chunks.get("chunks"), list):
+                continue
+            try:
+                run_stream({**case, "chunks": [c for c in chunks["chunks"] if isinstance(c, dict)]})
+            except UpstreamUnavailable:
+                pass
+            except Exception as exc:
+                crashes.append(f"{case_path.stem}: {where}: {exc!r}")
+    assert not crashes, "\n".join(crashes)
