@@ -202,3 +202,131 @@ async def test_a_refused_row_is_counted_and_shown_to_the_operator(
     )
     assert letter["record"]["operation"] == "images\x00"  # as it was, escaped in the JSON
     assert line.isascii()
+
+
+# A hostile answer in a translated API: what the caller is shown, and what the ledger keeps.
+TRANSLATED = {
+    "/v1/messages": {"max_tokens": 16, "messages": [{"role": "user", "content": "add 4 and 6"}]},
+    "/v1/responses": {"input": "add 4 and 6"},
+}
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}}}
+TOOLS = {
+    "/v1/messages": [{"name": "add", "input_schema": ADD}],
+    "/v1/responses": [{"type": "function", "name": "add", "parameters": ADD}],
+}
+
+
+async def translated(
+    gateway: Gateway, key: str, path: str, *, stream: bool, tools: bool
+) -> tuple[int, bytes]:
+    body = {"model": "qwen3-5-9b", "stream": stream, **TRANSLATED[path]}
+    if tools:
+        body["tools"] = TOOLS[path]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gateway.url(path), json=body, headers={"x-api-key": key}) as response,
+    ):
+        return response.status, await response.read()
+
+
+def documents(status: int, raw: bytes, stream: bool) -> list[Any]:
+    """The answer, or each event's data, as JSON."""
+    if not stream:
+        return [orjson.loads(raw)]
+    assert status == 200
+    return [
+        orjson.loads(line[len(b"data: ") :])
+        for line in raw.split(b"\n")
+        if line.startswith(b"data: ")
+    ]
+
+
+def counts(value: Any, *, in_usage: bool = False) -> list[Any]:
+    """Every token count in a ``usage`` object anywhere in ``value``."""
+    found = []
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            if in_usage and name.endswith("_tokens"):
+                found.append(inner)
+            found.extend(counts(inner, in_usage=in_usage or name == "usage"))
+    elif isinstance(value, list):
+        for inner in value:
+            found.extend(counts(inner, in_usage=in_usage))
+    return found
+
+
+def tool_names(value: Any) -> list[Any]:
+    """The name of every tool_use block and function_call item anywhere in ``value``."""
+    found = []
+    if isinstance(value, dict):
+        if value.get("type") in ("tool_use", "function_call"):
+            found.append(value.get("name"))
+        for inner in value.values():
+            found.extend(tool_names(inner))
+    elif isinstance(value, list):
+        for inner in value:
+            found.extend(tool_names(inner))
+    return found
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", sorted(TRANSLATED))
+@pytest.mark.parametrize("nameless", ["empty", "missing"])
+async def test_a_tool_call_naming_no_tool_is_the_providers_failure_never_a_nameless_block(
+    gateway: Gateway, path: str, stream: bool, nameless: Any
+) -> None:
+    key = await gateway.create_key()
+    gateway.fake.enqueue(Behaviour(nameless_tool_call=nameless))
+    status, raw = await translated(gateway, key, path, stream=stream, tools=True)
+    answers = documents(status, raw, stream)
+    assert all(name for name in tool_names(answers))
+    last = answers[-1]
+    if not stream:
+        assert status == 502
+        message = last["error"]["message"]
+    elif path == "/v1/messages":
+        assert last["type"] == "error" and last["error"]["type"] == "api_error"
+        message = last["error"]["message"]
+    else:
+        assert [a["type"] for a in answers[-2:]] == ["error", "response.failed"]
+        message = answers[-2]["message"]
+    assert "names no tool" in message
+    await flush(gateway)
+    row = await gateway.db.fetchrow("SELECT status, error_type, input_tokens FROM usage_events")
+    # The provider worked (and billed): its usage is kept, the failure recorded.
+    assert (row["status"], row["error_type"]) == (
+        200 if stream else 502,
+        "upstream_invalid_response",
+    )
+
+
+@pytest.mark.parametrize(
+    ("usage", "flags"),
+    [
+        # Neither count is one: as if no usage came (a whole Responses answer shows none).
+        (
+            {"prompt_tokens": -5, "completion_tokens": 2.5, "total_tokens": -8},
+            ["input_tokens:out_of_range"],
+        ),
+        # One is: the other shows 0.
+        (
+            {"prompt_tokens": 3, "completion_tokens": -2, "total_tokens": 1},
+            ["output_tokens:out_of_range"],
+        ),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", sorted(TRANSLATED))
+async def test_negative_or_fractional_usage_is_never_shown(
+    gateway: Gateway, path: str, stream: bool, usage: dict[str, Any], flags: list[str]
+) -> None:
+    key = await gateway.create_key()
+    gateway.fake.enqueue(Behaviour(billing={"usage": usage}))
+    status, raw = await translated(gateway, key, path, stream=stream, tools=False)
+    assert status == 200
+    shown = counts(documents(status, raw, stream))
+    assert all(isinstance(n, int) and n >= 0 for n in shown), shown
+    assert shown or (path, stream, usage["prompt_tokens"]) == ("/v1/responses", False, -5)
+    await flush(gateway)
+    row = await gateway.db.fetchrow("SELECT flags FROM usage_events")
+    assert row["flags"] == flags  # the ledger says what it dropped

@@ -21,6 +21,7 @@ __all__ = [
     "UsageRecord",
     "cost_decimal",
     "parse_usage",
+    "reported_count",
     "storable_text",
 ]
 
@@ -58,6 +59,13 @@ def _int(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
         return int(value)  # 1e10 is a count too; kept, so a record flags what it cannot hold
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def reported_count(value: Any) -> int | None:
+    """A provider's token count as a caller may be shown it: a whole number from 0 to MAX_TOKENS,
+    else None, as if it was not reported (a negative, fractional or absurd count is no count)."""
+    count = _int(value)
+    return count if count is not None and 0 <= count <= MAX_TOKENS else None
 
 
 def _number(value: Any) -> float | None:

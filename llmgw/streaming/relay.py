@@ -150,20 +150,24 @@ class _Relay:
         observer = self.observer
         async with contextlib.aclosing(self._upstream_bytes()) as source:
             async for data in source:
-                out = []
-                for event in self._events(data):
-                    if not observer.observe(event):
-                        continue
-                    if self.translator is None:
-                        out.append(_complete_crlf(event) if observer.done else event)
-                    elif observer.upstream_error:
-                        break  # after what came before it reached the caller (below)
-                    elif observer.document is not None:
-                        out.append(self.translator.feed(observer.document))
-                    if observer.done:
-                        break
-                if out:
-                    await response.write(b"".join(out))
+                out: list[bytes] = []
+                try:
+                    for event in self._events(data):
+                        if not observer.observe(event):
+                            continue
+                        if self.translator is None:
+                            out.append(_complete_crlf(event) if observer.done else event)
+                        elif observer.upstream_error:
+                            break  # after what came before it reached the caller (below)
+                        elif observer.document is not None:
+                            out.append(self.translator.feed(observer.document))
+                        if observer.done:
+                            break
+                finally:
+                    # Even when a chunk is refused (a translator raised): what came before it
+                    # reaches the caller ahead of the error event.
+                    if out:
+                        await response.write(b"".join(out))
                 if self.translator is not None and observer.upstream_error:
                     raise UpstreamUnavailable(
                         "The provider reported an error in the stream.",

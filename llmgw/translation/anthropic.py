@@ -21,8 +21,9 @@ from typing import Any, Final, TypeGuard
 
 import orjson
 
-from llmgw.accounting.usage import parse_usage
+from llmgw.accounting.usage import parse_usage, reported_count
 from llmgw.errors import InvalidRequest
+from llmgw.translation.chat_answer import tool_name
 
 __all__ = [
     "error_body",
@@ -447,15 +448,23 @@ def stop_reason(finish_reason: Any) -> str:
 
 
 def usage_fields(document: dict[str, Any]) -> dict[str, int] | None:
-    """Anthropic's usage from a chat document's: input excludes cache reads and writes."""
+    """Anthropic's usage from a chat document's: input excludes cache reads and writes.
+
+    A count that is no count (negative, fractional, absurd) is unreported: 0 in its field, and
+    None (as if no usage came) when neither input nor output was reported.
+    """
     usage = parse_usage(document, with_cost=False)
     if usage is None:
         return None
-    cache_read = usage.cache_read_input_tokens or 0
-    cache_creation = usage.cache_creation_input_tokens or 0
+    input_tokens = reported_count(usage.input_tokens)
+    output_tokens = reported_count(usage.output_tokens)
+    if input_tokens is None and output_tokens is None:
+        return None
+    cache_read = reported_count(usage.cache_read_input_tokens) or 0
+    cache_creation = reported_count(usage.cache_creation_input_tokens) or 0
     return {
-        "input_tokens": max(0, (usage.input_tokens or 0) - cache_read - cache_creation),
-        "output_tokens": usage.output_tokens or 0,
+        "input_tokens": max(0, (input_tokens or 0) - cache_read - cache_creation),
+        "output_tokens": output_tokens or 0,
         "cache_creation_input_tokens": cache_creation,
         "cache_read_input_tokens": cache_read,
     }
@@ -512,7 +521,7 @@ def message_from_chat(
             {
                 "type": "tool_use",
                 "id": call_id if isinstance(call_id, str) and call_id else new_tool_id(),
-                "name": function.get("name") if isinstance(function.get("name"), str) else "",
+                "name": tool_name(function.get("name")),
                 "input": tool_input(function.get("arguments")),
             }
         )

@@ -28,6 +28,7 @@ from llmgw.translation.anthropic import (
     stop_reason,
     usage_fields,
 )
+from llmgw.translation.chat_answer import tool_name
 
 __all__ = ["MessageStream", "sse_event"]
 
@@ -138,12 +139,14 @@ class MessageStream:
         function = call.get("function")
         function = function if isinstance(function, dict) else {}
         if index not in self._tools_seen:
+            # A call's first fragment names it (what every backend does): its block starts here.
+            name = tool_name(function.get("name"))
             self._tools_seen.add(index)
-            call_id, name = call.get("id"), function.get("name")
+            call_id = call.get("id")
             block = {
                 "type": "tool_use",
                 "id": call_id if isinstance(call_id, str) and call_id else self._new_tool_id(),
-                "name": name if isinstance(name, str) else "",
+                "name": name,
                 "input": {},
             }
             self._open_block("tool_use", block, out)

@@ -22,12 +22,15 @@ from typing import Any
 
 import orjson
 
+from llmgw.accounting.usage import parse_usage, reported_count
 from llmgw.errors import InvalidRequest
+from llmgw.translation.chat_answer import tool_name
 from llmgw.translation.responses_tools import ChatTools, as_chat_function, chat_name, chat_tools
 
 __all__ = [
     "IdFactory",
     "ResponseIds",
+    "call_id",
     "chat_tools",
     "chat_usage_to_responses",
     "from_chat",
@@ -392,6 +395,12 @@ def function_call_item(
     }
 
 
+def call_id(call: dict[str, Any], ids: ResponseIds) -> str:
+    """A tool call's id as the provider gave it, or a fresh one when it gave none."""
+    given = call.get("id")
+    return given if isinstance(given, str) and given else ids.new_id("call")
+
+
 def status_for_finish(finish_reason: Any) -> tuple[str, dict[str, str] | None]:
     """A chat finish_reason as the Response's (status, incomplete_details)."""
     if finish_reason == "length":
@@ -402,28 +411,31 @@ def status_for_finish(finish_reason: Any) -> tuple[str, dict[str, str] | None]:
 
 
 def chat_usage_to_responses(usage: Any) -> dict[str, Any] | None:
-    if not isinstance(usage, dict):
+    """The Responses ``usage`` of a chat one; None when it reports neither input nor output.
+
+    A count that is no count (negative, fractional, absurd) is unreported: 0 in its field, and the
+    total is then the sum of the parts rather than the provider's.
+    """
+    parsed = parse_usage({"usage": usage}, with_cost=False)
+    if parsed is None:
         return None
-
-    def count(value: Any) -> int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    prompt = usage.get("prompt_tokens_details")
-    completion = usage.get("completion_tokens_details")
-    input_tokens, output_tokens = (
-        count(usage.get("prompt_tokens")),
-        count(usage.get("completion_tokens")),
-    )
-    cached = prompt.get("cached_tokens") if isinstance(prompt, dict) else None
-    if cached is None:
-        cached = usage.get("cache_read_input_tokens")
-    reasoning = completion.get("reasoning_tokens") if isinstance(completion, dict) else None
+    input_tokens = reported_count(parsed.input_tokens)
+    output_tokens = reported_count(parsed.output_tokens)
+    if input_tokens is None and output_tokens is None:
+        return None
+    total = reported_count(usage.get("total_tokens"))
+    if input_tokens is None or output_tokens is None or total is None:
+        total = (input_tokens or 0) + (output_tokens or 0)
     return {
-        "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": count(cached)},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": count(reasoning)},
-        "total_tokens": count(usage.get("total_tokens")) or input_tokens + output_tokens,
+        "input_tokens": input_tokens or 0,
+        "input_tokens_details": {
+            "cached_tokens": reported_count(parsed.cache_read_input_tokens) or 0
+        },
+        "output_tokens": output_tokens or 0,
+        "output_tokens_details": {
+            "reasoning_tokens": reported_count(parsed.reasoning_output_tokens) or 0
+        },
+        "total_tokens": total,
     }
 
 
@@ -466,7 +478,8 @@ def from_chat(
     """A non-streamed chat completion as the Response object of ``request``."""
     choices = completion.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else {}
-    message = choice.get("message") if isinstance(choice, dict) else None
+    choice = choice if isinstance(choice, dict) else {}
+    message = choice.get("message")
     message = message if isinstance(message, dict) else {}
     status, incomplete = status_for_finish(choice.get("finish_reason"))
     output: list[dict[str, Any]] = []
@@ -477,16 +490,18 @@ def from_chat(
     if isinstance(content, str) and content:
         output.append(message_item(ids.new_id("msg"), content, status=_item_status(status)))
     tools = chat_tools(request.get("tools"))
-    for call in message.get("tool_calls") or ():
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             continue
+        arguments = function.get("arguments")
         output.append(
             function_call_item(
                 ids.new_id("fc"),
-                call.get("id") or ids.new_id("call"),
-                function.get("name") or "",
-                function.get("arguments") or "",
+                call_id(call, ids),
+                tool_name(function.get("name")),
+                arguments if isinstance(arguments, str) else "",
                 tools=tools,
             )
         )

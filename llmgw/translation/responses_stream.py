@@ -24,8 +24,10 @@ import attrs
 import orjson
 
 from llmgw.errors import GatewayError
+from llmgw.translation.chat_answer import tool_name
 from llmgw.translation.responses import (
     ResponseIds,
+    call_id,
     chat_tools,
     chat_usage_to_responses,
     function_call_item,
@@ -153,7 +155,8 @@ class ResponsesStreamTranslator:
         content = delta.get("content")
         if isinstance(content, str) and content:
             events.extend(self._text("message", content))
-        for call in delta.get("tool_calls") or ():
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
             if isinstance(call, dict):
                 events.extend(self._tool_call(call))
         return events
@@ -206,15 +209,15 @@ class ResponsesStreamTranslator:
         assert isinstance(function, dict)
         item = self._open
         if item is None or item.kind != "call" or item.call_index != index:
+            # A call's first fragment names it (what every backend does): its item starts here.
+            name = tool_name(function.get("name"))
             events.append(self._close())
             item = self._begin("call", "fc")
             item.call_index = index
-            item.call_id = call.get("id") or self._ids.new_id("call")
-            item.name = function.get("name") or ""
+            item.call_id = call_id(call, self._ids)
+            item.name = name
             added = self._call_item(item, "", status="in_progress")
             events.append(self._added(item, added))
-        elif not item.name and isinstance(function.get("name"), str):
-            item.name = function["name"]
         fragment = function.get("arguments")
         if isinstance(fragment, str) and fragment:
             item.text.append(fragment)

@@ -9,12 +9,11 @@ diff is then reviewed like any other change.
 from __future__ import annotations
 
 import asyncio
-import copy as copy_module
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import orjson
 import pytest
@@ -24,6 +23,7 @@ from llmgw.api.messages import AnthropicCodec
 from llmgw.errors import GatewayError, InvalidRequest, UpstreamUnavailable
 from llmgw.translation import anthropic
 from llmgw.translation.anthropic_stream import MessageStream
+from tests.translation.wrong_types import variants
 
 DATA = Path(__file__).parent / "data" / "anthropic"
 UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
@@ -296,59 +296,6 @@ def test_tool_input_is_always_an_object() -> None:
 # Wrong JSON types anywhere: a caller's mistake is a 400 naming nothing worse; a provider's odd
 # answer is translated (or refused as the provider's fault), never a crash.
 
-_MISSING = object()  # the field left out
-WRONG_VALUES: list[Any] = [
-    _MISSING,
-    None,
-    True,
-    0,
-    -1,
-    1.5,
-    "x",
-    "",
-    [],
-    ["x"],
-    [[]],
-    {},
-    {"a": []},
-]
-
-
-def locations(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """The path of every value in a document (the document itself first)."""
-    yield path
-    if isinstance(value, dict):
-        for name, inner in value.items():
-            yield from locations(inner, (*path, name))
-    elif isinstance(value, list):
-        for index, inner in enumerate(value):
-            yield from locations(inner, (*path, index))
-
-
-def with_value(document: Any, path: tuple[Any, ...], value: Any) -> Any:
-    """A copy of ``document`` with the value at ``path`` replaced (or removed: _MISSING)."""
-    if not path:
-        return value
-    copy = copy_module.deepcopy(document)
-    parent = copy
-    for step in path[:-1]:
-        parent = parent[step]
-    if value is _MISSING:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return copy
-
-
-def variants(document: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    for path in locations(document):
-        for value in WRONG_VALUES:
-            if path or value is not _MISSING:
-                yield (
-                    f"{list(path)} = {'missing' if value is _MISSING else repr(value)}",
-                    with_value(document, path, value),
-                )
-
 
 def test_a_request_with_a_wrong_type_anywhere_is_refused_or_translated() -> None:
     crashes = []
@@ -402,3 +349,61 @@ def test_a_stream_with_a_wrong_type_anywhere_is_translated_or_ends_in_an_error()
             except Exception as exc:
                 crashes.append(f"{case_path.stem}: {where}: {exc!r}")
     assert not crashes, "\n".join(crashes)
+
+
+def answer(tool_calls: Any = None, usage: Any = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": "x"}
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    completion: dict[str, Any] = {"choices": [{"message": message, "finish_reason": "stop"}]}
+    if usage is not None:
+        completion["usage"] = usage
+    return completion
+
+
+NAMELESS_FUNCTIONS = [{"name": ""}, {}, {"name": None}, {"name": ["add"]}]
+
+
+@pytest.mark.parametrize("function", NAMELESS_FUNCTIONS)
+def test_a_tool_call_naming_no_tool_is_the_providers_failure(function: dict[str, Any]) -> None:
+    call = {"id": "call_1", "type": "function", "function": {**function, "arguments": "{}"}}
+    with pytest.raises(UpstreamUnavailable) as whole:
+        anthropic.message_from_chat(answer([call]), request={}, message_id="msg_test")
+    assert whole.value.code == "upstream_invalid_response"
+    stream = MessageStream(model="m", message_id="msg_test", estimated_input_tokens=7)
+    stream.start()
+    stream.feed({"choices": [{"delta": {"content": "Let me"}}]})
+    with pytest.raises(UpstreamUnavailable):
+        stream.feed({"choices": [{"delta": {"tool_calls": [{"index": 0, **call}]}}]})
+    events = parse_events(stream.error(whole.value))
+    assert events == [["error", {"type": "error", "error": {"type": "api_error", "message": ANY}}]]
+
+
+BAD_COUNTS = [-5, 2.5, "7", True, 2**40]
+
+
+@pytest.mark.parametrize("bad", BAD_COUNTS)
+def test_a_count_that_is_no_count_is_unreported_never_negative(bad: Any) -> None:
+    # Neither count usable: as if no usage came (zeros in a whole answer, the estimate in a stream).
+    usage = {"prompt_tokens": bad, "completion_tokens": bad, "total_tokens": bad}
+    message = anthropic.message_from_chat(answer(usage=usage), request={}, message_id="m")
+    assert message["usage"]["input_tokens"] == message["usage"]["output_tokens"] == 0
+    stream = MessageStream(model="m", message_id="msg_test", estimated_input_tokens=7)
+    stream.start()
+    stream.feed({"choices": [{"delta": {"content": "12345678"}, "finish_reason": "stop"}]})
+    stream.feed({"choices": [], "usage": usage})
+    delta = parse_events(asyncio.run(stream.finish()))[-2][1]
+    assert delta["usage"] == {"input_tokens": 7, "output_tokens": 2}
+    # One count usable: the other is 0, and cache figures never make input negative.
+    partial = {
+        "prompt_tokens": 10,
+        "completion_tokens": bad,
+        "prompt_tokens_details": {"cached_tokens": bad},
+    }
+    message = anthropic.message_from_chat(answer(usage=partial), request={}, message_id="m")
+    assert message["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }

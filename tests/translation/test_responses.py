@@ -6,6 +6,7 @@ Each case's expected output is a JSON file under ``golden/responses/``; run with
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from llmgw.errors import InvalidRequest, UpstreamUnavailable
 from llmgw.translation import responses as translation
 from llmgw.translation.responses_stream import ResponsesStreamTranslator
+from tests.translation.wrong_types import variants
 
 GOLDEN = Path(__file__).parent / "golden" / "responses"
 UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
@@ -579,3 +581,100 @@ async def test_a_namespaced_call_comes_back_with_its_name_and_namespace() -> Non
     assert [call["function"] for call in chat["messages"][0]["tool_calls"]] == [
         call["function"] for call in NAMESPACED_CALLS
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile or broken provider answers: never a nameless tool call, never a negative count, never
+# a crash whatever the JSON types.
+
+
+def run_stream(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    translator = ResponsesStreamTranslator(
+        RESPONSE_REQUEST, response_id="resp_h", ids=fixed_ids(), estimated_input_tokens=11
+    )
+    raw = translator.start()
+    try:
+        raw += b"".join(translator.feed(c) for c in chunks)
+        raw += asyncio.run(translator.finish())
+    except UpstreamUnavailable as error:
+        raw += translator.error(error)
+    return parse_events(raw)
+
+
+@pytest.mark.parametrize("function", [{"name": ""}, {}, {"name": None}, {"name": ["x"]}])
+def test_a_tool_call_naming_no_tool_is_the_providers_failure(function: dict[str, Any]) -> None:
+    call = {"id": "call_1", "type": "function", "function": {**function, "arguments": "{}"}}
+    completion = {"choices": [{"message": {"role": "assistant", "tool_calls": [call]}}]}
+    with pytest.raises(UpstreamUnavailable) as whole:
+        translation.from_chat(
+            completion, request=RESPONSE_REQUEST, response_id="resp_h", ids=fixed_ids()
+        )
+    assert whole.value.code == "upstream_invalid_response"
+    events = run_stream(
+        [chunk({"content": "Let me"}), chunk({"tool_calls": [{"index": 0, **call}]})]
+    )
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    assert events[-2]["code"] == "upstream_invalid_response"
+    assert all(e.get("item", {}).get("type") != "function_call" for e in events)
+
+
+@pytest.mark.parametrize("bad", [-5, 2.5, "7", True, 2**40])
+def test_a_count_that_is_no_count_is_unreported_never_negative(bad: Any) -> None:
+    def response(usage: dict[str, Any]) -> dict[str, Any]:
+        completion = {"choices": [{"message": {"content": "Hi"}}], "usage": usage}
+        return translation.from_chat(
+            completion, request=RESPONSE_REQUEST, response_id="resp_h", ids=fixed_ids()
+        )
+
+    # Neither count usable: as if no usage came (none in a whole answer, the estimate in a stream).
+    usage = {"prompt_tokens": bad, "completion_tokens": bad, "total_tokens": bad}
+    assert response(usage)["usage"] is None
+    final = run_stream([chunk({"content": "Hi"}, "stop"), chunk(usage=usage)])[-1]["response"]
+    assert (final["usage"]["input_tokens"], final["usage"]["output_tokens"]) == (11, 0)
+    # One count usable: the other is 0, the total their sum, the details never negative.
+    partial = {
+        "prompt_tokens": 10,
+        "completion_tokens": bad,
+        "total_tokens": -1,
+        "prompt_tokens_details": {"cached_tokens": bad},
+        "completion_tokens_details": {"reasoning_tokens": bad},
+    }
+    assert response(partial)["usage"] == {
+        "input_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 10,
+    }
+
+
+def test_an_answer_with_a_wrong_type_anywhere_is_translated_or_refused() -> None:
+    crashes = []
+    for name, completion in COMPLETIONS.items():
+        for where, changed in variants(completion):
+            if not isinstance(changed, dict):
+                continue
+            try:
+                orjson.dumps(
+                    translation.from_chat(
+                        changed, request=RESPONSE_REQUEST, response_id="resp_h", ids=fixed_ids()
+                    )
+                )
+            except UpstreamUnavailable:
+                pass
+            except Exception as exc:
+                crashes.append(f"{name}: {where}: {exc!r}")
+    assert not crashes, "\n".join(crashes)
+
+
+def test_a_stream_with_a_wrong_type_anywhere_is_translated_or_ends_in_an_error() -> None:
+    crashes = []
+    for name, chunks in STREAMS.items():
+        for where, changed in variants(chunks):
+            if not isinstance(changed, list):
+                continue
+            try:
+                run_stream([c for c in changed if isinstance(c, dict)])
+            except Exception as exc:
+                crashes.append(f"{name}: {where}: {exc!r}")
+    assert not crashes, "\n".join(crashes)
