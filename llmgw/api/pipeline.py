@@ -186,7 +186,8 @@ class Exchange:
 
     def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         """The record from what is known without computing anything that could fail again: the
-        provider's usage as reported (none: no tokens), flagged so the row can be found."""
+        usage as far as it got (the provider's, or the estimate if that was made; none: no
+        tokens), flagged so the row can be found."""
         observation = self.observation
         observation.abandon()
         measured = Finished(
@@ -200,6 +201,7 @@ class Exchange:
             error_type,
             observation.usage or Usage(),
             measured,
+            usage_source=observation.usage_source,
             flags=(RECORD_NOT_COMPUTED,),
         )
 
