@@ -148,7 +148,13 @@ async def test_every_json_route_refuses_a_body_nested_too_deeply(
             "/v1/responses",
             {"type": "function", "name": "deep", "parameters": nested(MAX_JSON_DEPTH - 3)},
         ),
-        ("/v1/chat/completions", {"type": "function", "function": nested(MAX_JSON_DEPTH - 3)}),
+        (
+            "/v1/chat/completions",
+            {
+                "type": "function",
+                "function": {"name": "deep", "parameters": nested(MAX_JSON_DEPTH - 4)},
+            },
+        ),
     ],
 )
 async def test_a_body_at_the_limit_is_translated_streamed_stored_and_billed(
@@ -164,8 +170,8 @@ async def test_a_body_at_the_limit_is_translated_streamed_stored_and_billed(
             gateway.url(path), json=body, headers={"Authorization": f"Bearer {api_key}"}
         ) as response,
     ):
-        assert response.status == 200
         events = await response.read()
+        assert response.status == 200, events
     assert b"event: error" not in events and b'data: {"error"' not in events
     await flush(gateway)
     row = await gateway.db.fetchrow("SELECT status, error_type, flags FROM usage_events")
