@@ -22,6 +22,7 @@ __all__ = [
     "cost_decimal",
     "parse_usage",
     "reported_count",
+    "reported_usage",
     "storable_text",
 ]
 
@@ -66,6 +67,22 @@ def reported_count(value: Any) -> int | None:
     else None, as if it was not reported (a negative, fractional or absurd count is no count)."""
     count = _int(value)
     return count if count is not None and 0 <= count <= MAX_TOKENS else None
+
+
+def reported_usage(document: dict[str, Any]) -> Usage | None:
+    """The usage of a response or chunk as a caller may be shown it: each count that is no count
+    dropped as unreported (see reported_count), no cost; None when neither input nor output is."""
+    usage = parse_usage(document, with_cost=False)
+    if usage is None:
+        return None
+    shown = Usage(
+        input_tokens=reported_count(usage.input_tokens),
+        output_tokens=reported_count(usage.output_tokens),
+        cache_read_input_tokens=reported_count(usage.cache_read_input_tokens),
+        cache_creation_input_tokens=reported_count(usage.cache_creation_input_tokens),
+        reasoning_output_tokens=reported_count(usage.reasoning_output_tokens),
+    )
+    return None if shown.input_tokens is None and shown.output_tokens is None else shown
 
 
 def _number(value: Any) -> float | None:

@@ -21,7 +21,7 @@ from typing import Any, Final, TypeGuard
 
 import orjson
 
-from llmgw.accounting.usage import parse_usage, reported_count
+from llmgw.accounting.usage import reported_usage
 from llmgw.errors import InvalidRequest
 from llmgw.translation.chat_answer import tool_name
 
@@ -453,18 +453,14 @@ def usage_fields(document: dict[str, Any]) -> dict[str, int] | None:
     A count that is no count (negative, fractional, absurd) is unreported: 0 in its field, and
     None (as if no usage came) when neither input nor output was reported.
     """
-    usage = parse_usage(document, with_cost=False)
+    usage = reported_usage(document)
     if usage is None:
         return None
-    input_tokens = reported_count(usage.input_tokens)
-    output_tokens = reported_count(usage.output_tokens)
-    if input_tokens is None and output_tokens is None:
-        return None
-    cache_read = reported_count(usage.cache_read_input_tokens) or 0
-    cache_creation = reported_count(usage.cache_creation_input_tokens) or 0
+    cache_read = usage.cache_read_input_tokens or 0
+    cache_creation = usage.cache_creation_input_tokens or 0
     return {
-        "input_tokens": max(0, (input_tokens or 0) - cache_read - cache_creation),
-        "output_tokens": output_tokens or 0,
+        "input_tokens": max(0, (usage.input_tokens or 0) - cache_read - cache_creation),
+        "output_tokens": usage.output_tokens or 0,
         "cache_creation_input_tokens": cache_creation,
         "cache_read_input_tokens": cache_read,
     }

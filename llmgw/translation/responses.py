@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from llmgw.accounting.usage import parse_usage, reported_count
+from llmgw.accounting.usage import reported_count, reported_usage
 from llmgw.errors import InvalidRequest
 from llmgw.translation.chat_answer import tool_name
 from llmgw.translation.responses_tools import ChatTools, as_chat_function, chat_name, chat_tools
@@ -416,25 +416,18 @@ def chat_usage_to_responses(usage: Any) -> dict[str, Any] | None:
     A count that is no count (negative, fractional, absurd) is unreported: 0 in its field, and the
     total is then the sum of the parts rather than the provider's.
     """
-    parsed = parse_usage({"usage": usage}, with_cost=False)
+    parsed = reported_usage({"usage": usage})
     if parsed is None:
         return None
-    input_tokens = reported_count(parsed.input_tokens)
-    output_tokens = reported_count(parsed.output_tokens)
-    if input_tokens is None and output_tokens is None:
-        return None
+    input_tokens, output_tokens = parsed.input_tokens, parsed.output_tokens
     total = reported_count(usage.get("total_tokens"))
     if input_tokens is None or output_tokens is None or total is None:
         total = (input_tokens or 0) + (output_tokens or 0)
     return {
         "input_tokens": input_tokens or 0,
-        "input_tokens_details": {
-            "cached_tokens": reported_count(parsed.cache_read_input_tokens) or 0
-        },
+        "input_tokens_details": {"cached_tokens": parsed.cache_read_input_tokens or 0},
         "output_tokens": output_tokens or 0,
-        "output_tokens_details": {
-            "reasoning_tokens": reported_count(parsed.reasoning_output_tokens) or 0
-        },
+        "output_tokens_details": {"reasoning_tokens": parsed.reasoning_output_tokens or 0},
         "total_tokens": total,
     }
 

@@ -23,7 +23,7 @@ from llmgw.api.messages import AnthropicCodec
 from llmgw.errors import GatewayError, InvalidRequest, UpstreamUnavailable
 from llmgw.translation import anthropic
 from llmgw.translation.anthropic_stream import MessageStream
-from tests.translation.wrong_types import variants
+from tests.translation.wrong_types import crashes
 
 DATA = Path(__file__).parent / "data" / "anthropic"
 UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
@@ -298,57 +298,55 @@ def test_tool_input_is_always_an_object() -> None:
 
 
 def test_a_request_with_a_wrong_type_anywhere_is_refused_or_translated() -> None:
-    crashes = []
-    for case in cases("request"):
-        for where, body in variants(load(case)["request"]):
-            if not isinstance(body, dict):
-                continue
-            try:
-                anthropic.validate_messages_request(body)
-                chat = anthropic.messages_to_chat(body)
-                orjson.dumps(chat)
-                estimate_input_tokens(chat)
-                AnthropicCodec().stream_translator(request=body, estimated_input_tokens=1).start()
-            except InvalidRequest:
-                pass
-            except Exception as exc:
-                crashes.append(f"{case.stem}: {where}: {exc!r}")
-    assert not crashes, "\n".join(crashes)
+    def translate(body: Any) -> None:
+        if isinstance(body, dict):
+            anthropic.validate_messages_request(body)
+            chat = anthropic.messages_to_chat(body)
+            orjson.dumps(chat)
+            estimate_input_tokens(chat)
+            AnthropicCodec().stream_translator(request=body, estimated_input_tokens=1).start()
+
+    found = [
+        f"{case.stem}: {crash}"
+        for case in cases("request")
+        for crash in crashes(load(case)["request"], translate, (InvalidRequest,))
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_an_answer_with_a_wrong_type_anywhere_is_translated_or_refused() -> None:
-    crashes = []
-    for case_path in cases("response"):
-        case = load(case_path)
-        for where, completion in variants(case["completion"]):
-            if not isinstance(completion, dict):
-                continue
-            try:
+    found = []
+    for path in cases("response"):
+        case = load(path)
+
+        def translate(completion: Any, request: dict[str, Any] = case["request"]) -> None:
+            if isinstance(completion, dict):
                 message = anthropic.message_from_chat(
-                    completion, request=case["request"], message_id="msg_test"
+                    completion, request=request, message_id="msg_test"
                 )
                 orjson.dumps(message)
-            except UpstreamUnavailable:
-                pass
-            except Exception as exc:
-                crashes.append(f"{case_path.stem}: {where}: {exc!r}")
-    assert not crashes, "\n".join(crashes)
+
+        found += [
+            f"{path.stem}: {crash}"
+            for crash in crashes(case["completion"], translate, (UpstreamUnavailable,))
+        ]
+    assert not found, "\n".join(found)
 
 
 def test_a_stream_with_a_wrong_type_anywhere_is_translated_or_ends_in_an_error() -> None:
-    crashes = []
-    for case_path in cases("stream"):
-        case = load(case_path)
-        for where, chunks in variants({"chunks": case["chunks"]}):
-            if not isinstance(chunks, dict) or not isinstance(chunks.get("chunks"), list):
-                continue
-            try:
-                run_stream({**case, "chunks": [c for c in chunks["chunks"] if isinstance(c, dict)]})
-            except UpstreamUnavailable:
-                pass
-            except Exception as exc:
-                crashes.append(f"{case_path.stem}: {where}: {exc!r}")
-    assert not crashes, "\n".join(crashes)
+    found = []
+    for path in cases("stream"):
+        case = load(path)
+
+        def play(chunks: Any, case: dict[str, Any] = case) -> None:
+            if isinstance(chunks, list):
+                run_stream({**case, "chunks": [c for c in chunks if isinstance(c, dict)]})
+
+        found += [
+            f"{path.stem}: {crash}"
+            for crash in crashes(case["chunks"], play, (UpstreamUnavailable,))
+        ]
+    assert not found, "\n".join(found)
 
 
 def answer(tool_calls: Any = None, usage: Any = None) -> dict[str, Any]:

@@ -4,10 +4,10 @@ a caller's mistake must be a 400, a provider's odd answer translated or refused,
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["variants"]
+__all__ = ["crashes"]
 
 _MISSING = object()  # the field left out
 _WRONG_VALUES: list[Any] = [
@@ -41,10 +41,27 @@ def _with_value(document: Any, path: tuple[Any, ...], value: Any) -> Any:
     return changed
 
 
-def variants(document: Any) -> Iterator[tuple[str, Any]]:
+def _variants(document: Any) -> Iterator[tuple[str, Any]]:
     """(where, changed document) for each field of ``document`` and each wrong value for it."""
     for path in _locations(document):
         for value in _WRONG_VALUES:
             if path or value is not _MISSING:
                 shown = "missing" if value is _MISSING else repr(value)
                 yield f"{list(path)} = {shown}", _with_value(document, path, value)
+
+
+def crashes(
+    document: Any,
+    attempt: Callable[[Any], object],
+    expected: tuple[type[Exception], ...] = (),
+) -> list[str]:
+    """Where ``attempt`` raised anything but ``expected`` for a variant of ``document``."""
+    found = []
+    for where, changed in _variants(document):
+        try:
+            attempt(changed)
+        except expected:
+            pass
+        except Exception as exc:
+            found.append(f"{where}: {exc!r}")
+    return found
