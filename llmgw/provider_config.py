@@ -13,6 +13,8 @@
     reasoning = false                # optional: it accepts reasoning_effort (Claude Code's
                                      # thinking, Codex's reasoning); default per kind, see
                                      # DEFAULT_CAPABILITIES
+    prefill = false                  # optional: it continues a trailing assistant message
+                                     # (a broken stream is finished that way); default false
     input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
     output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
@@ -78,19 +80,26 @@ class Capabilities:
     upstream that refuses a parameter fails every request that carries it."""
 
     reasoning: bool  # reasoning_effort / reasoning: chat's effort, Anthropic's thinking mapped
+    # A trailing assistant message is continued, not answered with a new turn: a stream broken
+    # mid-answer is finished by sending the text already relayed as that message.
+    prefill: bool = False
 
     @classmethod
     def common_to(cls, every: Iterable[Capabilities]) -> Capabilities:
         """What all of ``every`` accept (a route that may fall back to any of them)."""
-        return cls(reasoning=all(c.reasoning for c in every))
+        every = tuple(every)
+        return cls(reasoning=all(c.reasoning for c in every), prefill=all(c.prefill for c in every))
 
 
 # Venice documents reasoning_effort on every chat model (non-reasoning ones ignore it). An
 # openai-compatible server may not: OpenAI refuses it for non-reasoning models, vLLM and
 # LiteLLM for many, with a 400 on every request; so it is sent there only when declared.
+# Prefill is off for both kinds: Venice does not document it, OpenAI and Azure answer a trailing
+# assistant message with a new turn, and vLLM and Ollama continue it only for some models or
+# templates (shared/provider-failures.md F3). Declare ``prefill = true`` for one that does.
 DEFAULT_CAPABILITIES: Mapping[ProviderKind, Capabilities] = {
-    "venice": Capabilities(reasoning=True),
-    "openai-compatible": Capabilities(reasoning=False),
+    "venice": Capabilities(reasoning=True, prefill=False),
+    "openai-compatible": Capabilities(reasoning=False, prefill=False),
 }
 
 

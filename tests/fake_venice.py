@@ -37,7 +37,7 @@ SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 
 UsagePlacement = Literal["separate", "finish"]
 _UsageMode = Literal["separate", "finish", "none"]
-_Cut = Literal["drop", "error", "stall"]
+_Cut = Literal["drop", "error", "stall", "end"]
 
 
 def expected_cost_usd(prompt_tokens: int, completion_tokens: int) -> float:
@@ -411,6 +411,7 @@ class Behaviour:
     garbage: bool = False
     close_mid_body: bool = False
     stall_after_chunks: int | None = None
+    end_after_chunks: int | None = None  # the stream closes cleanly there: no finish, no [DONE]
     # A hostile or buggy upstream: `billing` replaces the answer's `usage` and `cost` (the JSON
     # body's, or the usage chunk's), `response_id` its `id`.
     billing: dict[str, Any] | None = None
@@ -429,6 +430,8 @@ class Behaviour:
     json_answer: bool = False  # "stream": true answered with the whole JSON completion
     oversized_event_bytes: int | None = None  # after the first chunk, one event that never ends
     endless: bool = False  # content chunks every chunk_delay (or 50 ms) until the client leaves
+    garbage_after_chunks: int | None = None  # one event that is not JSON there; the stream goes on
+    reply: str | None = None  # this answer's text instead of the fake's reply
 
     @property
     def reframes(self) -> bool:
@@ -448,6 +451,7 @@ class Behaviour:
             (self.drop_after_chunks, "drop"),
             (self.error_event_after_chunks, "error"),
             (self.stall_after_chunks, "stall"),
+            (self.end_after_chunks, "end"),
         )
         cuts = [(after, cut) for after, cut in candidates if after is not None]
         return min(cuts) if cuts else None
@@ -645,6 +649,15 @@ def _echo_venice_parameters(requested: Any) -> dict[str, Any]:
 def _last_role(messages: list[Any]) -> Any:
     last = messages[-1] if messages else None
     return last.get("role") if isinstance(last, dict) else None
+
+
+def _prefill(messages: list[Any]) -> str | None:
+    """The text of a trailing assistant message (a prefill), if the messages end with one."""
+    last = messages[-1] if messages else None
+    if isinstance(last, dict) and last.get("role") == "assistant":
+        content = last.get("content")
+        return content if isinstance(content, str) else None
+    return None
 
 
 def _first_tool_name(tools: Any) -> str | None:
@@ -958,6 +971,8 @@ class FakeVenice:
         self.reply = reply
         self.reasoning = reasoning
         self.tool_call: tuple[str, str] | None = None  # (name, JSON arguments) when offered tools
+        # A trailing assistant message is continued (the reply's rest), not answered anew.
+        self.continues_prefill = False
         self.chunks = chunks
         self.usage_placement: UsagePlacement = usage_placement
         self.usage_always = usage_always
@@ -1121,7 +1136,7 @@ class FakeVenice:
         if isinstance(admitted, web.Response):
             return admitted
         body, behaviour = admitted
-        completion = self._completion(body)
+        completion = self._completion(body, behaviour.reply)
         completion.billing_override = behaviour.billing
         completion.nameless = behaviour.nameless_tool_call
         if behaviour.response_id is not None:
@@ -1134,7 +1149,7 @@ class FakeVenice:
     def _chat_rejection(self, body: Any) -> _Rejection | None:
         return _chat_rejection(body, self.strict_fields, self.refused_params)
 
-    def _completion(self, body: dict[str, Any]) -> _Completion:
+    def _completion(self, body: dict[str, Any], reply: str | None = None) -> _Completion:
         # With tools the model calls one (the first, unless tool_call names it), and answers in
         # text once it has the results.
         offered = _first_tool_name(body.get("tools"))
@@ -1142,7 +1157,10 @@ class FakeVenice:
         arguments = TOOL_ARGUMENTS
         if tool_name is not None and self.tool_call is not None:
             tool_name, arguments = self.tool_call
-        text = self.reply if tool_name is None else arguments
+        text = (reply or self.reply) if tool_name is None else arguments
+        prefill = _prefill(body["messages"]) if self.continues_prefill else None
+        if prefill is not None and text.startswith(prefill):
+            text = text[len(prefill) :]  # the model continues the assistant's message
         return _Completion(
             model=body["model"],
             pieces=split_reply(text, self.chunks),
@@ -1203,7 +1221,9 @@ class FakeVenice:
                 await asyncio.sleep(behaviour.chunk_delay or 0.05)
                 await response.write(events.content[0])
         cut = behaviour.stream_cut()
-        for event in events.content if cut is None else events.content[: cut[0]]:
+        for index, event in enumerate(events.content if cut is None else events.content[: cut[0]]):
+            if index == behaviour.garbage_after_chunks:
+                await pacer.send(_GARBAGE_EVENT)
             await pacer.send(event)
         if cut is None:
             closing = events.closing[:-1] if behaviour.omit_done else events.closing
@@ -1216,6 +1236,8 @@ class FakeVenice:
             await pacer.send(_MID_STREAM_ERROR_EVENT)
             await pacer.send(_DONE_EVENT)
             return True
+        if cut[1] == "end":
+            return False
         if cut[1] == "stall":
             await self._closing.wait()
         _hang_up(request)

@@ -28,7 +28,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
-from llmgw.accounting.charges import charge
+from llmgw.accounting.charges import ESTIMATED, REPORTED, charge
 from llmgw.accounting.estimate import (
     argument_chars,
     estimate_input_tokens,
@@ -51,8 +51,9 @@ from llmgw.providers.base import (
     UpstreamResponse,
 )
 from llmgw.providers.fallback import Answer, FallbackChain
+from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream
-from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Finished, Outcome
@@ -116,6 +117,8 @@ class Exchange:
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
     output_chars: int = 0  # what the provider produced, for an estimate
+    # Streams that broke before the one that finished the answer: billed with it.
+    earlier: tuple[StreamAttempt, ...] = ()
     finished: bool = False
 
     def _estimate(self) -> tuple[int, int]:
@@ -125,6 +128,7 @@ class Exchange:
         """The relay's one report of how the stream ended (possibly after a background drain)."""
         self.observation.usage = summary.usage
         self.output_chars = summary.output_chars
+        self.earlier = summary.earlier
         self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
 
     def answered(self, answer: Answer[T]) -> T:
@@ -164,13 +168,18 @@ class Exchange:
 
     def _record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         observation = self.observation
+        estimated = False
+        if self.earlier:
+            observation.usage, estimated = self._all_attempts()
         charged = charge(
             observation.usage,
             provider_worked=self.provider_worked,
             estimate=self._estimate,
             price=self._price,
         )
-        if charged.source != "reported":
+        if estimated:
+            observation.usage_source = ESTIMATED
+        elif charged.source != REPORTED:
             observation.usage = attrs.evolve(charged.usage, cost_usd=None)
             observation.usage_source = charged.source
         finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
@@ -180,9 +189,37 @@ class Exchange:
             error_type,
             charged.usage,
             finished,
-            usage_source=charged.source,
+            usage_source=ESTIMATED if estimated else charged.source,
             cost_computed=charged.cost_computed,
         )
+
+    def _all_attempts(self) -> tuple[Usage, bool]:
+        """The usage of every stream attempt together (a continued answer's), and whether any of
+        it is the gateway's estimate: an attempt that reported nothing is estimated."""
+        input_estimate = estimate_input_tokens(self.body)
+        attempts = [(a.usage, a.output_chars) for a in self.earlier]
+        attempts.append((self.observation.usage, self.output_chars))
+        total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
+        estimated = False
+        for usage, output_chars in attempts:
+            if usage is None or (usage.input_tokens is None and usage.output_tokens is None):
+                estimated = True
+                usage = Usage(
+                    input_tokens=input_estimate,
+                    output_tokens=estimate_output_tokens(output_chars),
+                )
+            total = Usage(
+                input_tokens=_plus(total.input_tokens, usage.input_tokens),
+                output_tokens=_plus(total.output_tokens, usage.output_tokens),
+                # A cost only when every attempt reported one; else the price table's, for all.
+                cost_usd=None
+                if total.cost_usd is None or usage.cost_usd is None
+                else total.cost_usd + usage.cost_usd,
+                cost_diem=None
+                if total.cost_diem is None or usage.cost_diem is None
+                else total.cost_diem + usage.cost_diem,
+            )
+        return total, estimated
 
     def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         """The record from what is known without computing anything that could fail again: the
@@ -364,6 +401,10 @@ async def start_call(
     return route, call, exchange
 
 
+def _plus(total: int | None, count: int | None) -> int | None:
+    return total if count is None else (total or 0) + count
+
+
 def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
@@ -412,6 +453,15 @@ async def _stream(
     if isinstance(opened, web.StreamResponse):
         return opened  # the provider's error, forwarded
     exchange.observation.retries = opened.retries
+    continuation = None
+    if operation.sends_chat and exchange.deployment is not None:
+        # A stream that breaks may be finished on each deployment of the route in turn (on its
+        # only one once).
+        continuation = Continuation(
+            resume=functools.partial(_resume, operation, route, call, exchange),
+            deployment=exchange.deployment.label,
+            left=len(route.deployments),
+        )
     # From here the relay tells how the stream ended, once, possibly after the caller left.
     return await relay_stream(
         request,
@@ -420,7 +470,47 @@ async def _stream(
         hide_usage_chunk=hide_usage_chunk,
         on_end=exchange.stream_ended,
         translator=translator,
+        continuation=continuation,
     )
+
+
+async def _resume(
+    operation: Operation, route: FallbackChain, call: UpstreamCall, exchange: Exchange, text: str
+) -> Resumed:
+    """A new stream for the rest of an answer whose stream broke after ``text`` was sent: from
+    the next deployment of the route on, with a deadline of its own."""
+    assert exchange.deployment is not None  # a stream was relayed, so a deployment answered
+    observation = exchange.observation
+    tried = observation.deployments_tried
+    settings = exchange.request.app[app_keys.SETTINGS]
+    resumed_call = attrs.evolve(
+        call,
+        deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds,
+        on_deployment=lambda deployment, count: observation.deployment_tried(
+            deployment, tried + count
+        ),
+    )
+    answer = await route.after(exchange.deployment).first_answer(
+        resumed_call, functools.partial(_open_continuation, operation, text)
+    )
+    stream = exchange.answered(answer)
+    return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
+
+
+def _prefills(deployment: Deployment, text: str) -> bool:
+    return bool(text) and deployment.provider.capabilities.prefill
+
+
+async def _open_continuation(
+    operation: Operation, text: str, provider: Provider, call: UpstreamCall
+) -> ChatStream:
+    """The stream that continues ``text``: the request plus ``text`` as the assistant's message
+    to continue, when the provider continues one; else the request again (a restart)."""
+    if text and provider.capabilities.prefill:
+        document = orjson.loads(call.body)
+        document["messages"] = [*document["messages"], {"role": "assistant", "content": text}]
+        call = attrs.evolve(call, body=orjson.dumps(document))
+    return await operation.open_stream(provider, call)
 
 
 def _output_chars(document: dict[str, Any]) -> int:

@@ -63,6 +63,12 @@ class FallbackChain:
             d.provider.capabilities for d in self.deployments
         )
 
+    def after(self, deployment: Deployment) -> FallbackChain:
+        """The route from the deployment after ``deployment``, round to it last: where the answer
+        a stream of it broke off is finished (on it again only when no other will)."""
+        index = self.deployments.index(deployment) + 1
+        return FallbackChain(self.deployments[index:] + self.deployments[:index])
+
     async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
     ) -> Answer[T]:

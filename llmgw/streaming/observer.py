@@ -29,8 +29,8 @@ class StreamObserver:
         "document",
         "done",
         "finished",
-        "garbled",
         "hide_usage_chunk",
+        "malformed",
         "observation",
         "output_chars",
         "upstream_error",
@@ -43,7 +43,7 @@ class StreamObserver:
         self.document: dict[str, Any] | None = None  # the last event's chunk, when it had one
         self.done = False  # [DONE] came
         self.finished = False  # a finish_reason came: the answer is complete
-        self.garbled = False  # an event's data was not a JSON object
+        self.malformed = 0  # events whose data was not a JSON object: dropped
         self.upstream_error = False  # the provider sent an error event
         self.usage: Usage | None = None
         self.output_chars = 0
@@ -51,8 +51,6 @@ class StreamObserver:
     def observe(self, event: bytes) -> bool:
         """Read one event; False when the caller must not see it."""
         self.document = None
-        if self.garbled:
-            return False
         data = event_data(event)
         if data is None:
             return True
@@ -67,7 +65,9 @@ class StreamObserver:
         except orjson.JSONDecodeError:
             document = None
         if document.__class__ is not dict:
-            self.garbled = True
+            # One bad event is not a broken stream: the caller never sees it (it could not parse
+            # it), the relay counts it, and the events after it go on.
+            self.malformed += 1
             return False
         self.document = document
         observation = self.observation
@@ -88,6 +88,12 @@ class StreamObserver:
         self.usage = usage
         # The usage chunk the gateway asked for on the caller's behalf, when nothing else is in it.
         return not self.hide_usage_chunk or _carries(choices)
+
+    def next_attempt(self) -> None:
+        """A new upstream continues the answer: its own ending and usage are still to come."""
+        self.done = self.finished = self.upstream_error = False
+        self.usage = None
+        self.output_chars = 0
 
     def _read_choices(self, choices: list[Any]) -> None:
         """Finish reasons, the characters produced, and captured content: the hot path, every

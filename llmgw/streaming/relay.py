@@ -12,9 +12,15 @@ to ``on_end``:
   ``completed``; the upstream is read on in the background for a few seconds to get the usage.
 - The caller left earlier: ``cancelled`` with status 499, and the upstream closed (which stops the
   generation).
-- Anything else (an error event, a broken or garbled stream, a bound reached, shutdown, a failure
-  of the gateway's own): an error event to the caller and ``failed``. Once the headers are sent,
-  nothing but events is ever written.
+- The upstream broke (cut off, stalled, an error event, an end without a finish): with a
+  ``Continuation``, the answer is finished on another upstream stream (see
+  ``streaming.continuation``) and the caller gets one whole answer; when it cannot be, the failure
+  as it came (a provider's error event as it was sent).
+- Anything else (a bound reached, shutdown, a failure of the gateway's own): an error event to the
+  caller and ``failed``. Once the headers are sent, nothing but events is ever written.
+
+An event whose data is not JSON is dropped (the caller could not parse it), counted and logged
+once per request; the stream goes on.
 """
 
 from __future__ import annotations
@@ -28,14 +34,22 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from llmgw.errors import GatewayError, InternalError, UpstreamUnavailable
-from llmgw.providers.base import ChatStream
+from llmgw.errors import GatewayError, InternalError, UpstreamTimeout, UpstreamUnavailable
+from llmgw.providers.base import ChatStream, UpstreamHTTPError
 from llmgw.streaming.completion import completion_events
+from llmgw.streaming.continuation import (
+    MODE_PREFILL,
+    MODE_RESTART,
+    Continuation,
+    Splice,
+    Transcript,
+)
 from llmgw.streaming.observer import StreamObserver
 from llmgw.streaming.sse import EventTooLarge, SSEScanner
-from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamSummary
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.supervisor import STREAMS, StreamSupervisor, gateway_shutting_down
 from llmgw.streaming.translate import StreamTranslator
+from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = ["STREAM_HEADERS", "USAGE_DRAIN_SECONDS", "relay_stream", "sse_error_event"]
@@ -57,6 +71,14 @@ def sse_error_event(error: GatewayError) -> bytes:
     return b"data: " + error.body_bytes() + b"\n\n"
 
 
+class _Broke(Exception):
+    """The upstream's stream failed while being read (cut off, stalled): ``error`` says how."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 async def relay_stream(
     request: web.Request,
     upstream: ChatStream,
@@ -65,15 +87,18 @@ async def relay_stream(
     hide_usage_chunk: bool,
     on_end: Callable[[StreamSummary], None],
     translator: StreamTranslator | None = None,
+    continuation: Continuation | None = None,
 ) -> web.StreamResponse:
     """Send headers now, then every event as it completes; ``on_end`` is told once how it ended.
 
-    Without a translator the caller gets the provider's events byte for byte; with one, what the
-    translator makes of each decoded chunk (and its own opening, closing and error events).
+    Without a translator the caller gets the provider's events byte for byte (the continuation
+    of a broken stream re-encoded); with one, what the translator makes of each decoded chunk
+    (and its own opening, closing and error events).
     """
     relay = _Relay(
         request.app[STREAMS], upstream, observation, hide_usage_chunk, translator, on_end
     )
+    relay.continuation = continuation
     return await relay.run(request)
 
 
@@ -96,6 +121,13 @@ class _Relay:
         )
         self.scanner = SSEScanner(streams.max_event_bytes)
         self._on_end: Callable[[StreamSummary], None] | None = on_end
+        self.continuation: Continuation | None = None
+        self.transcript = Transcript()
+        self.splice: Splice | None = None  # set while a continuation is relayed
+        self.earlier: list[StreamAttempt] = []
+        # A provider's error event, held back while the answer may still be finished elsewhere.
+        self._held_error: bytes | None = None
+        self._malformed_logged = False
 
     async def run(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
@@ -106,21 +138,12 @@ class _Relay:
             if self.translator is not None:
                 await response.write(self.translator.start())
             async with self.streams.bounded():
-                await self._forward(response)
-            if not observer.done:
-                if not observer.finished or observer.upstream_error:
-                    raise UpstreamUnavailable(
-                        "The provider ended the stream before it was complete.",
-                        code="upstream_stream_incomplete",
-                    )
-                if self.translator is None:  # a clean close after the finish chunk: complete
-                    await response.write(_DONE_EVENT)
-            if observer.upstream_error:
-                self._end(Outcome.FAILED, "upstream_stream_error")
-            else:
-                if self.translator is not None:
-                    await response.write(await self.translator.finish())
-                self._end(Outcome.COMPLETED)
+                await self._relay_attempts(response)
+            if self.translator is not None:
+                await response.write(await self.translator.finish())
+            elif not observer.done:  # a clean close after the finish chunk: complete
+                await response.write(_DONE_EVENT)
+            self._end(Outcome.COMPLETED)
         except GatewayError as error:
             self._end(Outcome.FAILED, error.error_kind)
             await self._send_error(response, error)
@@ -145,22 +168,59 @@ class _Relay:
                 self._end(Outcome.FAILED, "internal_error")  # only if nothing above ended it
         return response
 
+    async def _relay_attempts(self, response: web.StreamResponse) -> None:
+        """Relay the stream, and the continuations of a broken one, until the answer is whole;
+        raise the failure when it cannot be made whole."""
+        while True:
+            try:
+                await self._forward(response)
+                broken = self._incomplete()
+            except _Broke as broke:
+                broken = broke.error
+            if broken is None:
+                return
+            if not await self._continue(broken):
+                raise broken
+
+    def _incomplete(self) -> GatewayError | None:
+        """Why the stream that ended is not a whole answer, or None when it is."""
+        observer = self.observer
+        if observer.upstream_error:
+            return UpstreamUnavailable(
+                "The provider reported an error in the stream.", code="upstream_stream_error"
+            )
+        if not observer.finished:
+            # No finish reason: cut off, or a [DONE] (not relayed) that ends nothing.
+            return UpstreamUnavailable(
+                "The provider ended the stream before it was complete.",
+                code="upstream_stream_incomplete",
+            )
+        return None
+
     async def _forward(self, response: web.StreamResponse) -> None:
-        """Forward events until ``[DONE]`` or the end of the upstream."""
+        """Forward events until ``[DONE]``, an error event or the end of the upstream."""
         observer = self.observer
         async with contextlib.aclosing(self._upstream_bytes()) as source:
-            async for data in source:
+            while True:
+                try:
+                    data = await anext(source)
+                except StopAsyncIteration:
+                    return
+                except (UpstreamUnavailable, UpstreamTimeout) as error:
+                    raise _Broke(error) from error
                 out: list[bytes] = []
                 try:
                     for event in self._events(data):
                         if not observer.observe(event):
                             continue
-                        if self.translator is None:
-                            out.append(_complete_crlf(event) if observer.done else event)
-                        elif observer.upstream_error:
-                            break  # after what came before it reached the caller (below)
-                        elif observer.document is not None:
-                            out.append(self.translator.feed(observer.document))
+                        if observer.upstream_error:
+                            self._held_error = event  # the caller's only if nothing finishes it
+                            break
+                        if observer.done and not observer.finished:
+                            break  # the end of an unfinished answer: not relayed
+                        forwarded = self._forwarded(event)
+                        if forwarded:
+                            out.append(forwarded)
                         if observer.done:
                             break
                 finally:
@@ -168,18 +228,90 @@ class _Relay:
                     # reaches the caller ahead of the error event.
                     if out:
                         await response.write(b"".join(out))
-                if self.translator is not None and observer.upstream_error:
-                    raise UpstreamUnavailable(
-                        "The provider reported an error in the stream.",
-                        code="upstream_stream_error",
-                    )
-                if observer.garbled:
-                    raise UpstreamUnavailable(
-                        "The provider sent stream data that is not JSON; the stream was ended.",
-                        code="upstream_invalid_response",
-                    )
-                if observer.done:
+                if observer.malformed and not self._malformed_logged:
+                    self._malformed_logged = True
+                    log.warning("a provider sent stream events that are not JSON; dropped")
+                if observer.done or observer.upstream_error:
                     return
+
+    def _forwarded(self, event: bytes) -> bytes:
+        """What the caller is sent for one observed event."""
+        document = self.observer.document
+        if document is not None and self.continuation is not None:
+            if self.splice is not None:
+                document = self.splice.chunk(document)
+                if document is None:
+                    return b""  # nothing in it the caller does not have
+            self.transcript.note(document)
+        if self.translator is not None:
+            return b"" if document is None else self.translator.feed(document)
+        if self.splice is not None and document is not None:
+            return b"data: " + orjson.dumps(document) + b"\n\n"
+        return _complete_crlf(event) if self.observer.done else event
+
+    async def _continue(self, broken: GatewayError) -> bool:
+        """Finish the answer on a new upstream stream; False when it cannot be."""
+        continuation = self.continuation
+        if continuation is None or continuation.left <= 0:
+            return False
+        continuation.left -= 1
+        why_not = self.transcript.why_not()
+        if why_not is not None:
+            log.info("a stream that broke %s was not continued (%s)", why_not, broken.message)
+            self._note_continuation(broken, f"broke {why_not}", mode="none")
+            return False
+        text = self.transcript.text
+        await self.upstream.close()
+        try:
+            resumed = await continuation.resume(text)
+        except (GatewayError, UpstreamHTTPError) as error:
+            # The failure the caller gets is the one that broke the stream, never this one (a
+            # refused prefill, an unreachable fallback).
+            log.warning("a broken stream could not be continued: %s", error)
+            self._note_continuation(broken, "no deployment took it", mode="none")
+            return False
+        observer = self.observer
+        self.earlier.append(
+            StreamAttempt(continuation.deployment, observer.usage, observer.output_chars)
+        )
+        observer.next_attempt()
+        mode = MODE_PREFILL if resumed.prefilled else MODE_RESTART
+        log.info(
+            "a stream broken after %d characters (%s) is continued on %s (%s)",
+            len(text),
+            broken.error_kind,
+            resumed.deployment,
+            mode,
+        )
+        self._note_continuation(broken, "continued", mode=mode, chars=len(text))
+        continuation.deployment = resumed.deployment
+        self.upstream = resumed.stream
+        self.scanner = SSEScanner(self.streams.max_event_bytes)
+        self.splice = Splice(text, prefilled=resumed.prefilled)
+        self._held_error = None
+        return True
+
+    def _note_continuation(
+        self, broken: GatewayError, outcome: str, *, mode: str, chars: int | None = None
+    ) -> None:
+        observation = self.observer.observation
+        attributes: dict[str, str | int] = {
+            sc.LLMGW_CONTINUATION_REASON: broken.error_kind,
+            sc.LLMGW_CONTINUATION_MODE: mode,
+            sc.LLMGW_CONTINUATION_OUTCOME: outcome,
+        }
+        if self.continuation is not None:
+            attributes[sc.LLMGW_DEPLOYMENT] = self.continuation.deployment
+        if chars is not None:
+            attributes[sc.LLMGW_CONTINUATION_SENT_CHARS] = chars
+        observation.tracer_span.add_event(sc.EVENT_STREAM_CONTINUATION, attributes)
+        observation.instruments.stream_continuations.add(
+            1,
+            {
+                sc.GEN_AI_PROVIDER_NAME: observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME],
+                sc.LLMGW_CONTINUATION_OUTCOME: "continued" if outcome == "continued" else "failed",
+            },
+        )
 
     def _upstream_bytes(self) -> AsyncGenerator[bytes, None]:
         """The upstream's stream; a JSON completion (some providers' answer) turned into one."""
@@ -232,7 +364,7 @@ class _Relay:
                 async for data in self.upstream.chunks():
                     for event in self._events(data):
                         observer.observe(event)
-                    if observer.done or observer.usage is not None or observer.garbled:
+                    if observer.done or observer.usage is not None:
                         break
         except (GatewayError, TimeoutError) as error:
             log.info("the usage of a stream whose caller left did not come (%s)", error)
@@ -245,6 +377,15 @@ class _Relay:
         if on_end is None:
             return
         observer = self.observer
+        if observer.malformed:
+            observation = self.observer.observation
+            observation.tracer_span.set_attribute(
+                sc.LLMGW_STREAM_MALFORMED_EVENTS, observer.malformed
+            )
+            observation.instruments.stream_malformed_events.add(
+                observer.malformed,
+                {sc.GEN_AI_PROVIDER_NAME: observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]},
+            )
         on_end(
             StreamSummary(
                 outcome=outcome,
@@ -252,11 +393,15 @@ class _Relay:
                 error_type=error_type,
                 usage=observer.usage,
                 output_chars=observer.output_chars,
+                earlier=tuple(self.earlier),
             )
         )
 
     def _error_event(self, error: GatewayError) -> bytes:
-        return sse_error_event(error) if self.translator is None else self.translator.error(error)
+        if self.translator is not None:
+            return self.translator.error(error)
+        # A provider's own error event, as it sent it, when that is what ended the stream.
+        return self._held_error or sse_error_event(error)
 
     async def _send_error(self, response: web.StreamResponse, error: GatewayError) -> None:
         try:

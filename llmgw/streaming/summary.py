@@ -6,10 +6,19 @@ import attrs
 
 from llmgw.accounting.usage import Usage
 
-__all__ = ["CLIENT_CLOSED_REQUEST", "StreamSummary"]
+__all__ = ["CLIENT_CLOSED_REQUEST", "StreamAttempt", "StreamSummary"]
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
+
+
+@attrs.frozen(slots=True)
+class StreamAttempt:
+    """An upstream stream that broke and whose answer another one finished: it is billed too."""
+
+    deployment: str  # "provider:model"
+    usage: Usage | None  # as the provider reported it (rarely, before breaking)
+    output_chars: int  # what it produced, for an estimate when it reported nothing
 
 
 @attrs.frozen(slots=True)
@@ -20,3 +29,5 @@ class StreamSummary:
     usage: Usage | None  # as the provider reported it; None when it never came
     # Characters of content, reasoning and tool-call arguments the provider sent (for an estimate).
     output_chars: int
+    # The attempts before the last, oldest first, when a broken stream was continued.
+    earlier: tuple[StreamAttempt, ...] = ()

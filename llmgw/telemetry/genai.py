@@ -86,6 +86,16 @@ class GatewayInstruments:
         self.upstream_retries = meter.create_counter(
             sc.METRIC_UPSTREAM_RETRIES, unit="{retry}", description="Upstream calls retried"
         )
+        self.stream_malformed_events = meter.create_counter(
+            sc.METRIC_STREAM_MALFORMED_EVENTS,
+            unit="{event}",
+            description="Provider stream events that were not JSON, dropped",
+        )
+        self.stream_continuations = meter.create_counter(
+            sc.METRIC_STREAM_CONTINUATIONS,
+            unit="{stream}",
+            description="Broken streams the gateway tried to finish on another attempt, by outcome",
+        )
         self.venice_cost = meter.create_counter(
             sc.METRIC_VENICE_COST, unit="USD", description="Cost Venice reported, by model"
         )

@@ -56,6 +56,14 @@ LLMGW_USAGE_SOURCE: Final = "llmgw.usage.source"  # "reported" by the provider, 
 LLMGW_OMITTED_TOOLS: Final = "llmgw.responses.omitted_tools"
 # Request parameters the answering deployment was not sent (its provider does not accept them).
 LLMGW_OMITTED_PARAMS: Final = "llmgw.request.omitted_params"
+# Stream events whose data was not JSON: dropped, never relayed.
+LLMGW_STREAM_MALFORMED_EVENTS: Final = "llmgw.stream.malformed_events"
+# A broken stream finished on another attempt: the span event, and its attributes.
+EVENT_STREAM_CONTINUATION: Final = "llmgw.stream.continuation"
+LLMGW_CONTINUATION_REASON: Final = "llmgw.continuation.reason"  # the failure that broke the stream
+LLMGW_CONTINUATION_MODE: Final = "llmgw.continuation.mode"  # prefill, restart, or none
+LLMGW_CONTINUATION_SENT_CHARS: Final = "llmgw.continuation.sent_chars"  # answer text already sent
+LLMGW_CONTINUATION_OUTCOME: Final = "llmgw.continuation.outcome"  # continued, or why not
 
 # Values
 OPERATION_CHAT: Final = "chat"
@@ -85,6 +93,8 @@ METRIC_GATEWAY_REQUESTS: Final = "llmgw.requests"
 METRIC_RATE_LIMIT_REFUSALS: Final = "llmgw.rate_limit.refusals"
 METRIC_AUTH_FAILURES: Final = "llmgw.auth.failures"
 METRIC_UPSTREAM_RETRIES: Final = "llmgw.upstream.retries"
+METRIC_STREAM_MALFORMED_EVENTS: Final = "llmgw.stream.malformed_events"
+METRIC_STREAM_CONTINUATIONS: Final = "llmgw.stream.continuations"
 METRIC_VENICE_COST: Final = "llmgw.venice.cost"
 METRIC_USAGE_LEDGER_DROPPED: Final = "llmgw.usage_ledger.dropped"
 METRIC_USAGE_LEDGER_DEAD_LETTERS: Final = "llmgw.usage_ledger.dead_letters"
