@@ -442,14 +442,17 @@ async def test_stream_event_sequence_and_usage(
 
 async def test_mid_stream_failure_ends_with_an_error_event(gateway: Gateway, api_key: str) -> None:
     client = gateway.anthropic_client(api_key)
-    gateway.fake.enqueue(Behaviour(error_event_after_chunks=2))
+    # Each failure twice: the continuation on the only deployment fails too.
+    gateway.fake.enqueue(
+        Behaviour(error_event_after_chunks=2), Behaviour(error_event_after_chunks=1)
+    )
     with pytest.raises(anthropic.APIStatusError) as failed:
         async with client.messages.stream(model=MODEL, max_tokens=64, messages=HELLO) as stream:
             async for _ in stream:
                 pass
     assert failed.value.body["error"]["type"] in ("api_error", "overloaded_error")  # type: ignore[index]
 
-    gateway.fake.enqueue(Behaviour(drop_after_chunks=2))
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=2), Behaviour(drop_after_chunks=1))
     async with aiohttp.ClientSession() as session:
         response = await session.post(
             gateway.url("/v1/messages"),

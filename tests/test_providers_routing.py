@@ -210,13 +210,14 @@ async def test_a_provider_past_its_own_timeout_falls_back_within_the_request_tim
     assert chat_span(gateway, "fast")[sc.LLMGW_DEPLOYMENTS_TRIED] == 2
 
 
-async def test_no_fallback_after_the_first_byte_of_a_stream(
+async def test_a_stream_broken_after_its_first_byte_is_never_finished_with_another_answer(
     start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
 ) -> None:
     toml = venice_and_openai(fake_venice, fake_openai)
     toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
     gateway, client = await start(start_gateway, tmp_path, toml)
-    fake_venice.enqueue(Behaviour(drop_after_chunks=2))
+    # Cut after "Hello from fake Ven": OpenAI's "Hello from fake OpenAI!" does not begin with it.
+    fake_venice.enqueue(Behaviour(drop_after_chunks=4))
 
     stream = await client.chat.completions.create(model="fast", messages=MESSAGES, stream=True)
     received = []
@@ -224,10 +225,16 @@ async def test_no_fallback_after_the_first_byte_of_a_stream(
         async for chunk in stream:
             received.append(chunk)
     assert received, "chunks before the drop reached the client"
-    assert "broke off the stream" in caught.value.message
-    assert fake_openai.calls("/v1/chat/completions") == []
+    # The next deployment was asked for the rest, and began another answer: not relayed.
+    assert "began differently" in caught.value.message
+    assert len(fake_openai.calls("/v1/chat/completions")) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in received if c.choices)
+    assert text == "Hello from fake Ven"
     span = chat_span(gateway, "fast")
-    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == ("venice:qwen3-5-9b", 1)
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == (
+        "openai:gpt-4o-mini",
+        2,
+    )
     assert span[sc.LLMGW_STREAM_OUTCOME] == "failed"
 
 

@@ -370,7 +370,10 @@ async def test_stream_frames_carry_event_lines(upstream: Upstream) -> None:
 async def test_a_stream_broken_by_the_provider_ends_with_error_and_response_failed(
     gateway: Gateway, api_key: str
 ) -> None:
-    gateway.fake.enqueue(Behaviour(error_event_after_chunks=2))
+    # Twice: the continuation on the only deployment breaks too.
+    gateway.fake.enqueue(
+        Behaviour(error_event_after_chunks=2), Behaviour(error_event_after_chunks=1)
+    )
     client = gateway.client(api_key)
     stream = await client.responses.create(model="qwen3-5-9b", input="hi", stream=True)
     events = [event async for event in stream]

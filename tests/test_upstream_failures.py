@@ -100,10 +100,12 @@ async def test_stream_is_retried_before_the_first_byte(gateway: Gateway, api_key
     assert len(gateway.fake.received) == 2
 
 
-async def test_stream_dropped_midway_ends_with_an_error_event(
+async def test_stream_dropped_midway_and_again_when_continued_ends_with_an_error_event(
     gateway: Gateway, api_key: str
 ) -> None:
-    gateway.fake.enqueue(Behaviour(drop_after_chunks=2))
+    # The only deployment is asked once more for the rest (tests/test_stream_continuation.py);
+    # dropped that time too, the caller gets the failure.
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=2), Behaviour(drop_after_chunks=1))
     stream = await gateway.client(api_key).chat.completions.create(
         model="qwen3-5-9b", messages=MESSAGES, stream=True
     )
@@ -113,7 +115,7 @@ async def test_stream_dropped_midway_ends_with_an_error_event(
             received.append(chunk)
     assert received, "chunks before the drop must reach the client"
     assert "broke off the stream" in caught.value.message
-    assert len(gateway.fake.received) == 1, "a stream is never retried after the first chunk"
+    assert len(gateway.fake.received) == 2, "one continuation, then the failure"
 
 
 async def test_stream_idle_past_the_timeout_ends_with_an_error_event(
@@ -121,7 +123,7 @@ async def test_stream_idle_past_the_timeout_ends_with_an_error_event(
 ) -> None:
     gateway = await start_gateway(request_timeout_seconds=1.0)
     key = await api_key_for(gateway)
-    gateway.fake.enqueue(Behaviour(stall_after_chunks=2))
+    gateway.fake.enqueue(Behaviour(stall_after_chunks=2), Behaviour(stall_after_chunks=1))
     stream = await gateway.client(key).chat.completions.create(
         model="qwen3-5-9b", messages=MESSAGES, stream=True
     )
@@ -136,7 +138,10 @@ async def test_stream_idle_past_the_timeout_ends_with_an_error_event(
 async def test_venice_error_event_mid_stream_reaches_the_client_as_is(
     gateway: Gateway, api_key: str
 ) -> None:
-    gateway.fake.enqueue(Behaviour(error_event_after_chunks=1))
+    # Its continuation fails the same way: the provider's own event is what the caller sees.
+    gateway.fake.enqueue(
+        Behaviour(error_event_after_chunks=1), Behaviour(error_event_after_chunks=1)
+    )
     stream = await gateway.client(api_key).chat.completions.create(
         model="qwen3-5-9b", messages=MESSAGES, stream=True
     )

@@ -24,6 +24,10 @@ __all__ = ["StreamObserver"]
 _TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 
 
+# The events that end a Responses stream (a provider that speaks Responses itself) with an answer.
+_RESPONSES_ENDINGS = frozenset({"response.completed", "response.incomplete"})
+
+
 class StreamObserver:
     __slots__ = (
         "document",
@@ -82,6 +86,8 @@ class StreamObserver:
             self._read_choices(choices)
         if "usage" not in document and "response" not in document:
             return True  # most chunks: no usage to look for
+        if document.get("type") in _RESPONSES_ENDINGS:
+            self.finished = True  # a provider's own Responses stream ends so, not with a reason
         usage = parse_usage(document, with_cost=observation.provider_reports_cost)
         if usage is None:
             return True

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from opentelemetry import trace
 
 from llmgw.streaming import supervisor
+from llmgw.streaming.continuation import Continuation
 from llmgw.streaming.relay import relay_stream
 from llmgw.streaming.summary import StreamSummary
 from llmgw.streaming.translate import StreamTranslator
@@ -88,6 +89,7 @@ async def relay(
     max_event_bytes: int = 1 << 20,
     max_seconds: float = 30,
     hang_up_after: bytes | None = None,
+    continuation: Continuation | None = None,
 ) -> tuple[bytes, list[StreamSummary]]:
     """What a client reads from a relay of ``stream``, and the summaries the relay delivered.
 
@@ -104,6 +106,7 @@ async def relay(
             hide_usage_chunk=hide_usage_chunk,
             on_end=summaries.append,
             translator=translator,
+            continuation=continuation,
         )
 
     app = web.Application()

@@ -92,7 +92,8 @@ def test_comments_and_blank_events_pass_untouched() -> None:
     seen = observer()
     assert seen.observe(b": keep-alive\n\n") is True
     assert seen.observe(b"\n") is True
-    assert not (seen.done or seen.garbled)
+    assert not seen.done
+    assert seen.malformed == 0
 
 
 def test_an_error_event_is_passed_on_and_noted() -> None:
@@ -102,8 +103,12 @@ def test_an_error_event_is_passed_on_and_noted() -> None:
 
 
 @pytest.mark.parametrize("data", [b"data: {not json\n\n", b"data: [1, 2]\n\n"])
-def test_data_that_is_not_a_json_object_is_garbage_and_nothing_after_it_passes(data: bytes) -> None:
+def test_data_that_is_not_a_json_object_is_dropped_and_counted_and_the_stream_goes_on(
+    data: bytes,
+) -> None:
     seen = observer()
     assert seen.observe(data) is False
-    assert seen.garbled
-    assert seen.observe(event({"choices": [choice(content="late")]})) is False
+    assert seen.observe(data) is False
+    assert seen.malformed == 2
+    assert seen.observe(event({"choices": [choice(content="late")]})) is True
+    assert seen.output_chars == len("late")

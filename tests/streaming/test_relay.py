@@ -137,8 +137,11 @@ async def test_usage_on_the_finish_chunk_is_kept_for_the_caller() -> None:
 
 async def test_an_upstream_error_event_is_forwarded_and_the_stream_fails() -> None:
     error = b'data: {"error": {"message": "overloaded", "code": "model_overloaded"}}\n\n'
-    body, summaries = await relay(ScriptedStream([FIRST, error, DONE]))
-    assert body == FIRST + error + DONE
+    stream = ScriptedStream([FIRST, error, DONE])
+    body, summaries = await relay(stream)
+    # The provider's own event, and the stream closes: a [DONE] would make it look complete.
+    assert body == FIRST + error
+    assert stream.closed
     assert [(s.outcome, s.error_type) for s in summaries] == [("failed", "upstream_stream_error")]
 
 
