@@ -248,10 +248,11 @@ async def test_venice_too_slow_to_answer_is_504_within_the_timeout(
 async def test_venice_going_silent_mid_stream_ends_it_with_an_error_event(
     gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
 ) -> None:
-    venice.enqueue(Behaviour(stall_after_chunks=2))
+    # Silent again when asked for the rest (the continuation): the caller gets the timeout.
+    venice.enqueue(Behaviour(stall_after_chunks=2), Behaviour(stall_after_chunks=1))
     started = time.monotonic()
     status, body, request_id = await chat(session, gateway, key, stream=True)
-    assert time.monotonic() - started < REQUEST_TIMEOUT + 2
+    assert time.monotonic() - started < 2 * REQUEST_TIMEOUT + 2
     assert status == 200
     assert last_event(body)["error"]["code"] == "upstream_stream_timeout"
     record = await billing_record(gateway, request_id)
@@ -266,16 +267,19 @@ async def test_venice_answering_garbage_is_a_clear_error(
     session: aiohttp.ClientSession,
     stream: bool,
 ) -> None:
-    venice.enqueue(Behaviour(garbage=True))
+    # A stream of nothing but garbage is dropped event by event and ends unfinished; its
+    # continuation is garbage too.
+    venice.enqueue(*[Behaviour(garbage=True)] * (2 if stream else 1))
     status, body, request_id = await chat(session, gateway, key, stream=stream)
+    code = "upstream_stream_incomplete" if stream else "upstream_invalid_response"
     if stream:
         assert status == 200
         assert b"not json at all" not in body, "garbage must not reach the client"
-        assert last_event(body)["error"]["code"] == "upstream_invalid_response"
+        assert last_event(body)["error"]["code"] == code
     else:
-        assert_openai_error(status, body, 502, "upstream_invalid_response")
+        assert_openai_error(status, body, 502, code)
     record = await billing_record(gateway, request_id)
-    assert (record["outcome"], record["error_type"]) == ("failed", "upstream_invalid_response")
+    assert (record["outcome"], record["error_type"]) == ("failed", code)
 
 
 async def test_venice_closing_mid_body_is_502(
@@ -290,7 +294,7 @@ async def test_venice_closing_mid_body_is_502(
 async def test_venice_closing_mid_stream_ends_it_with_an_error_event(
     gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
 ) -> None:
-    venice.enqueue(Behaviour(drop_after_chunks=2))
+    venice.enqueue(Behaviour(drop_after_chunks=2), Behaviour(drop_after_chunks=1))
     status, body, request_id = await chat(session, gateway, key, stream=True)
     assert status == 200
     assert body.count(b'"content"') >= 2, "the chunks before the cut reach the client"

@@ -153,6 +153,8 @@ async def test_a_stream_cut_after_40_of_60_words_is_finished_by_a_prefill(
     assert event[sc.LLMGW_CONTINUATION_MODE] == "prefill"
     assert event[sc.LLMGW_CONTINUATION_SENT_CHARS] == len(SENT)
     assert event[sc.LLMGW_CONTINUATION_REASON] == "upstream_stream_interrupted"
+    assert event[sc.LLMGW_DEPLOYMENT] == f"first:{MODEL}"
+    assert event[sc.LLMGW_CONTINUATION_DEPLOYMENT] == f"prefill:{MODEL}"
     span = dict(routes.telemetry.span("chat pre").attributes)
     assert span[sc.LLMGW_DEPLOYMENT] == f"prefill:{MODEL}"
     assert span[sc.LLMGW_DEPLOYMENTS_TRIED] == 2
@@ -251,6 +253,8 @@ async def test_a_refused_prefill_is_not_shown_in_place_of_the_real_failure(
     assert error["code"] == "upstream_stream_interrupted"
     assert "broke off the stream" in error["message"]
     assert len(chats(second)) == 1
+    row = await ledger_row(routes)
+    assert (row["provider"], row["error_type"]) == ("first", "upstream_stream_interrupted")
 
 
 async def test_a_malformed_event_is_dropped_counted_and_the_stream_goes_on(
@@ -317,3 +321,23 @@ async def test_anthropic_sdk_messages_assembles_the_whole_answer(
     assert text == REPLY
     assert message.stop_reason == "end_turn"
     assert isinstance(message, anthropic.types.Message)
+
+
+# The same on a gateway with no providers file (Venice alone): no new setting involved.
+
+
+async def test_venice_alone_finishes_a_stream_it_cut(gateway: Gateway, api_key: str) -> None:
+    gateway.fake.reply, gateway.fake.chunks = REPLY, 60
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=40))
+    assert_whole(await raw_stream(gateway, api_key, MODEL))
+    assert [len(r.json["messages"]) for r in chats(gateway.fake)] == [1, 1]  # a restart
+
+
+async def test_venice_alone_drops_a_malformed_event_and_goes_on(
+    gateway: Gateway, api_key: str
+) -> None:
+    gateway.fake.reply, gateway.fake.chunks = REPLY, 60
+    gateway.fake.enqueue(Behaviour(garbage_after_chunks=20))
+    events = await raw_stream(gateway, api_key, MODEL)
+    assert_whole(events)
+    assert len(chats(gateway.fake)) == 1

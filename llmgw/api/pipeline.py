@@ -490,9 +490,14 @@ async def _resume(
             deployment, tried + count
         ),
     )
-    answer = await route.after(exchange.deployment).first_answer(
-        resumed_call, functools.partial(_open_continuation, operation, text)
-    )
+    try:
+        answer = await route.after(exchange.deployment).first_answer(
+            resumed_call, functools.partial(_open_continuation, operation, text)
+        )
+    except BaseException:
+        # Not finished: the request stays the broken deployment's, in the span and the ledger.
+        observation.deployment_tried(exchange.deployment, tried)
+        raise
     stream = exchange.answered(answer)
     return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
 

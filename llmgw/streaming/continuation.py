@@ -36,7 +36,6 @@ MODE_RESTART = "restart"
 # Delta fields a continuation must not repeat: the caller has the role and (when the break came
 # after it) the reasoning already; a restarted answer reasons again, which is not part of the text.
 _DROPPED_FIELDS = frozenset({"role", "reasoning_content", "reasoning"})
-_REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 class ContinuationMismatch(UpstreamUnavailable):
@@ -101,7 +100,7 @@ class Transcript:
         choices = document.get("choices")
         if choices.__class__ is not list:
             return
-        for choice in choices:
+        for choice in choices:  # the hot path: every chunk of every stream
             if choice.__class__ is not dict:
                 continue
             if choice.get("index", 0) != 0:
@@ -111,12 +110,12 @@ class Transcript:
                 continue
             if delta.get("tool_calls"):
                 self.blocked = "inside a tool call"
-            if any(delta.get(field) for field in _REASONING_FIELDS):
-                self.in_reasoning = True
             content = delta.get("content")
             if content.__class__ is str and content:
                 self._parts.append(content)
                 self.in_reasoning = False
+            elif delta.get("reasoning_content") or delta.get("reasoning"):
+                self.in_reasoning = True
 
 
 class Splice:

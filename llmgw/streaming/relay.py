@@ -283,7 +283,9 @@ class _Relay:
             resumed.deployment,
             mode,
         )
-        self._note_continuation(broken, "continued", mode=mode, chars=len(text))
+        self._note_continuation(
+            broken, "continued", mode=mode, chars=len(text), to=resumed.deployment
+        )
         continuation.deployment = resumed.deployment
         self.upstream = resumed.stream
         self.scanner = SSEScanner(self.streams.max_event_bytes)
@@ -292,8 +294,15 @@ class _Relay:
         return True
 
     def _note_continuation(
-        self, broken: GatewayError, outcome: str, *, mode: str, chars: int | None = None
+        self,
+        broken: GatewayError,
+        outcome: str,
+        *,
+        mode: str,
+        chars: int | None = None,
+        to: str | None = None,
     ) -> None:
+        """The span's record of one break: why, what was done, on which deployment."""
         observation = self.observer.observation
         attributes: dict[str, str | int] = {
             sc.LLMGW_CONTINUATION_REASON: broken.error_kind,
@@ -304,6 +313,8 @@ class _Relay:
             attributes[sc.LLMGW_DEPLOYMENT] = self.continuation.deployment
         if chars is not None:
             attributes[sc.LLMGW_CONTINUATION_SENT_CHARS] = chars
+        if to is not None:
+            attributes[sc.LLMGW_CONTINUATION_DEPLOYMENT] = to
         observation.tracer_span.add_event(sc.EVENT_STREAM_CONTINUATION, attributes)
         observation.instruments.stream_continuations.add(
             1,

@@ -64,6 +64,8 @@ LLMGW_CONTINUATION_REASON: Final = "llmgw.continuation.reason"  # the failure th
 LLMGW_CONTINUATION_MODE: Final = "llmgw.continuation.mode"  # prefill, restart, or none
 LLMGW_CONTINUATION_SENT_CHARS: Final = "llmgw.continuation.sent_chars"  # answer text already sent
 LLMGW_CONTINUATION_OUTCOME: Final = "llmgw.continuation.outcome"  # continued, or why not
+# The deployment that continues the answer (llmgw.deployment: the one whose stream broke).
+LLMGW_CONTINUATION_DEPLOYMENT: Final = "llmgw.continuation.deployment"
 
 # Values
 OPERATION_CHAT: Final = "chat"
