@@ -131,7 +131,8 @@ async def test_cancelled_stream_is_recorded_as_cancelled(gateway: Gateway, api_k
 
 
 async def test_failed_stream_is_recorded_as_failed(gateway: Gateway, api_key: str) -> None:
-    gateway.fake.enqueue(Behaviour(drop_after_chunks=2))
+    # Dropped again when asked for the rest (the continuation): the stream fails.
+    gateway.fake.enqueue(Behaviour(drop_after_chunks=2), Behaviour(drop_after_chunks=1))
     stream = await gateway.client(api_key).chat.completions.create(
         model="qwen3-5-9b", messages=MESSAGES, stream=True
     )
