@@ -252,8 +252,8 @@ class _Relay:
     async def _continue(self, broken: GatewayError) -> bool:
         """Finish the answer on a new upstream stream; False when it cannot be."""
         continuation = self.continuation
-        if continuation is None or continuation.left <= 0:
-            return False
+        if continuation is None or continuation.left <= 0 or self.observer.finished:
+            return False  # (finished: the caller has the whole answer, and its finish)
         continuation.left -= 1
         why_not = self.transcript.why_not()
         if why_not is not None:

@@ -156,3 +156,14 @@ async def test_malformed_events_are_dropped_and_the_stream_goes_on() -> None:
     body, summaries = await relay(ScriptedStream([FIRST, garbage, finish, garbage, DONE]))
     assert body == FIRST + finish + DONE
     assert [s.outcome for s in summaries] == ["completed"]
+
+
+async def test_a_failure_after_the_finish_is_not_continued() -> None:
+    finish = chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+    error = b'data: {"error": {"message": "overloaded"}}\n\n'
+    resume = Resumer(ScriptedStream(REST), prefilled=True)
+    continuation = Continuation(resume=resume, deployment="a:m", left=1)
+    body, summaries = await relay(ScriptedStream([FIRST, finish, error]), continuation=continuation)
+    assert resume.asked == []
+    assert body == FIRST + finish + error
+    assert [s.error_type for s in summaries] == ["upstream_stream_error"]
