@@ -472,12 +472,30 @@ def test_reasoning_has_a_default_per_kind_and_can_be_declared(tmp_path: Path) ->
     ]
 
 
+def test_prefill_is_off_by_default_for_every_kind_and_can_be_declared(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
+        + provider("openai", "openai-compatible", "http://localhost:4000/v1")
+        + provider("ollama", "openai-compatible", "http://localhost:2/v1", prefill="true")
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
+    assert [(p.name, p.capabilities.prefill) for p in settings.providers] == [
+        ("venice", False),
+        ("openai", False),
+        ("ollama", True),
+    ]
+    # Declaring one capability keeps the kind's default of the other.
+    assert [p.capabilities.reasoning for p in settings.providers] == [True, False, False]
+
+
 VENICE_OK = provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
 BAD_FILES = [
     (VENICE_OK + provider("x", "foo", "http://x/v1"), 'providers[1].kind: expected "venice" or "openai-compatible", got "foo"'),
     (VENICE_OK + provider("venice", "openai-compatible", "http://x/v1"), 'providers[1].name: "venice" is already used by providers[0]'),
     (VENICE_OK + alias("fast", "venice:a", "nope:b"), 'models[0].deployments[1]: unknown provider "nope"'),
     (VENICE_OK + alias("fast", "venice"), 'models[0].deployments[0]: expected "provider:model"'),
+    (VENICE_OK + provider("x", "venice", "http://x/v1", prefill='"yes"'), 'providers[1].prefill: expected true or false, got "yes"'),
     (provider("o", "openai-compatible", "http://x/v1", "UNSET_LLMGW_TEST_KEY"), "providers[0].api_key_env: environment variable UNSET_LLMGW_TEST_KEY is not set"),
     (provider("o", "openai-compatible", "ftp://x/v1"), 'providers[0].base_url: expected an http(s) URL, got "ftp://x/v1"'),
     (provider("o", "openai-compatible", "http://x/v1", colour='"blue"'), "providers[0].colour: unknown key"),

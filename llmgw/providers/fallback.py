@@ -4,8 +4,8 @@ A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any 
 deployment is sent its own model id, without the parameters its provider does not accept (its
 ``Capabilities``), and retries as it always does; when it still ends in a retryable
 status (``RETRYABLE_STATUSES``) or cannot be reached or times out, the next one is tried. Any other
-answer (a 400, a 404, a success) is final. A stream falls back only while it is being opened, so
-never after a byte has reached the client.
+answer (a 400, a 404, a success) is final. A stream falls back only while it is being opened; one
+that breaks after a byte reached the client is finished on ``after`` (streaming.continuation).
 """
 
 from __future__ import annotations
