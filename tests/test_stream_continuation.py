@@ -155,6 +155,8 @@ async def test_a_stream_cut_after_40_of_60_words_is_finished_by_a_prefill(
     assert event[sc.LLMGW_CONTINUATION_REASON] == "upstream_stream_interrupted"
     assert event[sc.LLMGW_DEPLOYMENT] == f"first:{MODEL}"
     assert event[sc.LLMGW_CONTINUATION_DEPLOYMENT] == f"prefill:{MODEL}"
+    [counted] = routes.telemetry.metric_points(sc.METRIC_STREAM_CONTINUATIONS)
+    assert (counted.value, counted.attributes[sc.LLMGW_CONTINUATION_OUTCOME]) == (1, "continued")
     span = dict(routes.telemetry.span("chat pre").attributes)
     assert span[sc.LLMGW_DEPLOYMENT] == f"prefill:{MODEL}"
     assert span[sc.LLMGW_DEPLOYMENTS_TRIED] == 2

@@ -150,12 +150,15 @@ async def test_when_no_deployment_takes_the_rest_the_caller_gets_the_failure_tha
     ]
 
 
-async def test_malformed_events_are_dropped_and_the_stream_goes_on() -> None:
+async def test_malformed_events_are_dropped_and_the_stream_goes_on_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     garbage = b"data: {not json\n\n"
     finish = chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}])
     body, summaries = await relay(ScriptedStream([FIRST, garbage, finish, garbage, DONE]))
     assert body == FIRST + finish + DONE
     assert [s.outcome for s in summaries] == ["completed"]
+    assert caplog.text.count("not JSON") == 1
 
 
 async def test_a_failure_after_the_finish_is_not_continued() -> None:
