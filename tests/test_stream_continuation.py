@@ -343,3 +343,13 @@ async def test_venice_alone_drops_a_malformed_event_and_goes_on(
     events = await raw_stream(gateway, api_key, MODEL)
     assert_whole(events)
     assert len(chats(gateway.fake)) == 1
+
+
+async def test_venice_alone_finishes_a_stream_it_left_silent(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(request_timeout_seconds=1.0)
+    key = await gateway.create_key(name="stall")
+    gateway.fake.reply, gateway.fake.chunks = REPLY, 60
+    gateway.fake.enqueue(Behaviour(stall_after_chunks=40))
+    assert_whole(await raw_stream(gateway, key, MODEL))
+    [event] = continuation_events(gateway, MODEL)
+    assert event[sc.LLMGW_CONTINUATION_REASON] == "upstream_stream_timeout"
