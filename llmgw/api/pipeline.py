@@ -177,11 +177,11 @@ class Exchange:
             estimate=self._estimate,
             price=self._price,
         )
-        if estimated:
-            observation.usage_source = ESTIMATED
-        elif charged.source != REPORTED:
+        # Partly estimated (an attempt that broke before reporting) is estimated.
+        source = ESTIMATED if estimated else charged.source
+        if source != REPORTED:
             observation.usage = attrs.evolve(charged.usage, cost_usd=None)
-            observation.usage_source = charged.source
+            observation.usage_source = source
         finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
         return self._usage_record(
             status,
@@ -189,7 +189,7 @@ class Exchange:
             error_type,
             charged.usage,
             finished,
-            usage_source=ESTIMATED if estimated else charged.source,
+            usage_source=source,
             cost_computed=charged.cost_computed,
         )
 
