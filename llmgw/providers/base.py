@@ -9,6 +9,7 @@ import attrs
 import orjson
 
 from llmgw.provider_config import Capabilities
+from llmgw.providers.retry import Decision
 
 __all__ = [
     "REASONING_PARAMS",
@@ -31,6 +32,9 @@ class UpstreamCall:
 
     body: bytes
     deadline: float  # event-loop time by which the whole call, retries included, must be answered
+    # Event-loop time by which this deployment must have begun to answer (headers, or a stream's
+    # first event), so that the deployments after it still get their turn; None: ``deadline``.
+    answer_by: float | None = None
     trace_headers: Mapping[str, str] = attrs.field(factory=dict)
     model: str | None = None  # the body's "model", when known
     # Told before each deployment a route tries, with how many it has tried by then (1, 2, ...).
@@ -81,11 +85,15 @@ class UpstreamResponse:
 
 
 class UpstreamHTTPError(Exception):
-    """The provider answered with an error status; the client gets that status and body as they are."""
+    """The provider answered with an error status; the client gets that status and body as they are.
 
-    def __init__(self, response: UpstreamResponse) -> None:
+    ``decision`` says whether a route moves on to its next deployment (``retry.decide``).
+    """
+
+    def __init__(self, response: UpstreamResponse, decision: Decision | None = None) -> None:
         super().__init__(f"upstream answered {response.status}")
         self.response = response
+        self.decision = decision
 
 
 class ChatStream(Protocol):

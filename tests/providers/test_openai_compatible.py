@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw.errors import UpstreamAuthFailed, UpstreamUnavailable
+from llmgw.provider_config import Timeouts
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.registry import new_client_session
@@ -61,7 +62,7 @@ def provider(
         api_key=api_key,
         session=new_client_session(),
         retry=RetryPolicy(max_retries=0),
-        idle_timeout=5.0,
+        timeouts=Timeouts(attempt=5.0, connect=5.0, first_token=5.0, stall=5.0),
         max_response_bytes=LIMIT,
     )
 
