@@ -9,7 +9,7 @@
     connect_timeout_seconds = 5      # optional: to open a connection; default 5
     first_token_timeout_seconds = 60 # optional: to the first answer byte (a JSON answer's
                                      #   headers, a stream's first event); default 60
-    stall_timeout_seconds = 30       # optional: longest silence inside a stream; default 30
+    stall_timeout_seconds = 60       # optional: longest silence inside a stream; default 60
     max_retries = 1                  # optional; default VENICE_MAX_RETRIES
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
     responses = "native"             # optional: it serves POST /responses itself; default
@@ -117,11 +117,11 @@ class Timeouts:
 
 
 # Production defaults. A healthy API connects in well under a second; most models start to answer
-# within seconds (a long non-streamed answer sends its headers only when done, hence a minute); a
-# stream that says nothing for half a minute has stalled.
+# within seconds, but a long non-streamed answer sends its headers only when it is whole, and a
+# reasoning model may think in silence after its first (role-only) event: a minute for both.
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_FIRST_TOKEN_TIMEOUT = 60.0
-DEFAULT_STALL_TIMEOUT = 30.0
+DEFAULT_STALL_TIMEOUT = 60.0
 
 
 @attrs.frozen

@@ -126,7 +126,8 @@ class Provider(Protocol):
         ...
 
     async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
-        """Open a streamed completion; retries happen only here, before any byte is returned."""
+        """Open a streamed completion, up to its first event: retries, and a route's move to its
+        next deployment, happen only here, before any byte is returned."""
         ...
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse: ...
@@ -136,7 +137,8 @@ class Provider(Protocol):
         ...
 
     async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
-        """POST ``call`` to ``path`` and return the 200 answer unread, to relay as it arrives."""
+        """POST ``call`` to ``path`` and return the 200 answer (read only up to its first bytes),
+        to relay as it arrives."""
         ...
 
     async def list_models(self, deadline: float) -> UpstreamResponse: ...
