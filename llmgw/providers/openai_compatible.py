@@ -93,7 +93,12 @@ def _answer(response: aiohttp.ClientResponse, body: bytes, retries: int) -> Upst
 
 
 class _AiohttpChatStream:
-    """A 200 stream whose first read (``first``) came while the route could still move on."""
+    """A 200 stream whose first read (``first``) came while the route could still move on.
+
+    A read that waits longer than the stall timeout ends the stream. One timer per stream checks
+    it (at most once per stall timeout) rather than a timer per read: a stream makes hundreds of
+    reads, and only the waiting counts, not the time the caller takes between reads.
+    """
 
     def __init__(
         self,
@@ -109,28 +114,51 @@ class _AiohttpChatStream:
         self._provider = provider
         self._first = first
         self._stall_timeout = stall_timeout
+        self._waiting_since: float | None = None  # loop time the pending read began
+        self._stalled = False
+        self._watchdog: asyncio.TimerHandle | None = None
         self.content_type = response.headers.get("Content-Type", "")
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
+        loop = asyncio.get_running_loop()
         content = self._response.content
         data = self._first
+        self._watchdog = loop.call_at(loop.time() + self._stall_timeout, self._watch, loop)
         try:
             while data:
                 yield data
-                # Only the read is timed: the consumer's own work between reads is not silence.
-                async with asyncio.timeout(self._stall_timeout):
-                    # readany() itself, not iter_any()'s iterator around it: one call less.
-                    data = await content.readany()
-        except TimeoutError as exc:
-            raise UpstreamTimeout(
-                f"{self._provider} stopped sending the stream and timed out; the stream was ended.",
-                code="upstream_stream_timeout",
-            ) from exc
+                self._waiting_since = loop.time()
+                # readany() itself, not iter_any()'s iterator around it: one call less per read.
+                data = await content.readany()
+                self._waiting_since = None
         except aiohttp.ClientError as exc:
+            if self._stalled:
+                raise self._stall_error() from exc
             raise UpstreamUnavailable(
                 f"{self._provider} broke off the stream before it was complete.",
                 code="upstream_stream_interrupted",
             ) from exc
+        finally:
+            self._watchdog.cancel()
+        if self._stalled:
+            raise self._stall_error()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        since = self._waiting_since
+        now = loop.time()
+        if since is not None and now - since >= self._stall_timeout:
+            self._stalled = True
+            self._response.close()  # the pending read raises at once
+            return
+        self._watchdog = loop.call_at(
+            (now if since is None else since) + self._stall_timeout, self._watch, loop
+        )
+
+    def _stall_error(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"{self._provider} stopped sending the stream and timed out; the stream was ended.",
+            code="upstream_stream_timeout",
+        )
 
     async def close(self) -> None:
         # close(), not release(): an unfinished stream must not be drained to reuse the connection.
