@@ -174,14 +174,13 @@ def _transient(
 def _error_text(body: bytes) -> tuple[str, str]:
     """The error's ``code`` and its lower-cased message (or the body's start when it has none)."""
     head = body[:_BODY_PREFIX]
+    text = head.decode(errors="replace").lower()
     try:
         document = orjson.loads(body) if len(body) <= _BODY_PREFIX else None
     except orjson.JSONDecodeError:
-        document = None
+        return "", text
     error = document.get("error") if isinstance(document, dict) else None
-    if isinstance(error, dict):
-        code, message = error.get("code"), error.get("message")
-        return (code if isinstance(code, str) else ""), str(
-            message or head.decode(errors="replace")
-        ).lower()
-    return "", head.decode(errors="replace").lower()
+    if not isinstance(error, dict):  # Venice's and Ollama's error is a string; Gemini's a list
+        return "", text
+    code, message = error.get("code"), error.get("message")
+    return (code if isinstance(code, str) else ""), (str(message).lower() if message else text)
