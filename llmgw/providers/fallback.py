@@ -32,6 +32,7 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
+from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
 
 __all__ = ["Answer", "FallbackChain"]
 
@@ -73,7 +74,8 @@ class FallbackChain:
     async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
     ) -> Answer[T]:
-        """``attempt`` on each deployment in turn until one answers (or the last one fails)."""
+        """``attempt`` on each deployment in turn until one answers, or the last one worth trying
+        fails (its failure is raised)."""
         loop = asyncio.get_running_loop()
         left = list(self.deployments)
         tried = 0
@@ -98,7 +100,7 @@ class FallbackChain:
                 if not left:
                     raise
             except (UpstreamUnavailable, UpstreamTimeout) as exc:
-                reason = "silent" if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
+                reason = SILENT if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
                 left = self._still_worth_trying(left, deployment, reason)
                 if not left:
                     raise
@@ -111,9 +113,9 @@ class FallbackChain:
         """The deployments after ``failed`` that may still answer: not its provider when it was
         silent (a silent provider stays silent), not its model when the request is too long for
         it (the same model has the same window)."""
-        if reason == "silent":
+        if reason == SILENT:
             left = [d for d in left if d.provider is not failed.provider]
-        elif reason == "context_length_exceeded":
+        elif reason == CONTEXT_TOO_LONG:
             left = [d for d in left if d.model != failed.model]
         log.info(
             "deployment %s failed (%s); %s",

@@ -28,9 +28,21 @@ from typing import Literal
 import attrs
 import orjson
 
-__all__ = ["Action", "Decision", "Failure", "RetryPolicy", "decide", "hinted_delay"]
+__all__ = [
+    "CONTEXT_TOO_LONG",
+    "SILENT",
+    "Action",
+    "Decision",
+    "Failure",
+    "RetryPolicy",
+    "decide",
+    "hinted_delay",
+]
 
 Action = Literal["retry", "move_on", "stop"]
+# The reasons a route acts on beyond moving on (fallback.FallbackChain skips what cannot answer).
+SILENT = "silent"
+CONTEXT_TOO_LONG = "context_length_exceeded"
 
 # Statuses a provider answers when it is briefly unable (529: Anthropic's overload).
 TRANSIENT_STATUSES = frozenset({408, 500, 502, 503, 504, 529})
@@ -138,7 +150,7 @@ def decide(
     (0 after the first attempt) and ``remaining`` seconds of the request's budget left; ``now``
     is wall-clock time (epoch seconds), for waits given as a date."""
     if failure.silent:
-        return Decision("move_on", "silent")
+        return Decision("move_on", SILENT)
     status = failure.status
     if status == 0:
         return _transient("connection_failed", None, retries, remaining, policy)
@@ -153,7 +165,7 @@ def decide(
     if 400 <= status < 500:
         code, message = _error_text(failure.body)
         if code in _CONTEXT_CODES or any(m in message for m in _CONTEXT_MESSAGES):
-            return Decision("move_on", "context_length_exceeded")
+            return Decision("move_on", CONTEXT_TOO_LONG)
         if code in _POLICY_CODES or any(m in message for m in _POLICY_MESSAGES):
             return Decision("stop", "content_policy")
     return Decision("stop", "refused")
