@@ -74,7 +74,12 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "TOML file of providers and model aliases; unset = one provider venice from VENICE_*",
     ),
     EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
-    EnvVar("REQUEST_TIMEOUT_SECONDS", "120", "upper bound on one upstream call, in seconds"),
+    EnvVar(
+        "REQUEST_TIMEOUT_SECONDS",
+        "120",
+        "upper bound on a request's upstream calls up to their answer, and the default of each "
+        "provider's timeout_seconds, in seconds",
+    ),
     EnvVar(
         "REQUEST_BODY_LIMIT_BYTES",
         "1048576",

@@ -5,7 +5,11 @@
     kind = "venice"                  # or "openai-compatible"
     base_url = "https://api.venice.ai/api/v1"
     api_key_env = "VENICE_API_KEY"   # optional (a local Ollama needs none); the key stays in the env
-    timeout_seconds = 30             # optional; default REQUEST_TIMEOUT_SECONDS
+    timeout_seconds = 30             # optional: one attempt; default REQUEST_TIMEOUT_SECONDS
+    connect_timeout_seconds = 5      # optional: to open a connection; default 5
+    first_token_timeout_seconds = 60 # optional: to the first answer byte (a JSON answer's
+                                     #   headers, a stream's first event); default 60
+    stall_timeout_seconds = 60       # optional: longest silence inside a stream; default 60
     max_retries = 1                  # optional; default VENICE_MAX_RETRIES
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
     responses = "native"             # optional: it serves POST /responses itself; default
@@ -51,6 +55,7 @@ __all__ = [
     "ProviderSpec",
     "ProvidersConfig",
     "ResponsesMode",
+    "Timeouts",
     "load_provider_config",
 ]
 
@@ -108,6 +113,27 @@ def _default_capabilities(spec: ProviderSpec) -> Capabilities:
 
 
 @attrs.frozen
+class Timeouts:
+    """How long one attempt on a provider may take, and may stay silent, phase by phase (seconds).
+
+    A silent provider is given up at the first phase it overruns, and the route moves on.
+    """
+
+    attempt: float  # one attempt: a JSON answer whole, a stream up to its first event
+    connect: float  # TCP (and TLS) connection
+    first_token: float  # to the first answer byte: a JSON answer's headers, a stream's first event
+    stall: float  # between two reads of a stream
+
+
+# Production defaults. A healthy API connects in well under a second; most models start to answer
+# within seconds, but a long non-streamed answer sends its headers only when it is whole, and a
+# reasoning model may think in silence after its first (role-only) event: a minute for both.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_FIRST_TOKEN_TIMEOUT = 60.0
+DEFAULT_STALL_TIMEOUT = 60.0
+
+
+@attrs.frozen
 class ProviderSpec:
     """One upstream API. ``api_key`` is read from the environment variable ``api_key_env``."""
 
@@ -117,6 +143,9 @@ class ProviderSpec:
     api_key_env: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)
     timeout_seconds: float | None = None  # None: REQUEST_TIMEOUT_SECONDS
+    connect_timeout_seconds: float | None = None  # None: DEFAULT_CONNECT_TIMEOUT
+    first_token_timeout_seconds: float | None = None  # None: DEFAULT_FIRST_TOKEN_TIMEOUT
+    stall_timeout_seconds: float | None = None  # None: DEFAULT_STALL_TIMEOUT
     max_retries: int | None = None  # None: VENICE_MAX_RETRIES
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
     responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
@@ -125,6 +154,21 @@ class ProviderSpec:
     capabilities: Capabilities = attrs.field(
         default=attrs.Factory(_default_capabilities, takes_self=True)
     )
+
+    def timeouts(self, request_timeout: float) -> Timeouts:
+        """This provider's timeouts; none is longer than one attempt (``request_timeout`` unless
+        ``timeout_seconds`` is set)."""
+        attempt = self.timeout_seconds or request_timeout
+
+        def phase(configured: float | None, default: float) -> float:
+            return min(attempt, default if configured is None else configured)
+
+        return Timeouts(
+            attempt=attempt,
+            connect=phase(self.connect_timeout_seconds, DEFAULT_CONNECT_TIMEOUT),
+            first_token=phase(self.first_token_timeout_seconds, DEFAULT_FIRST_TOKEN_TIMEOUT),
+            stall=phase(self.stall_timeout_seconds, DEFAULT_STALL_TIMEOUT),
+        )
 
 
 @attrs.frozen
@@ -250,11 +294,10 @@ class _Parser:
                     f"{where}.api_key_env",
                     f"environment variable {api_key_env} is not set (it holds {name}'s API key)",
                 )
-        timeout = self.optional(table, where, "timeout_seconds", _NUMBER)
-        if timeout is not None and not 0 < timeout < float("inf"):
-            self.fail(
-                f"{where}.timeout_seconds", f"expected a positive number, got {_show(timeout)}"
-            )
+        timeout = self.seconds(table, where, "timeout_seconds")
+        connect = self.seconds(table, where, "connect_timeout_seconds")
+        first_token = self.seconds(table, where, "first_token_timeout_seconds")
+        stall = self.seconds(table, where, "stall_timeout_seconds")
         retries = self.optional(table, where, "max_retries", int)
         if retries is not None and not 0 <= retries <= 10:
             self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
@@ -287,7 +330,10 @@ class _Parser:
             base_url=base_url,
             api_key_env=api_key_env,
             api_key=api_key,
-            timeout_seconds=None if timeout is None else float(timeout),
+            timeout_seconds=timeout,
+            connect_timeout_seconds=connect,
+            first_token_timeout_seconds=first_token,
+            stall_timeout_seconds=stall,
             max_retries=retries,
             headers=dict(headers),
             responses=cast(ResponsesMode, responses),
@@ -323,6 +369,12 @@ class _Parser:
         return ModelAlias(alias, tuple(deployments))
 
     # Values ----------------------------------------------------------------------------------
+
+    def seconds(self, table: dict[str, Any], where: str, key: str) -> float | None:
+        value = self.optional(table, where, key, _NUMBER)
+        if value is not None and not 0 < value < float("inf"):
+            self.fail(f"{where}.{key}", f"expected a positive number, got {_show(value)}")
+        return None if value is None else float(value)
 
     def name(self, table: dict[str, Any], where: str, key: str) -> str:
         value: str = self.required(table, where, key, str)

@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -394,6 +395,7 @@ class ReceivedRequest:
     path: str
     headers: dict[str, str]
     json: Any
+    at: float = attrs.field(factory=time.monotonic)  # when it arrived (for retry spacing)
 
 
 @attrs.define
@@ -405,6 +407,9 @@ class Behaviour:
     retry_after: str | None = None
     ratelimit_reset_ms: int | None = None
     delay_before_headers: float = 0.0
+    reset_before_headers: bool = False  # the connection closes before any answer byte
+    first_event_delay: float = 0.0  # a stream's headers at once, its first event this much later
+    rate_limit_headers: bool = True  # False: no x-ratelimit-reset-* (most non-Venice servers)
     chunk_delay: float = 0.0
     drop_after_chunks: int | None = None
     error_event_after_chunks: int | None = None
@@ -1083,6 +1088,8 @@ class FakeVenice:
             headers["x-venice-model-name"] = _MODEL_NAMES.get(model, model)
             headers.update(_BALANCE_HEADERS)
         if behaviour is not None:
+            if not behaviour.rate_limit_headers:
+                del headers["x-ratelimit-reset-requests"], headers["x-ratelimit-reset-tokens"]
             if behaviour.retry_after is not None:
                 headers["Retry-After"] = behaviour.retry_after
             if behaviour.ratelimit_reset_ms is not None:
@@ -1108,6 +1115,9 @@ class FakeVenice:
         behaviour = self._next_behaviour()
         if behaviour.delay_before_headers:
             await asyncio.sleep(behaviour.delay_before_headers)
+        if behaviour.reset_before_headers:
+            _hang_up(request)
+            raise asyncio.CancelledError  # aiohttp ends a handler whose client is gone this way
         if behaviour.status == 200:
             return body, behaviour
         model = body["model"]
@@ -1211,6 +1221,8 @@ class FakeVenice:
         if behaviour.garbage:
             events = events.garbled()
         pacer = _Pacer(response, behaviour)
+        if behaviour.first_event_delay:
+            await asyncio.sleep(behaviour.first_event_delay)
         await pacer.send(events.opening)
         if behaviour.oversized_event_bytes is not None:
             await _send_oversized_event(response, behaviour.oversized_event_bytes)
@@ -1351,6 +1363,65 @@ class FakeVenice:
 
 # ---------------------------------------------------------------------------------------------
 # Standalone server
+
+
+class ThreadedFakeVenice:
+    """The fake Venice on its own loop in a thread, restartable on the same port (Venice down),
+    so it outlives a test's event loop: gateway processes shared by a module's tests use it."""
+
+    def __init__(self, **options: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.fake: FakeVenice = self._run(self._make(options))
+        self.port = self.fake.port
+
+    async def _make(self, options: dict[str, Any]) -> FakeVenice:
+        fake = FakeVenice(**options)
+        await fake.start()
+        return fake
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1"
+
+    def enqueue(self, *behaviours: Behaviour) -> None:
+        self.loop.call_soon_threadsafe(self.fake.enqueue, *behaviours)
+
+    def behave(self, behaviour: Behaviour) -> None:
+        """How every request is answered from now on (a test's retries included)."""
+        self.fake.default_behaviour = behaviour
+
+    def received(self) -> list[ReceivedRequest]:
+        """What it was sent so far (a copy, taken on its own loop)."""
+        return self._run(self._received())
+
+    async def _received(self) -> list[ReceivedRequest]:
+        return list(self.fake.received)
+
+    def reset(self) -> None:
+        self._run(self._reset())
+
+    async def _reset(self) -> None:
+        self.fake.default_behaviour = Behaviour()
+        self.fake.received.clear()
+        while self.fake._behaviours:  # what a failed test left queued must not leak onward
+            self.fake._behaviours.popleft()
+
+    def stop_serving(self) -> None:
+        self._run(self.fake.close())
+
+    def start_serving(self) -> None:
+        self._run(self.fake.start(port=self.port))
+
+    def close(self) -> None:
+        self._run(self.fake.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import uuid
 import warnings
@@ -30,62 +29,12 @@ import pytest
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
 from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
-from tests.fake_venice import Behaviour, FakeVenice
+from tests.fake_venice import Behaviour, FakeVenice, ThreadedFakeVenice
 from tests.processes import free_port
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 REQUEST_TIMEOUT = 1.5
 BODY_LIMIT = 4096
-
-
-class ThreadedFakeVenice:
-    """The fake Venice on its own loop in a thread, restartable on the same port (Venice down)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.fake: FakeVenice = self._run(self._make())
-        self.port = self.fake.port
-
-    async def _make(self) -> FakeVenice:
-        fake = FakeVenice()
-        await fake.start()
-        return fake
-
-    def _run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/v1"
-
-    def enqueue(self, *behaviours: Behaviour) -> None:
-        self.loop.call_soon_threadsafe(self.fake.enqueue, *behaviours)
-
-    def behave(self, behaviour: Behaviour) -> None:
-        """How every request is answered from now on (a test's retries included)."""
-        self.fake.default_behaviour = behaviour
-
-    def reset(self) -> None:
-        self._run(self._reset())
-
-    async def _reset(self) -> None:
-        self.fake.default_behaviour = Behaviour()
-        while self.fake._behaviours:  # what a failed test left queued must not leak onward
-            self.fake._behaviours.popleft()
-
-    def stop_serving(self) -> None:
-        self._run(self.fake.close())
-
-    def start_serving(self) -> None:
-        self._run(self.fake.start(port=self.port))
-
-    def close(self) -> None:
-        self._run(self.fake.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

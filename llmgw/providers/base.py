@@ -9,6 +9,7 @@ import attrs
 import orjson
 
 from llmgw.provider_config import Capabilities
+from llmgw.providers.retry import Decision
 
 __all__ = [
     "REASONING_PARAMS",
@@ -31,6 +32,9 @@ class UpstreamCall:
 
     body: bytes
     deadline: float  # event-loop time by which the whole call, retries included, must be answered
+    # Event-loop time by which this deployment must have begun to answer (headers, or a stream's
+    # first event), so that the deployments after it still get their turn; None: ``deadline``.
+    answer_by: float | None = None
     trace_headers: Mapping[str, str] = attrs.field(factory=dict)
     model: str | None = None  # the body's "model", when known
     # Told before each deployment a route tries, with how many it has tried by then (1, 2, ...).
@@ -81,11 +85,15 @@ class UpstreamResponse:
 
 
 class UpstreamHTTPError(Exception):
-    """The provider answered with an error status; the client gets that status and body as they are."""
+    """The provider answered with an error status; the client gets that status and body as they are.
 
-    def __init__(self, response: UpstreamResponse) -> None:
+    ``decision`` says whether a route moves on to its next deployment (``retry.decide``).
+    """
+
+    def __init__(self, response: UpstreamResponse, decision: Decision | None = None) -> None:
         super().__init__(f"upstream answered {response.status}")
         self.response = response
+        self.decision = decision
 
 
 class ChatStream(Protocol):
@@ -118,7 +126,8 @@ class Provider(Protocol):
         ...
 
     async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
-        """Open a streamed completion; retries happen only here, before any byte is returned."""
+        """Open a streamed completion, up to its first event: retries, and a route's move to its
+        next deployment, happen only here, before any byte is returned."""
         ...
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse: ...
@@ -128,7 +137,8 @@ class Provider(Protocol):
         ...
 
     async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
-        """POST ``call`` to ``path`` and return the 200 answer unread, to relay as it arrives."""
+        """POST ``call`` to ``path`` and return the 200 answer (read only up to its first bytes),
+        to relay as it arrives."""
         ...
 
     async def list_models(self, deadline: float) -> UpstreamResponse: ...

@@ -1,15 +1,22 @@
-"""A route: deployments tried in order, each after the one before failed in a retryable way.
+"""A route: deployments tried in order, each after the one before failed in a way another may not.
 
 A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any adapter. Each
 deployment is sent its own model id, without the parameters its provider does not accept (its
-``Capabilities``), and retries as it always does; when it still ends in a retryable
-status (``RETRYABLE_STATUSES``) or cannot be reached or times out, the next one is tried. Any other
-answer (a 400, a 404, a success) is final. A stream falls back only while it is being opened; one
-that breaks after a byte reached the client is finished on ``after`` (streaming.continuation).
+``Capabilities``), and retries as ``retry.decide`` says; when that says "move on" (overload past its
+retries, a rate limit longer than the budget, a context window too small, silence) or the provider
+cannot be reached, the next one is tried. Any other answer (a 400, a 404, a success) is final.
+
+Within one request a provider that stayed silent is not asked again, nor a model whose context
+window the request exceeded; and every deployment but the last must begin to answer within an even
+share of the time left, so a silent one never uses up the budget of those after it. A stream falls
+back only while it is being opened (up to its first event); one that breaks after a byte reached
+the client is finished on ``after`` (streaming.continuation).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -26,9 +33,11 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
-from llmgw.providers.retry import RETRYABLE_STATUSES
+from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
 
 __all__ = ["Answer", "FallbackChain"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -72,22 +81,56 @@ class FallbackChain:
     async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
     ) -> Answer[T]:
-        """``attempt`` on each deployment in turn until one answers (or the last one fails)."""
-        last = len(self.deployments)
-        for tried, deployment in enumerate(self.deployments, start=1):
+        """``attempt`` on each deployment in turn until one answers, or the last one worth trying
+        fails (its failure is raised)."""
+        loop = asyncio.get_running_loop()
+        left = list(self.deployments)
+        tried = 0
+        while left:
+            deployment, *left = left
+            tried += 1
             if call.on_deployment is not None:
                 call.on_deployment(deployment, tried)
             sent, omitted = call.for_deployment(deployment)
+            if left:
+                now = loop.time()
+                share = (call.deadline - now) / (len(left) + 1)
+                sent = attrs.evolve(sent, answer_by=now + share)
             try:
                 result = await attempt(deployment.provider, sent)
                 return Answer(deployment, tried, result, omitted)
             except UpstreamHTTPError as exc:
-                if tried == last or exc.response.status not in RETRYABLE_STATUSES:
+                decision = exc.decision
+                if decision is None or decision.action != "move_on":
                     raise
-            except (UpstreamUnavailable, UpstreamTimeout):
-                if tried == last:
+                left = self._still_worth_trying(left, deployment, decision.reason)
+                if not left:
+                    raise
+            except (UpstreamUnavailable, UpstreamTimeout) as exc:
+                reason = SILENT if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
+                left = self._still_worth_trying(left, deployment, reason)
+                if not left:
                     raise
         raise AssertionError("unreachable: the last deployment returns or raises")
+
+    @staticmethod
+    def _still_worth_trying(
+        left: list[Deployment], failed: Deployment, reason: str
+    ) -> list[Deployment]:
+        """The deployments after ``failed`` that may still answer: not its provider when it was
+        silent (a silent provider stays silent), not its model when the request is too long for
+        it (the same model has the same window)."""
+        if reason == SILENT:
+            left = [d for d in left if d.provider is not failed.provider]
+        elif reason == CONTEXT_TOO_LONG:
+            left = [d for d in left if d.model != failed.model]
+        log.info(
+            "deployment %s failed (%s); %s",
+            failed.label,
+            reason,
+            f"moving on to {left[0].label}" if left else "no deployment left to try",
+        )
+        return left
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         return (await self.first_answer(call, lambda p, c: p.chat_completion(c))).result

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from urllib.parse import urlsplit
 
@@ -23,9 +24,9 @@ import aiohttp
 from aiohttp import hdrs
 
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
-from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities
+from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities, Timeouts
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
-from llmgw.providers.retry import RETRYABLE_STATUSES, RetryPolicy
+from llmgw.providers.retry import Failure, RetryPolicy, decide
 
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
 
@@ -38,13 +39,14 @@ _READ_CHUNK = 64 * 1024
 # aiohttp rounds timeouts of 5 s and more up to the next whole second of loop time (uvloop's clock
 # is in whole milliseconds, so 5.0 s left is exactly 5.0): a 5 s deadline became 6 s. No rounding.
 EXACT_TIMEOUTS = math.inf
-_UNBOUNDED = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
 def _transport_errors(provider: str) -> Iterator[None]:
     try:
         yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise UpstreamTimeout(f"{provider} could not be connected to in time.") from exc
     except TimeoutError as exc:
         raise UpstreamTimeout(f"{provider} did not answer in time.") from exc
     except aiohttp.ClientError as exc:
@@ -91,28 +93,72 @@ def _answer(response: aiohttp.ClientResponse, body: bytes, retries: int) -> Upst
 
 
 class _AiohttpChatStream:
-    def __init__(self, response: aiohttp.ClientResponse, retries: int, provider: str) -> None:
+    """A 200 stream whose first read (``first``) came while the route could still move on.
+
+    A read that waits longer than the stall timeout ends the stream. One timer per stream checks
+    it (at most once per stall timeout) rather than a timer per read: a stream makes hundreds of
+    reads, and only the waiting counts, not the time the caller takes between reads.
+    """
+
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        retries: int,
+        provider: str,
+        *,
+        first: bytes,
+        stall_timeout: float,
+    ) -> None:
         self._response = response
         self.retries = retries
         self._provider = provider
+        self._first = first
+        self._stall_timeout = stall_timeout
+        self._waiting_since: float | None = None  # loop time the pending read began
+        self._stalled = False
+        self._watchdog: asyncio.TimerHandle | None = None
         self.content_type = response.headers.get("Content-Type", "")
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
+        loop = asyncio.get_running_loop()
         content = self._response.content
+        data = self._first
+        self._watchdog = loop.call_at(loop.time() + self._stall_timeout, self._watch, loop)
         try:
-            # readany() itself, not iter_any()'s iterator around it: one call less per read.
-            while data := await content.readany():
+            while data:
                 yield data
-        except TimeoutError as exc:
-            raise UpstreamTimeout(
-                f"{self._provider} stopped sending the stream and timed out; the stream was ended.",
-                code="upstream_stream_timeout",
-            ) from exc
+                self._waiting_since = loop.time()
+                # readany() itself, not iter_any()'s iterator around it: one call less per read.
+                data = await content.readany()
+                self._waiting_since = None
         except aiohttp.ClientError as exc:
+            if self._stalled:
+                raise self._stall_error() from exc
             raise UpstreamUnavailable(
                 f"{self._provider} broke off the stream before it was complete.",
                 code="upstream_stream_interrupted",
             ) from exc
+        finally:
+            self._watchdog.cancel()
+        if self._stalled:
+            raise self._stall_error()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        since = self._waiting_since
+        now = loop.time()
+        if since is not None and now - since >= self._stall_timeout:
+            self._stalled = True
+            self._response.close()  # the pending read raises at once
+            return
+        self._watchdog = loop.call_at(
+            (now if since is None else since) + self._stall_timeout, self._watch, loop
+        )
+
+    def _stall_error(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"{self._provider} stopped sending the stream and timed out; the stream was ended.",
+            code="upstream_stream_timeout",
+        )
 
     async def close(self) -> None:
         # close(), not release(): an unfinished stream must not be drained to reuse the connection.
@@ -130,8 +176,7 @@ class OpenAICompatibleProvider:
         api_key: str | None,
         session: aiohttp.ClientSession,
         retry: RetryPolicy,
-        idle_timeout: float,
-        call_timeout: float | None = None,
+        timeouts: Timeouts,
         headers: Mapping[str, str] | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         speaks_responses: bool = False,
@@ -148,9 +193,7 @@ class OpenAICompatibleProvider:
         self.server_port = parts.port or (443 if parts.scheme == "https" else 80)
         self._session = session
         self._retry = retry
-        self._idle_timeout = idle_timeout
-        # A provider's own bound on a call, within the request's deadline (a fallback's chance).
-        self._call_timeout = call_timeout
+        self._timeouts = timeouts
         self._auth_headers: Mapping[str, str] = {
             **(headers or {}),
             **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
@@ -158,11 +201,6 @@ class OpenAICompatibleProvider:
 
     async def close(self) -> None:
         await self._session.close()
-
-    def _deadline(self, deadline: float) -> float:
-        if self._call_timeout is None:
-            return deadline
-        return min(deadline, asyncio.get_running_loop().time() + self._call_timeout)
 
     def _headers(self, call: UpstreamCall, accept: str) -> dict[str, str]:
         # Built afresh: nothing the client sent (its Authorization above all) is forwarded.
@@ -173,64 +211,106 @@ class OpenAICompatibleProvider:
             **call.trace_headers,
         }
 
-    async def _post_with_retries(
+    async def _post(
         self, path: str, call: UpstreamCall, *, accept: str, streaming: bool
-    ) -> tuple[aiohttp.ClientResponse, int]:
-        """POST until a non-retryable answer or the retries run out; the response is left unread."""
+    ) -> tuple[aiohttp.ClientResponse, int, bytes]:
+        """POST until there is an answer to relay, retrying as ``retry.decide`` says.
+
+        Returns the success left unread (but for a stream's first read, returned with it) and
+        the retries it took. Raises the last failure: an error answer as UpstreamHTTPError with
+        its decision, silence as UpstreamTimeout, a broken connection as UpstreamUnavailable.
+        """
         loop = asyncio.get_running_loop()
         url = self._base_url + path
         headers = self._headers(call, accept)
-        deadline = self._deadline(call.deadline)
+        answer_by = call.deadline if call.answer_by is None else min(call.deadline, call.answer_by)
         retries = 0
         while True:
-            remaining = max(deadline - loop.time(), 0.001)
-            # A stream's body may outlive the deadline (each read is bounded by the idle timeout);
-            # its connect and answer head may not, whichever attempt it is.
-            timeout = aiohttp.ClientTimeout(
-                total=None if streaming else remaining,
-                sock_read=self._idle_timeout if streaming else None,
-                ceil_threshold=EXACT_TIMEOUTS,
-            )
+            error: UpstreamTimeout | UpstreamUnavailable | UpstreamHTTPError
             try:
-                with _transport_errors(self.name):
-                    # Without a stream, the ClientTimeout's total bounds it all, head and body.
-                    async with asyncio.timeout(remaining) if streaming else _UNBOUNDED:
-                        response = await self._session.post(
-                            url, data=call.body, headers=headers, timeout=timeout
-                        )
-            except (UpstreamUnavailable, UpstreamTimeout):
-                wait = self._retry.delay(retries, deadline - loop.time(), headers={})
-                if wait is None:
+                response, first = await self._attempt(url, call, headers, answer_by, streaming)
+            except UpstreamTimeout as exc:
+                failure, error = Failure(silent=True), exc
+            except UpstreamUnavailable as exc:
+                if isinstance(exc, UpstreamAuthFailed):
                     raise
+                failure, error = Failure(), exc
             else:
-                if response.status not in RETRYABLE_STATUSES:
-                    return response, retries
-                wait = self._retry.delay(
-                    retries,
-                    deadline - loop.time(),
-                    status=response.status,
-                    headers=response.headers,
-                )
-                if wait is None:
-                    return response, retries
-                response.release()
-            await asyncio.sleep(wait)
+                if response.status == 200 or (not streaming and response.status < 300):
+                    return response, retries, first
+                with _transport_errors(self.name):
+                    # An error answer's body is bounded by the request's deadline, stream or not.
+                    async with asyncio.timeout_at(call.deadline):
+                        answer = await self._read_answer(response, retries)
+                failure = Failure(response.status, response.headers, answer.body)
+                error = UpstreamHTTPError(answer)
+            decision = decide(
+                failure,
+                retries=retries,
+                remaining=answer_by - loop.time(),
+                policy=self._retry,
+                now=time.time(),
+            )
+            if decision.action != "retry":
+                if isinstance(error, UpstreamHTTPError):
+                    error.decision = decision
+                raise error
+            log.info(
+                "provider %s: %s, retry %d in %.2f s",
+                self.name,
+                decision.reason,
+                retries + 1,
+                decision.wait,
+            )
+            await asyncio.sleep(decision.wait)
             retries += 1
+
+    async def _attempt(
+        self,
+        url: str,
+        call: UpstreamCall,
+        headers: Mapping[str, str],
+        answer_by: float,
+        streaming: bool,
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """One POST: connected within the connect timeout, the answer's head (and a stream's first
+        read) within the first-token timeout, a whole JSON answer within the attempt's."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        timeouts = self._timeouts
+        end = min(call.deadline, now + timeouts.attempt)
+        first_byte_by = min(end, answer_by, now + timeouts.first_token)
+        timeout = aiohttp.ClientTimeout(
+            # A stream's body may outlive the attempt: each read is bounded by the stall timeout.
+            total=None if streaming else max(end - now, 0.001),
+            sock_connect=timeouts.connect,
+            ceil_threshold=EXACT_TIMEOUTS,
+        )
+        with _transport_errors(self.name):
+            async with asyncio.timeout_at(first_byte_by):
+                response = await self._session.post(
+                    url, data=call.body, headers=headers, timeout=timeout
+                )
+            if not streaming or response.status != 200:
+                return response, b""
+            try:
+                async with asyncio.timeout_at(first_byte_by):
+                    return response, await response.content.readany()
+            except BaseException:
+                response.close()
+                raise
 
     async def _read_answer(
         self, response: aiohttp.ClientResponse, retries: int
     ) -> UpstreamResponse:
-        """Read and release ``response``; raise for anything but a success."""
+        """Read and release ``response``, whatever its status (the gateway's key refused raises)."""
         try:
             self._check_credentials_accepted(response.status)
             with _transport_errors(self.name):
                 body = await _read_bounded(response, self._max_response_bytes, self.name)
         finally:
             response.release()  # a connection with an unread remainder is closed, not reused
-        result = _answer(response, body, retries)
-        if response.status >= 300:
-            raise UpstreamHTTPError(result)
-        return result
+        return _answer(response, body, retries)
 
     def _check_credentials_accepted(self, status: int) -> None:
         if status not in _CREDENTIAL_REFUSALS:
@@ -245,7 +325,7 @@ class OpenAICompatibleProvider:
         )
 
     async def _complete(self, path: str, call: UpstreamCall) -> UpstreamResponse:
-        response, retries = await self._post_with_retries(path, call, accept=_JSON, streaming=False)
+        response, retries, _ = await self._post(path, call, accept=_JSON, streaming=False)
         return await self._read_answer(response, retries)
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
@@ -263,18 +343,24 @@ class OpenAICompatibleProvider:
     async def forward_stream(
         self, path: str, call: UpstreamCall, *, accept: str
     ) -> _AiohttpChatStream:
-        response, retries = await self._post_with_retries(path, call, accept=accept, streaming=True)
-        if response.status != 200:
-            raise UpstreamHTTPError(await self._read_answer(response, retries))
-        return _AiohttpChatStream(response, retries, self.name)
+        response, retries, first = await self._post(path, call, accept=accept, streaming=True)
+        return _AiohttpChatStream(
+            response, retries, self.name, first=first, stall_timeout=self._timeouts.stall
+        )
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         loop = asyncio.get_running_loop()
+        end = min(deadline, loop.time() + self._timeouts.attempt)
         timeout = aiohttp.ClientTimeout(
-            total=max(self._deadline(deadline) - loop.time(), 0.001), ceil_threshold=EXACT_TIMEOUTS
+            total=max(end - loop.time(), 0.001),
+            sock_connect=self._timeouts.connect,
+            ceil_threshold=EXACT_TIMEOUTS,
         )
         with _transport_errors(self.name):
             response = await self._session.get(
                 self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
             )
-        return await self._read_answer(response, retries=0)
+        answer = await self._read_answer(response, retries=0)
+        if answer.status >= 300:
+            raise UpstreamHTTPError(answer)
+        return answer

@@ -104,8 +104,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
             if spec.max_retries is None
             else spec.max_retries
         ),
-        idle_timeout=spec.timeout_seconds or settings.request_timeout_seconds,
-        call_timeout=spec.timeout_seconds,
+        timeouts=spec.timeouts(settings.request_timeout_seconds),
         headers=spec.headers,
         max_response_bytes=settings.upstream_max_response_bytes,
         speaks_responses=spec.responses == "native",

@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from llmgw.errors import UpstreamAuthFailed, UpstreamUnavailable
+from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
+from llmgw.provider_config import Timeouts
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.registry import new_client_session
@@ -53,7 +54,7 @@ async def upstream() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
 
 
 def provider(
-    base_url: str, api_key: str | None = "provider-secret-key"
+    base_url: str, api_key: str | None = "provider-secret-key", *, stall: float = 5.0
 ) -> OpenAICompatibleProvider:
     return OpenAICompatibleProvider(
         name="upstream-a",
@@ -61,7 +62,7 @@ def provider(
         api_key=api_key,
         session=new_client_session(),
         retry=RetryPolicy(max_retries=0),
-        idle_timeout=5.0,
+        timeouts=Timeouts(attempt=5.0, connect=5.0, first_token=5.0, stall=stall),
         max_response_bytes=LIMIT,
     )
 
@@ -175,5 +176,54 @@ async def test_other_errors_still_pass_through(upstream) -> None:
         with pytest.raises(UpstreamHTTPError) as caught:
             await adapter.chat_completion(call())
         assert caught.value.response.status == 400
+    finally:
+        await adapter.close()
+
+
+def paced_events(count: int, pause: float, *, stall_after: int | None = None) -> Handler:
+    """An event stream of ``count`` events ``pause`` apart; silent after ``stall_after`` of them."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(count):
+            if index == stall_after:
+                await asyncio.sleep(30)
+            await response.write(b"data: {}\n\n")
+            await asyncio.sleep(pause)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return handler
+
+
+async def test_a_read_waiting_past_the_stall_timeout_ends_the_stream(upstream) -> None:
+    adapter = provider(await upstream(paced_events(5, 0.01, stall_after=2)), stall=0.3)
+    loop = asyncio.get_running_loop()
+    try:
+        stream = await adapter.stream_chat_completion(call())
+        received = b""
+        with pytest.raises(UpstreamTimeout) as caught:
+            async for data in stream.chunks():
+                received += data
+                stalled_from = loop.time()
+        assert 0.3 <= loop.time() - stalled_from < 0.3 + 0.5
+        assert caught.value.code == "upstream_stream_timeout"
+        assert received == b"data: {}\n\n" * 2
+    finally:
+        await adapter.close()
+
+
+async def test_a_caller_slower_than_the_stall_timeout_is_not_a_stall(upstream) -> None:
+    # The provider writes every 10 ms; the caller takes 0.25 s over each event, past the 0.2 s
+    # stall timeout in all: only a read's own wait counts.
+    adapter = provider(await upstream(paced_events(4, 0.01)), stall=0.2)
+    try:
+        stream = await adapter.stream_chat_completion(call())
+        received = b""
+        async for data in stream.chunks():
+            received += data
+            await asyncio.sleep(0.25)
+        assert received.endswith(b"data: [DONE]\n\n")
     finally:
         await adapter.close()
