@@ -112,12 +112,20 @@ class UsageLedger:
             self._spool.close(empty=not self._queue)
 
     async def flush(self) -> bool:
-        """Write everything queued now; False if the database was unreachable (rows stay queued)."""
+        """Write the rows queued when it began, one transaction per full batch and one for the rest;
+        False if the database was unreachable (rows stay queued).
+
+        Rows queued while it writes wait for the next flush: looping until the queue is empty
+        would, under steady load, commit many small transactions a second instead of one a
+        flush interval (or a full batch).
+        """
         async with self._lock:
             # The segments up to ``spooled`` hold only rows queued now: deleted once they are written.
             spooled = None if self._spool is None or not self._queue else self._spool.rotate()
-            while self._queue:
-                count = min(self._batch_size, len(self._queue))
+            left = len(self._queue)
+            while left:
+                count = min(self._batch_size, left)
+                left -= count
                 # Parts still to write, the next one last; a refused part is replaced by its halves.
                 parts = [[self._queue.popleft() for _ in range(count)]]
                 try:

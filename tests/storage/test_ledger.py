@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -12,7 +13,9 @@ import orjson
 import pytest
 
 from llmgw.accounting.usage import UsageRecord, parse_usage
+from llmgw.storage import ledger as ledger_module
 from llmgw.storage.ledger import UsageLedger
+from llmgw.storage.usage import write_batch
 from tests.conftest import eventually
 from tests.usage_records import unsanitized, usage_record
 
@@ -164,3 +167,30 @@ async def test_sums_over_the_ledger_equal_the_providers_costs_exactly(
     assert await db.fetchval(
         "SELECT cost_usd FROM usage_events WHERE request_id = 'r0'"
     ) == Decimal(written[0])
+
+
+async def test_a_flush_under_steady_load_commits_one_transaction_per_batch_queued_when_it_began(
+    pool: asyncpg.Pool, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows keep arriving while a batch is written: they wait for the next flush, so a flush
+    commits one transaction per full batch (and one for the rest) of what was queued when it
+    began, never one small transaction after another while requests keep coming."""
+    ledger = UsageLedger(pool, batch_size=4)
+    arrivals = iter(ordinary(60, api_key_id=uuid.uuid4()))
+    transactions: list[int] = []
+
+    async def counted(connection: asyncpg.Connection, records: list[UsageRecord]) -> None:
+        transactions.append(len(records))
+        await write_batch(connection, records)
+        for record in itertools.islice(arrivals, 3):  # a steady load: rows queued meanwhile
+            ledger.record(record)
+
+    monkeypatch.setattr(ledger_module, "write_batch", counted)
+    for index in range(10):
+        ledger.record(usage_record(request_id=f"first-{index}"))
+    assert await ledger.flush() is True
+    assert transactions == [4, 4, 2]
+    assert ledger.pending == 9  # what arrived meanwhile is the next flush's
+    assert await db.fetchval("SELECT count(*) FROM usage_events") == 10
+    assert await ledger.flush() is True
+    assert transactions[3:] == [4, 4, 1]
