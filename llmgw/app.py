@@ -45,6 +45,7 @@ from llmgw.storage.refusals import RefusalCounts
 from llmgw.storage.responses import ResponseStore
 from llmgw.storage.spool import Spool, spool_directory
 from llmgw.streaming import supervisor
+from llmgw.telemetry.connections import observe_connection_pools
 from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
@@ -148,6 +149,7 @@ def create_app(
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         registry = providers(settings)
         app[app_keys.PROVIDERS] = registry
+        observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)
         await prices.start(publishers(registry.providers))
         reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations, prices)

@@ -13,7 +13,8 @@
     ├── RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
     ├── InternalError                 500 server_error (never carries a traceback)
     ├── UpstreamUnavailable           502 upstream_error / upstream_unavailable
-    │   └── UpstreamAuthFailed        502 upstream_error / upstream_auth_failed
+    │   ├── UpstreamAuthFailed        502 upstream_error / upstream_auth_failed
+    │   └── UpstreamBusy              503 upstream_error / upstream_busy (+ Retry-After)
     ├── ServiceUnavailable            503 service_unavailable / database_unavailable
     ├── UpstreamTimeout               504 upstream_error / upstream_timeout
     └── ProviderError                 the provider's status / upstream_error / provider_error
@@ -45,6 +46,7 @@ __all__ = [
     "ServiceUnavailable",
     "UnsupportedMediaType",
     "UpstreamAuthFailed",
+    "UpstreamBusy",
     "UpstreamTimeout",
     "UpstreamUnavailable",
 ]
@@ -174,6 +176,14 @@ class UpstreamAuthFailed(UpstreamUnavailable):
     """The provider refused the gateway's own credentials: the operator's problem, not the caller's."""
 
     code = "upstream_auth_failed"
+
+
+class UpstreamBusy(UpstreamUnavailable):
+    """Every connection the gateway may open to the provider is in use (its max_connections):
+    the request was not sent, so a route's next deployment may take it, or the caller later."""
+
+    status = 503
+    code = "upstream_busy"
 
 
 class ServiceUnavailable(GatewayError):

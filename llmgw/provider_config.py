@@ -11,6 +11,8 @@
                                      #   headers, a stream's first event); default 60
     stall_timeout_seconds = 60       # optional: longest silence inside a stream; default 60
     max_retries = 1                  # optional; default VENICE_MAX_RETRIES
+    max_connections = 2048           # optional: calls in flight at once (a stream holds one for
+                                     # its whole length); past it, a 503 after a short wait
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
     responses = "native"             # optional: it serves POST /responses itself; default
                                      # "translate" (Responses requests become chat completions)
@@ -46,6 +48,7 @@ from llmgw.config import ConfigError, _parse_url
 
 __all__ = [
     "DEFAULT_CAPABILITIES",
+    "DEFAULT_MAX_CONNECTIONS",
     "PROVIDER_KINDS",
     "Capabilities",
     "DeploymentSpec",
@@ -63,6 +66,12 @@ ProviderKind = Literal["venice", "openai-compatible"]
 PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
 ResponsesMode = Literal["translate", "native"]
 RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
+
+# Calls in flight to one provider at once. Agent streams hold a connection for minutes, and one
+# process serves 2,000 of them in about 120 MiB and 10% of a core, so the default is generous;
+# each open stream also costs about 2 file descriptors (see lifecycle.open_files).
+DEFAULT_MAX_CONNECTIONS = 2048
+_MOST_CONNECTIONS = 100_000
 
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -147,6 +156,7 @@ class ProviderSpec:
     first_token_timeout_seconds: float | None = None  # None: DEFAULT_FIRST_TOKEN_TIMEOUT
     stall_timeout_seconds: float | None = None  # None: DEFAULT_STALL_TIMEOUT
     max_retries: int | None = None  # None: VENICE_MAX_RETRIES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
     responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
     input_usd_per_mtok: float | None = None  # both or neither
@@ -301,6 +311,12 @@ class _Parser:
         retries = self.optional(table, where, "max_retries", int)
         if retries is not None and not 0 <= retries <= 10:
             self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
+        connections = self.optional(table, where, "max_connections", int)
+        if connections is not None and not 1 <= connections <= _MOST_CONNECTIONS:
+            self.fail(
+                f"{where}.max_connections",
+                f"expected an integer 1-{_MOST_CONNECTIONS}, got {_show(connections)}",
+            )
         price_keys = ("input_usd_per_mtok", "output_usd_per_mtok")
         prices = [self.optional(table, where, price_key, _NUMBER) for price_key in price_keys]
         for price_key, value in zip(price_keys, prices, strict=True):
@@ -335,6 +351,7 @@ class _Parser:
             first_token_timeout_seconds=first_token,
             stall_timeout_seconds=stall,
             max_retries=retries,
+            max_connections=DEFAULT_MAX_CONNECTIONS if connections is None else connections,
             headers=dict(headers),
             responses=cast(ResponsesMode, responses),
             input_usd_per_mtok=None if prices[0] is None else float(prices[0]),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -17,8 +19,9 @@ import pytest
 from llmgw.config import load_settings
 from llmgw.middleware import OMITTED_PARAMS_HEADER
 from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
+from llmgw.providers.pool import POOL_WAIT_SECONDS, RETRY_AFTER_SECONDS
 from llmgw.telemetry import semconv as sc
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.processes import clean_env, free_port
@@ -503,6 +506,8 @@ BAD_FILES = [
     (provider("o", "openai-compatible", "http://x/v1", reasoning='"yes"'), 'providers[0].reasoning: expected true or false, got "yes"'),
     (provider("o", "openai-compatible", "http://x/v1", reasoning=1), "providers[0].reasoning: expected true or false, got 1"),
     (provider("o", "openai-compatible", "http://x/v1", max_retries="true"), "providers[0].max_retries: expected an integer, got true"),
+    (provider("o", "openai-compatible", "http://x/v1", max_connections=0), "providers[0].max_connections: expected an integer 1-100000, got 0"),
+    (provider("o", "openai-compatible", "http://x/v1", max_connections=1.5), "providers[0].max_connections: expected an integer, got 1.5"),
     (VENICE_OK + "[[models]]\ndeployments = []\n", "models[0].alias: is required"),
     ("[[providers]\n", "file: is not valid TOML"),
     ("", "providers: at least one [[providers]] entry is required"),
@@ -537,3 +542,96 @@ def test_each_invalid_file_exits_2_with_one_line_naming_the_entry(
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"LLMGW_CONFIG .*nowhere\.toml: file: cannot be read"):
         load_settings({"LLMGW_CONFIG": str(tmp_path / "nowhere.toml")})
+
+
+# A provider's max_connections: a full pool answers at once -----------------------------------
+
+
+async def post_chat(
+    session: aiohttp.ClientSession, gateway: Gateway, key: str, model: str = "qwen3-5-9b"
+) -> aiohttp.ClientResponse:
+    return await session.post(
+        gateway.url("/v1/chat/completions"),
+        json={"model": model, "messages": MESSAGES},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+async def venice_gauge(gateway: Gateway, name: str) -> float:
+    """The value /metrics shows for provider venice's gauge ``name``."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gateway.url("/metrics")) as response:
+            text = await response.text()
+    found = re.search(rf'^{name}\{{gen_ai_provider_name="venice"[^}}]*\}} (\S+)$', text, re.M)
+    assert found is not None, f"{name} is not in /metrics"
+    return float(found[1])
+
+
+async def test_a_full_connection_pool_answers_503_with_retry_after_within_the_bounded_wait(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_venice: FakeVenice,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    toml = provider(
+        "venice", "venice", fake_venice.base_url, "VENICE_API_KEY", max_connections=1,
+        max_retries=0,
+    )  # fmt: skip
+    gateway = await start_gateway(prometheus=True, **providers_settings(tmp_path, toml, **KEYS))
+    key = await gateway.create_key(name="pool")
+    fake_venice.enqueue(Behaviour(delay_before_headers=2.5))  # holds the one connection
+    async with aiohttp.ClientSession() as session:
+        holding = asyncio.create_task(post_chat(session, gateway, key))
+        await eventually(lambda: len(fake_venice.received) == 1)
+        assert await venice_gauge(gateway, "llmgw_upstream_connections_in_use") == 1
+        assert await venice_gauge(gateway, "llmgw_upstream_connections_limit") == 1
+
+        started = time.perf_counter()
+        async with await post_chat(session, gateway, key) as refused:
+            assert refused.status == 503
+            assert refused.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
+            error = (await refused.json())["error"]
+        assert (error["type"], error["code"]) == ("upstream_error", "upstream_busy")
+        assert "max_connections" in error["message"]
+        async with session.post(  # in the caller's API's shape
+            gateway.url("/v1/messages"),
+            json={"model": "qwen3-5-9b", "max_tokens": 16, "messages": MESSAGES},
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        ) as refused:
+            assert refused.status == 503
+            assert refused.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
+            assert (await refused.json())["error"]["type"] == "overloaded_error"
+        assert time.perf_counter() - started < 2 * POOL_WAIT_SECONDS + 0.5, "never a silent wait"
+        assert len(fake_venice.received) == 1, "a refused call is never sent"
+        assert "all 1 connections in use" in caplog.text
+
+        async with await holding as held:  # the slot is given back when the call ends
+            assert held.status == 200
+        async with await post_chat(session, gateway, key) as later:
+            assert later.status == 200
+    assert await venice_gauge(gateway, "llmgw_upstream_connections_in_use") == 0
+    assert await venice_gauge(gateway, "llmgw_upstream_connections_waiting") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_alias_falls_back_when_the_first_providers_connections_are_all_in_use(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    stream: bool,
+) -> None:
+    toml = provider(
+        "venice", "venice", fake_venice.base_url, "VENICE_API_KEY", max_connections=1
+    ) + provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("fast", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    fake_venice.enqueue(Behaviour(delay_before_headers=2.5))
+    async with aiohttp.ClientSession() as session:
+        holding = asyncio.create_task(post_chat(session, gateway, await gateway.create_key()))
+        await eventually(lambda: len(fake_venice.received) == 1)
+        started = time.perf_counter()
+        assert await answer(client, "fast", stream=stream) == OPENAI_TEXT
+        assert time.perf_counter() - started < POOL_WAIT_SECONDS + 0.5
+        assert chat_span(gateway, "fast")[sc.LLMGW_DEPLOYMENTS_TRIED] == 2
+        (await holding).close()

@@ -24,8 +24,14 @@ import aiohttp
 from aiohttp import hdrs
 
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
-from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities, Timeouts
+from llmgw.provider_config import (
+    DEFAULT_CAPABILITIES,
+    DEFAULT_MAX_CONNECTIONS,
+    Capabilities,
+    Timeouts,
+)
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.pool import ConnectionPool, Slot
 from llmgw.providers.retry import Failure, RetryPolicy, decide
 
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
@@ -108,8 +114,10 @@ class _AiohttpChatStream:
         *,
         first: bytes,
         stall_timeout: float,
+        slot: Slot,
     ) -> None:
         self._response = response
+        self._slot = slot
         self.retries = retries
         self._provider = provider
         self._first = first
@@ -163,6 +171,7 @@ class _AiohttpChatStream:
     async def close(self) -> None:
         # close(), not release(): an unfinished stream must not be drained to reuse the connection.
         self._response.close()
+        self._slot.release()
 
 
 class OpenAICompatibleProvider:
@@ -181,8 +190,11 @@ class OpenAICompatibleProvider:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         speaks_responses: bool = False,
         capabilities: Capabilities = DEFAULT_CAPABILITIES["openai-compatible"],
+        connections: ConnectionPool | None = None,
     ) -> None:
         self.name = name
+        # Every call holds a slot for as long as its connection (see providers.pool).
+        self.connections = connections or ConnectionPool(name, DEFAULT_MAX_CONNECTIONS)
         self.speaks_responses = speaks_responses
         self.capabilities = capabilities
         self._max_response_bytes = max_response_bytes
@@ -325,8 +337,12 @@ class OpenAICompatibleProvider:
         )
 
     async def _complete(self, path: str, call: UpstreamCall) -> UpstreamResponse:
-        response, retries, _ = await self._post(path, call, accept=_JSON, streaming=False)
-        return await self._read_answer(response, retries)
+        slot = await self.connections.acquire(call.deadline)
+        try:
+            response, retries, _ = await self._post(path, call, accept=_JSON, streaming=False)
+            return await self._read_answer(response, retries)
+        finally:
+            slot.release()
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         return await self._complete("/chat/completions", call)
@@ -343,9 +359,14 @@ class OpenAICompatibleProvider:
     async def forward_stream(
         self, path: str, call: UpstreamCall, *, accept: str
     ) -> _AiohttpChatStream:
-        response, retries, first = await self._post(path, call, accept=accept, streaming=True)
-        return _AiohttpChatStream(
-            response, retries, self.name, first=first, stall_timeout=self._timeouts.stall
+        slot = await self.connections.acquire(call.deadline)
+        try:
+            response, retries, first = await self._post(path, call, accept=accept, streaming=True)
+        except BaseException:
+            slot.release()
+            raise
+        return _AiohttpChatStream(  # the slot is released by its close
+            response, retries, self.name, first=first, stall_timeout=self._timeouts.stall, slot=slot
         )
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
@@ -356,11 +377,15 @@ class OpenAICompatibleProvider:
             sock_connect=self._timeouts.connect,
             ceil_threshold=EXACT_TIMEOUTS,
         )
-        with _transport_errors(self.name):
-            response = await self._session.get(
-                self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
-            )
-        answer = await self._read_answer(response, retries=0)
+        slot = await self.connections.acquire(end)
+        try:
+            with _transport_errors(self.name):
+                response = await self._session.get(
+                    self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
+                )
+            answer = await self._read_answer(response, retries=0)
+        finally:
+            slot.release()
         if answer.status >= 300:
             raise UpstreamHTTPError(answer)
         return answer

@@ -12,10 +12,16 @@ from collections.abc import Mapping, Sequence
 import aiohttp
 
 from llmgw.config import Settings
-from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
+from llmgw.provider_config import (
+    DEFAULT_MAX_CONNECTIONS,
+    ModelAlias,
+    ProviderKind,
+    ProviderSpec,
+)
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatibleProvider
+from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
 from llmgw.providers.venice import VeniceProvider
 
@@ -64,16 +70,24 @@ class ProviderRegistry:
         self.providers, self._by_name, self.aliases = other.providers, other._by_name, other.aliases
         return previous
 
+    def connection_pools(self) -> list[ConnectionPool]:
+        """The pools of the providers routed to now (adapters have one; test doubles may not)."""
+        return [p.connections for p in self.providers if isinstance(p, OpenAICompatibleProvider)]
+
     async def close(self) -> None:
         for provider in self.providers:
             await provider.close()
 
 
-def new_client_session() -> aiohttp.ClientSession:
-    """The one shared session of a provider: pooled keep-alive connections, no cookie jar."""
+def new_client_session(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> aiohttp.ClientSession:
+    """The one shared session of a provider: pooled keep-alive connections, no cookie jar.
+
+    Its limit is the provider's ``ConnectionPool``'s, whose slots every call holds first, so
+    the connector never queues a request itself (where the wait would be silent and unbounded).
+    """
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
-            limit=512,
+            limit=max_connections,
             ttl_dns_cache=300,
             enable_cleanup_closed=True,
             timeout_ceil_threshold=EXACT_TIMEOUTS,
@@ -98,7 +112,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         name=spec.name,
         base_url=spec.base_url,
         api_key=spec.api_key,
-        session=new_client_session(),
+        session=new_client_session(spec.max_connections),
         retry=RetryPolicy(
             max_retries=settings.venice_max_retries
             if spec.max_retries is None
@@ -109,6 +123,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         max_response_bytes=settings.upstream_max_response_bytes,
         speaks_responses=spec.responses == "native",
         capabilities=spec.capabilities,
+        connections=ConnectionPool(spec.name, spec.max_connections),
     )
 
 
