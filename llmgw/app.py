@@ -203,7 +203,10 @@ def create_app(
             request_context_middleware(
                 tracer=telemetry.tracer, instruments=telemetry.instruments, refusals=refusals
             ),
-            error_middleware(renderers=[(messages.MESSAGES_PATH, messages.error_json)]),
+            error_middleware(
+                renderers=[(messages.MESSAGES_PATH, messages.error_json)],
+                on_caller_left=lambda: telemetry.instruments.client_connection_resets.add(1),
+            ),
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
                 # The admin API and the console check their own token or session; with no admin

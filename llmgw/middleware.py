@@ -29,6 +29,7 @@ from llmgw.errors import (
     PayloadTooLarge,
     ProviderError,
 )
+from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import GatewayInstruments
 from llmgw.telemetry.logs import REQUEST_ID
@@ -193,12 +194,20 @@ def render_error(request: web.Request, error: GatewayError) -> web.Response:
     )
 
 
-def error_middleware(*, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> Middleware:
+def error_middleware(
+    *,
+    renderers: Sequence[tuple[str, ErrorRenderer]] = (),
+    on_caller_left: Callable[[], None] = lambda: None,
+) -> Middleware:
     """Every failure becomes a JSON error; nothing leaks a traceback.
 
     The shape is OpenAI's, or that of the first of ``renderers`` (path prefix, renderer) whose
     prefix the request's path is under: errors raised before the handler (authentication, the
     rate limit) included.
+
+    A caller that hung up (a connection reset while its answer was written) is no error: it is
+    counted (``on_caller_left``) and the response ends as it is. Raised on, aiohttp's server
+    logged each at ERROR with a traceback: hundreds of lines when many clients left at once.
     """
 
     @web.middleware
@@ -236,7 +245,11 @@ def error_middleware(*, renderers: Sequence[tuple[str, ErrorRenderer]] = ()) -> 
             generic.status = exc.status
             generic.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
             return render_error(request, generic)
-        except (ConnectionResetError, web.RequestPayloadError):
+        except ConnectionResetError:
+            on_caller_left()
+            # aiohttp finishes either quietly: the transport is gone, so nothing more is written.
+            return request.get(_HEADERS_SENT) or web.Response(status=CLIENT_CLOSED_REQUEST)
+        except web.RequestPayloadError:
             raise
         except Exception:
             # The route's template, not the path as sent: nothing the caller chose is logged.

@@ -109,6 +109,11 @@ class GatewayInstruments:
             unit="{row}",
             description="Usage rows the database refused, set aside in usage_dead_letters",
         )
+        self.client_connection_resets = meter.create_counter(
+            sc.METRIC_CLIENT_CONNECTION_RESETS,
+            unit="{connection}",
+            description="Answers cut off because the caller hung up (counted, not logged)",
+        )
 
 
 def content_messages(messages: Any) -> str:
