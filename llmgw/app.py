@@ -25,6 +25,7 @@ from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
+from llmgw.lifecycle.open_files import open_files_middleware
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.postgres import PostgresLimitStore
@@ -207,6 +208,7 @@ def create_app(
                 renderers=[(messages.MESSAGES_PATH, messages.error_json)],
                 on_caller_left=lambda: telemetry.instruments.client_connection_resets.add(1),
             ),
+            open_files_middleware(),  # in the caller's API's shape, before any work
             auth_middleware(
                 public_paths=PUBLIC_PATHS,
                 # The admin API and the console check their own token or session; with no admin

@@ -423,8 +423,14 @@ def gateway_env(database_url: str, venice_base_url: str, **extra: str) -> dict[s
     )
 
 
-def spawn_gateway(env: dict[str, str], log_path: Path, port: int) -> GatewayProcess:
-    """Start a gateway process without waiting for it (see ``GatewayProcess.wait_ready``)."""
+def spawn_gateway(
+    env: dict[str, str],
+    log_path: Path,
+    port: int,
+    preexec_fn: Callable[[], None] | None = None,
+) -> GatewayProcess:
+    """Start a gateway process without waiting for it (see ``GatewayProcess.wait_ready``);
+    ``preexec_fn`` runs in the child first (e.g. to lower its open files limit)."""
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "llmgw", "serve"],
@@ -432,6 +438,7 @@ def spawn_gateway(env: dict[str, str], log_path: Path, port: int) -> GatewayProc
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
+            preexec_fn=preexec_fn,
         )
     return GatewayProcess(process, port, log_path)
 
@@ -447,9 +454,13 @@ def gateway_processes(tmp_path: Path, secret_scanner: SecretScanner) -> Iterator
     """
     started: list[GatewayProcess] = []
 
-    def start(env: dict[str, str], count: int = 1) -> list[GatewayProcess]:
+    def start(
+        env: dict[str, str], count: int = 1, preexec_fn: Callable[[], None] | None = None
+    ) -> list[GatewayProcess]:
         new = [
-            spawn_gateway(env, tmp_path / f"gateway-{len(started) + index}.log", free_port())
+            spawn_gateway(
+                env, tmp_path / f"gateway-{len(started) + index}.log", free_port(), preexec_fn
+            )
             for index in range(count)
         ]
         started.extend(new)

@@ -29,6 +29,7 @@ from llmgw import app_keys
 from llmgw.config import Settings
 from llmgw.lifecycle.half_close import HalfCloseRequestHandler
 from llmgw.lifecycle.invalid_http import invalid_http_answer
+from llmgw.lifecycle.open_files import OPEN_FILES, OpenFiles, raise_open_file_limit
 from llmgw.lifecycle.reload import RELOADER
 from llmgw.telemetry.refusals import RefusalLog
 
@@ -84,11 +85,22 @@ def _tune_garbage_collection() -> None:
 
 
 class _RequestHandler(HalfCloseRequestHandler):
-    __slots__ = ("_refusals",)
+    __slots__ = ("_open_files", "_refusals")
 
-    def __init__(self, *args: Any, refusals: RefusalLog, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, refusals: RefusalLog, open_files: OpenFiles, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._refusals = refusals
+        self._open_files = open_files
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._open_files.connection_made()
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._open_files.connection_lost()
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -124,6 +136,7 @@ async def _serve(
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    open_files = app[OPEN_FILES] = OpenFiles(raise_open_file_limit())
     runner = _Runner(
         app,
         handler_cancellation=True,
@@ -131,7 +144,9 @@ async def _serve(
         shutdown_timeout=settings.shutdown_grace_seconds,
         # Also bounds a client that sends its request line and headers too slowly (slow loris).
         keepalive_timeout=min(75.0, settings.request_timeout_seconds),
-        refusals=app[app_keys.REFUSALS],  # passed on to each connection's _RequestHandler
+        # Passed on to each connection's _RequestHandler:
+        refusals=app[app_keys.REFUSALS],
+        open_files=open_files,
     )
     await runner.setup()
     try:
