@@ -21,8 +21,10 @@ if TYPE_CHECKING:
     from llmgw.provider_config import ModelAlias, ProviderSpec
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
     "ENVIRONMENT_VARIABLES",
     "MAX_WORKERS",
+    "MOST_CONNECTIONS",
     "ConfigError",
     "EnvVar",
     "Settings",
@@ -32,6 +34,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# Calls in flight to one provider at once (VENICE_MAX_CONNECTIONS, a provider's max_connections).
+# Agent streams hold a connection for minutes, and one process serves 2,000 of them in about
+# 120 MiB and 10% of a core, so the default is generous; each open stream also costs about 2 file
+# descriptors (see lifecycle.open_files).
+DEFAULT_MAX_CONNECTIONS = 2048
+MOST_CONNECTIONS = 100_000
 
 
 class ConfigError(Exception):
@@ -74,6 +83,12 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "TOML file of providers and model aliases; unset = one provider venice from VENICE_*",
     ),
     EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
+    EnvVar(
+        "VENICE_MAX_CONNECTIONS",
+        "2048",
+        "calls to Venice in flight at once (a stream holds one to its end); past it a call waits "
+        "up to 1 s, then is refused with 503 upstream_busy. max_connections in LLMGW_CONFIG",
+    ),
     EnvVar(
         "REQUEST_TIMEOUT_SECONDS",
         "120",
@@ -185,6 +200,7 @@ class Settings:
     venice_api_key: str | None = attrs.field(default=None, repr=False)
     venice_base_url: str = "https://api.venice.ai/api/v1"
     venice_max_retries: int = 2
+    venice_max_connections: int = DEFAULT_MAX_CONNECTIONS
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
     messages_body_limit_bytes: int = 32 * 1024 * 1024
@@ -271,6 +287,11 @@ def load_settings(
             "VENICE_BASE_URL", _parse_url("http", "https"), "an http(s) URL"
         ),
         venice_max_retries=reader.get("VENICE_MAX_RETRIES", _parse_int(0, 10), "an integer 0-10"),
+        venice_max_connections=reader.get(
+            "VENICE_MAX_CONNECTIONS",
+            _parse_int(1, MOST_CONNECTIONS),
+            f"an integer 1-{MOST_CONNECTIONS}",
+        ),
         request_timeout_seconds=reader.get(
             "REQUEST_TIMEOUT_SECONDS", _parse_positive_float, "a positive number of seconds"
         ),

@@ -44,11 +44,10 @@ from typing import Any, Literal, NoReturn, TypeAlias, cast, get_args
 
 import attrs
 
-from llmgw.config import ConfigError, _parse_url
+from llmgw.config import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, _parse_url
 
 __all__ = [
     "DEFAULT_CAPABILITIES",
-    "DEFAULT_MAX_CONNECTIONS",
     "PROVIDER_KINDS",
     "Capabilities",
     "DeploymentSpec",
@@ -66,12 +65,6 @@ ProviderKind = Literal["venice", "openai-compatible"]
 PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
 ResponsesMode = Literal["translate", "native"]
 RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
-
-# Calls in flight to one provider at once. Agent streams hold a connection for minutes, and one
-# process serves 2,000 of them in about 120 MiB and 10% of a core, so the default is generous;
-# each open stream also costs about 2 file descriptors (see lifecycle.open_files).
-DEFAULT_MAX_CONNECTIONS = 2048
-_MOST_CONNECTIONS = 100_000
 
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -312,10 +305,10 @@ class _Parser:
         if retries is not None and not 0 <= retries <= 10:
             self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
         connections = self.optional(table, where, "max_connections", int)
-        if connections is not None and not 1 <= connections <= _MOST_CONNECTIONS:
+        if connections is not None and not 1 <= connections <= MOST_CONNECTIONS:
             self.fail(
                 f"{where}.max_connections",
-                f"expected an integer 1-{_MOST_CONNECTIONS}, got {_show(connections)}",
+                f"expected an integer 1-{MOST_CONNECTIONS}, got {_show(connections)}",
             )
         price_keys = ("input_usd_per_mtok", "output_usd_per_mtok")
         prices = [self.optional(table, where, price_key, _NUMBER) for price_key in price_keys]

@@ -19,6 +19,8 @@ BAD_VALUES = [
     ("VENICE_BASE_URL", "ftp://example.com"),
     ("VENICE_MAX_RETRIES", "-1"),
     ("VENICE_MAX_RETRIES", "many"),
+    ("VENICE_MAX_CONNECTIONS", "0"),
+    ("VENICE_MAX_CONNECTIONS", "lots"),
     ("REQUEST_TIMEOUT_SECONDS", "0"),
     ("REQUEST_BODY_LIMIT_BYTES", "1MB"),
     ("UPSTREAM_MAX_RESPONSE_BYTES", "32MiB"),

@@ -20,6 +20,7 @@ from llmgw.config import load_settings
 from llmgw.middleware import OMITTED_PARAMS_HEADER
 from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
 from llmgw.providers.pool import POOL_WAIT_SECONDS, RETRY_AFTER_SECONDS
+from llmgw.providers.registry import build_registry
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway, eventually
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings
@@ -422,6 +423,14 @@ def test_without_a_file_venice_is_the_only_provider() -> None:
     assert (settings.providers, settings.model_aliases) == ((), ())
 
 
+async def test_each_provider_gets_its_max_connections() -> None:
+    registry = build_registry(load_settings({"VENICE_API_KEY": "k", "VENICE_MAX_CONNECTIONS": "7"}))
+    try:
+        assert [pool.max_connections for pool in registry.connection_pools()] == [7]
+    finally:
+        await registry.close()
+
+
 def test_a_valid_file_is_parsed_with_keys_from_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "llmgw.toml"
     path.write_text(
@@ -432,6 +441,7 @@ def test_a_valid_file_is_parsed_with_keys_from_the_environment(tmp_path: Path) -
             "http://localhost:11434/v1",
             timeout_seconds=30,
             max_retries=1,
+            max_connections=64,
             headers='{ "X-Team" = "search" }',
         )
         + alias("fast", "venice:llama-3.2-3b", "local:llama3.2:3b")
@@ -448,6 +458,7 @@ def test_a_valid_file_is_parsed_with_keys_from_the_environment(tmp_path: Path) -
         "http://localhost:11434/v1",
         timeout_seconds=30.0,
         max_retries=1,
+        max_connections=64,
         headers={"X-Team": "search"},
     )
     assert settings.model_aliases == (

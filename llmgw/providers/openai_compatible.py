@@ -23,13 +23,9 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import hdrs
 
+from llmgw.config import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
-from llmgw.provider_config import (
-    DEFAULT_CAPABILITIES,
-    DEFAULT_MAX_CONNECTIONS,
-    Capabilities,
-    Timeouts,
-)
+from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities, Timeouts
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.pool import ConnectionPool, Slot
 from llmgw.providers.retry import Failure, RetryPolicy, decide

@@ -11,13 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import aiohttp
 
-from llmgw.config import Settings
-from llmgw.provider_config import (
-    DEFAULT_MAX_CONNECTIONS,
-    ModelAlias,
-    ProviderKind,
-    ProviderSpec,
-)
+from llmgw.config import DEFAULT_MAX_CONNECTIONS, Settings
+from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatibleProvider
@@ -104,6 +99,7 @@ def _venice_from_environment(settings: Settings) -> ProviderSpec:
         base_url=settings.venice_base_url,
         api_key_env="VENICE_API_KEY",
         api_key=settings.venice_api_key,
+        max_connections=settings.venice_max_connections,
     )
 
 
