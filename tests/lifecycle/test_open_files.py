@@ -134,8 +134,21 @@ async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete(
         gateway_env(database_url, fake_venice.base_url), preexec_fn=limited(1024, hard)
     )
     key = await a_key(db)
-    fake_venice.default_behaviour = Behaviour(chunk_delay=0.5)  # all open at once for a while
-    answers = await hold_streams(gateway.url, key, 1000)
+    # Each stream lasts several seconds; they start over 2 s (admission's database round trips
+    # are not what this test is about), so all are open at once for a while.
+    fake_venice.default_behaviour = Behaviour(chunk_delay=1.0)
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, fake_venice.active_streams)
+            await asyncio.sleep(0.05)
+
+    watching = asyncio.create_task(watch())
+    answers = await hold_streams(gateway.url, key, 1000, apart=0.002)
+    watching.cancel()
+    assert most >= 950, most  # open at the same time, each with both its connections
     assert [status for status, _, _ in answers] == [200] * 1000
     assert all(body.endswith(b"data: [DONE]\n\n") for _, _, body in answers)
     assert "room for about" in gateway.log_text()
