@@ -246,25 +246,29 @@ def error_middleware(
             generic.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
             return render_error(request, generic)
         except ConnectionResetError:
+            transport = request.transport
+            if transport is not None and not transport.is_closing():
+                return _unexpected(request)  # some other connection's reset, not the caller's
             on_caller_left()
             # aiohttp finishes either quietly: the transport is gone, so nothing more is written.
             return request.get(_HEADERS_SENT) or web.Response(status=CLIENT_CLOSED_REQUEST)
         except web.RequestPayloadError:
             raise
         except Exception:
-            # The route's template, not the path as sent: nothing the caller chose is logged.
-            log.exception(
-                "unexpected error while handling %s %s", request.method, _route_template(request)
-            )
-            if _HEADERS_SENT in request:
-                # A stream failed past its headers: it ends there, as it is (a second response
-                # would be written inside its body).
-                return request[_HEADERS_SENT]
-            return render_error(
-                request, InternalError("The gateway failed unexpectedly; see its logs.")
-            )
+            return _unexpected(request)
 
     return impl
+
+
+def _unexpected(request: web.Request) -> web.StreamResponse:
+    """The gateway's own failure (called while handling it): logged, and a 500 if it can be."""
+    # The route's template, not the path as sent: nothing the caller chose is logged.
+    log.exception("unexpected error while handling %s %s", request.method, _route_template(request))
+    if _HEADERS_SENT in request:
+        # A stream failed past its headers: it ends there, as it is (a second response would be
+        # written inside its body).
+        return request[_HEADERS_SENT]
+    return render_error(request, InternalError("The gateway failed unexpectedly; see its logs."))
 
 
 def _presented_key(request: web.Request) -> str | None:
