@@ -45,6 +45,7 @@ FDS_PER_STREAM = 2
 SAMPLE_SECONDS = 0.25
 RETRY_AFTER_SECONDS = 5
 _FD_DIRECTORIES = ("/proc/self/fd", "/dev/fd")
+_LIVENESS = "/healthz"
 
 
 def raise_open_file_limit() -> int:
@@ -156,12 +157,13 @@ OPEN_FILES = web.AppKey("open_files", OpenFiles)
 
 def open_files_middleware() -> Middleware:
     """Refuse a request while the process is near its open files limit (``serve`` sets
-    ``OPEN_FILES``; without it, every request passes)."""
+    ``OPEN_FILES``; without it, every request passes). ``/healthz`` always passes: a process
+    that is busy is alive, and restarting it would end every stream it holds."""
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
         guard = request.config_dict.get(OPEN_FILES)
-        if guard is None or guard.admit():
+        if guard is None or request.path == _LIVENESS or guard.admit():
             return await handler(request)
         response = render_error(
             request,

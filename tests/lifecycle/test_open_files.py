@@ -10,12 +10,21 @@ import asyncio
 import logging
 import resource
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp import web
 
-from llmgw.lifecycle.open_files import SAMPLE_SECONDS, OpenFiles, raise_open_file_limit
+from llmgw.lifecycle.open_files import (
+    OPEN_FILES,
+    SAMPLE_SECONDS,
+    OpenFiles,
+    open_files_middleware,
+    raise_open_file_limit,
+)
+from llmgw.middleware import error_middleware
 from llmgw.storage import api_keys
 from tests.conftest import StartGateways, gateway_env
 from tests.fake_venice import Behaviour, FakeVenice
@@ -52,6 +61,25 @@ def test_where_descriptors_cannot_be_counted_nothing_is_refused() -> None:
     for _ in range(100):
         guard.connection_made()
     assert all(guard.admit() for _ in range(100))
+
+
+async def test_near_the_limit_a_request_gets_503_in_its_shape_and_healthz_still_answers(
+    aiohttp_client: Any,
+) -> None:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(middlewares=[error_middleware(), open_files_middleware()])
+    app[OPEN_FILES] = OpenFiles(100, reserve=10, count_open=lambda: 95, clock=Clock())
+    app.router.add_post("/v1/chat/completions", answer)
+    app.router.add_get("/healthz", answer)
+    client = await aiohttp_client(app)
+    async with client.post("/v1/chat/completions", json={}) as refused:
+        assert (refused.status, refused.headers["Retry-After"]) == (503, "5")
+        assert refused.headers["Connection"] == "close"
+        assert (await refused.json())["error"]["code"] == "too_many_open_files"
+    async with client.get("/healthz") as health:
+        assert health.status == 200
 
 
 @pytest.fixture
