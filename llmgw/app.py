@@ -40,6 +40,9 @@ from llmgw.middleware import (
 from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.routes import PUBLIC_PATHS, add_routes, body_limits
+from llmgw.routing.channel import HealthChannel
+from llmgw.routing.postgres import PostgresHealthChannel
+from llmgw.routing.views import observe_health
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
@@ -55,6 +58,16 @@ from llmgw.telemetry.setup import build_providers
 __all__ = ["create_app"]
 
 ProvidersFactory = Callable[[Settings], ProviderRegistry]
+
+
+def _health_channel(settings: Settings, database_url: str) -> HealthChannel:
+    """Breaker changes travel through the limits store the replicas already share."""
+    if settings.rate_limit_backend == "redis":
+        from llmgw.routing.redis import RedisHealthChannel
+
+        assert settings.redis_url is not None  # load_settings requires it for this backend
+        return RedisHealthChannel(settings.redis_url)
+    return PostgresHealthChannel(database_url)
 
 
 def _limit_store(settings: Settings, pool: asyncpg.Pool, database_url: str) -> LimitStore:
@@ -152,6 +165,8 @@ def create_app(
         app[app_keys.PROVIDERS] = registry
         observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)
+        await registry.routing.start(_health_channel(settings, database_url))
+        observe_health(telemetry.providers.meter_provider, registry)
         await prices.start(publishers(registry.providers))
         reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations, prices)
         app[RELOADER] = reloader
@@ -167,6 +182,7 @@ def create_app(
         await cancel_and_wait([check])
         await reloader.close()
         await prices.close()
+        await registry.routing.close()
         await registry.close()
 
     async def telemetry_flush(app: web.Application) -> AsyncIterator[None]:

@@ -21,12 +21,17 @@
                                      # DEFAULT_CAPABILITIES
     prefill = false                  # optional: it continues a trailing assistant message
                                      # (a broken stream is finished that way); default false
+    circuit_cooldown_seconds = 30    # optional: how long a deployment that keeps failing is
+                                     #   skipped (doubles while it keeps failing, up to 300 s)
     input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
     output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
     [[models]]
     alias = "fast"                   # what callers send as "model"
     deployments = ["venice:llama-3.2-3b", "local:llama3.2"]   # tried in order
+    strategy = "weighted"            # optional: which one goes first; "ordered" (the default),
+    weights = [3, 1]                 #   "weighted" (with one weight per deployment),
+                                     #   "least-busy" or "least-latency" (llmgw.routing.strategy)
 
 Every problem raises :class:`ProviderConfigError`, one line naming the file and the entry, e.g.
 ``LLMGW_CONFIG /etc/llmgw.toml: providers[1].kind: expected "venice" or "openai-compatible", got
@@ -45,6 +50,7 @@ from typing import Any, Literal, NoReturn, TypeAlias, cast, get_args
 import attrs
 
 from llmgw.config import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, _parse_url
+from llmgw.routing.strategy import ORDERED, STRATEGIES, Strategy, StrategyName
 
 __all__ = [
     "DEFAULT_CAPABILITIES",
@@ -154,6 +160,7 @@ class ProviderSpec:
     responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
     input_usd_per_mtok: float | None = None  # both or neither
     output_usd_per_mtok: float | None = None
+    circuit_cooldown_seconds: float = 30.0  # a deployment that keeps failing is skipped this long
     capabilities: Capabilities = attrs.field(
         default=attrs.Factory(_default_capabilities, takes_self=True)
     )
@@ -189,7 +196,8 @@ class DeploymentSpec:
 @attrs.frozen
 class ModelAlias:
     alias: str
-    deployments: tuple[DeploymentSpec, ...]  # tried in order
+    deployments: tuple[DeploymentSpec, ...]  # tried in order, after the strategy's first choice
+    strategy: Strategy = ORDERED
 
 
 @attrs.frozen
@@ -222,7 +230,7 @@ _PROVIDER_KEYS = (
     ),
     *_CAPABILITY_KEYS,
 )
-_MODEL_KEYS = ("alias", "deployments")
+_MODEL_KEYS = ("alias", "deployments", "strategy", "weights")
 
 _Kind: TypeAlias = type | tuple[type, ...]
 _NUMBER = (int, float)
@@ -320,6 +328,12 @@ class _Parser:
                 f"{where}.input_usd_per_mtok",
                 "input_usd_per_mtok and output_usd_per_mtok go together; set both or neither",
             )
+        cooldown = self.optional(table, where, "circuit_cooldown_seconds", _NUMBER)
+        if cooldown is not None and not 0 < cooldown <= 86400:
+            self.fail(
+                f"{where}.circuit_cooldown_seconds",
+                f"expected a number of seconds, more than 0 and at most 86400, got {_show(cooldown)}",
+            )
         headers = self.optional(table, where, "headers", dict) or {}
         for header, value in headers.items():
             if not isinstance(value, str):
@@ -349,6 +363,7 @@ class _Parser:
             responses=cast(ResponsesMode, responses),
             input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
             output_usd_per_mtok=None if prices[1] is None else float(prices[1]),
+            circuit_cooldown_seconds=30.0 if cooldown is None else float(cooldown),
             capabilities=capabilities,
         )
 
@@ -376,7 +391,31 @@ class _Parser:
                     f"providers are {', '.join(_show(k) for k in known)}",
                 )
             deployments.append(DeploymentSpec(provider, model.strip()))
-        return ModelAlias(alias, tuple(deployments))
+        return ModelAlias(alias, tuple(deployments), self.strategy(table, where, len(deployments)))
+
+    def strategy(self, table: dict[str, Any], where: str, deployments: int) -> Strategy:
+        name = self.optional(table, where, "strategy", str) or "ordered"
+        if name not in STRATEGIES:
+            expected = ", ".join(_show(s) for s in STRATEGIES)
+            self.fail(f"{where}.strategy", f"expected one of {expected}, got {_show(name)}")
+        weights = self.optional(table, where, "weights", list)
+        if name != "weighted":
+            if weights is not None:
+                self.fail(f"{where}.weights", 'weights go with strategy = "weighted"')
+            return Strategy(cast(StrategyName, name))
+        if weights is None:
+            self.fail(f"{where}.weights", 'strategy = "weighted" needs one weight per deployment')
+        if len(weights) != deployments or not all(
+            isinstance(w, _NUMBER) and not isinstance(w, bool) and 0 <= w < float("inf")
+            for w in weights
+        ):
+            self.fail(
+                f"{where}.weights",
+                f"expected {deployments} numbers >= 0 (one per deployment), got {_show(weights)}",
+            )
+        if not any(weights):
+            self.fail(f"{where}.weights", "at least one weight must be more than 0")
+        return Strategy("weighted", tuple(float(w) for w in weights))
 
     # Values ----------------------------------------------------------------------------------
 

@@ -16,15 +16,19 @@ import aiohttp
 import openai
 import pytest
 
+from llmgw import app_keys
 from llmgw.config import load_settings
 from llmgw.middleware import OMITTED_PARAMS_HEADER
-from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
+from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderConfigError, ProviderSpec
 from llmgw.providers.pool import POOL_WAIT_SECONDS, RETRY_AFTER_SECONDS
 from llmgw.providers.registry import build_registry
+from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.strategy import Strategy
 from llmgw.telemetry import semconv as sc
-from tests.conftest import Gateway, eventually
+from tests.conftest import Gateway, eventually, gateway_env
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.limits.test_store_contract import REDIS, REDIS_URL
 from tests.processes import clean_env, free_port
 
 MESSAGES = [{"role": "user", "content": "route me"}]
@@ -646,3 +650,210 @@ async def test_alias_falls_back_when_the_first_providers_connections_are_all_in_
         assert time.perf_counter() - started < POOL_WAIT_SECONDS + 0.5
         assert chat_span(gateway, "fast")[sc.LLMGW_DEPLOYMENTS_TRIED] == 2
         (await holding).close()
+
+
+# Health and load balancing (issue 19) -------------------------------------------------------------
+
+ADMIN_TOKEN = "routing-test-admin-token-51c2"
+HEALTH_BACKENDS = ["postgres", REDIS]
+
+
+async def routes_of(gateway: Gateway) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            gateway.url("/admin/v1/routes"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as response,
+    ):
+        assert response.status == 200, await response.text()
+        document: dict[str, Any] = await response.json()
+        return document
+
+
+async def state_of(gateway: Gateway, deployment: str) -> str:
+    view = await routes_of(gateway)
+    (health,) = [d for d in view["deployments"] if d["deployment"] == deployment]
+    state: str = health["state"]
+    return state
+
+
+@pytest.mark.parametrize("backend", HEALTH_BACKENDS)
+async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and_both_return(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    backend: str,
+) -> None:
+    """Acceptance 3: two gateways on one Postgres (or one Redis) share the primary's breaker."""
+    toml = provider(
+        "venice",
+        "venice",
+        fake_venice.base_url,
+        "VENICE_API_KEY",
+        max_retries=0,
+        circuit_cooldown_seconds=1,
+    ) + provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("sturdy", "venice:qwen3-5-9b", "openai:gpt-4o-mini")  # fmt: skip
+    overrides = providers_settings(tmp_path, toml, **KEYS)
+    overrides["admin_token"] = ADMIN_TOKEN
+    if backend == "redis":
+        overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
+    first: Gateway = await start_gateway(**overrides)
+    second: Gateway = await start_gateway(**overrides)
+    key = await first.create_key(name="replicas")
+    first_client, second_client = first.client(key), second.client(key)
+    primary = "venice:qwen3-5-9b"
+
+    fake_venice.fail_times(FAILURES_TO_OPEN, status=503)
+    for _ in range(FAILURES_TO_OPEN):
+        assert await answer(first_client, "sturdy", stream=False) == OPENAI_TEXT
+    opened = time.monotonic()
+    assert await state_of(first, primary) == "open"
+    while await state_of(second, primary) != "open":
+        assert time.monotonic() - opened < 1.0, "the second replica did not learn within 1 s"
+        await asyncio.sleep(0.02)
+    venice_calls = len(fake_venice.received)
+    for client in (first_client, second_client):
+        assert await answer(client, "sturdy", stream=True) == OPENAI_TEXT
+    assert len(fake_venice.received) == venice_calls, "an open deployment was tried"
+
+    # Venice recovered; after the cooldown one request probes it and both replicas return to it.
+    await asyncio.sleep(1.0)
+    assert await answer(second_client, "sturdy", stream=False) == VENICE_TEXT
+    closed = time.monotonic()
+    while await state_of(first, primary) != "closed":
+        assert time.monotonic() - closed < 1.0, "the first replica did not learn within 1 s"
+        await asyncio.sleep(0.02)
+    for client in (first_client, second_client):
+        assert await answer(client, "sturdy", stream=False) == VENICE_TEXT
+
+
+async def test_a_weighted_alias_spreads_requests_and_shows_its_routes_everywhere(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = venice_and_openai(fake_venice, fake_openai)
+    toml += alias("split", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    toml += 'strategy = "weighted"\nweights = [1, 1]\n'
+    overrides = providers_settings(tmp_path, toml, **KEYS)
+    gateway: Gateway = await start_gateway(**overrides, admin_token=ADMIN_TOKEN, prometheus=True)
+    client = gateway.client(await gateway.create_key(name="split"))
+    answers = [await answer(client, "split", stream=False) for _ in range(40)]
+    assert answers.count(VENICE_TEXT) >= 8 and answers.count(OPENAI_TEXT) >= 8, answers
+
+    view = await routes_of(gateway)
+    assert view["aliases"] == [
+        {
+            "alias": "split",
+            "strategy": "weighted",
+            "weights": [1.0, 1.0],
+            "deployments": ["venice:qwen3-5-9b", "openai:gpt-4o-mini"],
+        }
+    ]
+    states = {d["deployment"]: (d["state"], d["in_flight"]) for d in view["deployments"]}
+    assert states == {"venice:qwen3-5-9b": ("closed", 0), "openai:gpt-4o-mini": ("closed", 0)}
+    async with aiohttp.ClientSession() as session, session.get(gateway.url("/metrics")) as response:
+        metrics = await response.text()
+    closed = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("llmgw_deployment_circuit_state{")
+        and 'deployment="openai:gpt-4o-mini"' in line
+        and 'state="closed"' in line
+    ]
+    assert [line.rsplit(" ", 1)[1] for line in closed] == ["1.0"], metrics
+
+
+async def test_least_latency_moves_streams_to_the_deployment_that_answers_sooner(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = venice_and_openai(fake_venice, fake_openai)
+    toml += alias("quick", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    toml += 'strategy = "least-latency"\n'
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    fake_venice.default_behaviour = Behaviour(delay_before_headers=0.25)
+    answers = [await answer(client, "quick", stream=True) for _ in range(20)]
+    # Each is measured once (Venice first, as listed), then the quicker one takes all but the
+    # exploration share (one request in ten, to either).
+    assert answers[:2] == [VENICE_TEXT, OPENAI_TEXT]
+    assert answers.count(OPENAI_TEXT) >= 15, answers
+    routing = gateway.server.app[app_keys.PROVIDERS].routing
+    slow = routing.health("venice:qwen3-5-9b").latency_seconds
+    quick = routing.health("openai:gpt-4o-mini").latency_seconds
+    assert slow is not None and quick is not None and slow > 0.25 > quick
+
+
+def test_llmgw_routes_prints_each_alias_and_deployment_state(
+    gateway_processes: Any, database_url: str, fake_venice: FakeVenice, tmp_path: Path
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY")
+        + alias("fast", "venice:qwen3-5-9b", "venice:llama-3.2-3b")
+        + 'strategy = "least-latency"\n'
+    )
+    env = gateway_env(
+        database_url, fake_venice.base_url, LLMGW_CONFIG=str(path), LLMGW_ADMIN_TOKEN=ADMIN_TOKEN
+    )
+    (process,) = gateway_processes(env)
+
+    def routes_command(token: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "llmgw", "routes", "--url", f"http://127.0.0.1:{process.port}"],
+            env=clean_env(LLMGW_ADMIN_TOKEN=token),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    run = routes_command(ADMIN_TOKEN)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "alias fast: least-latency: venice:qwen3-5-9b, venice:llama-3.2-3b"
+    assert any(line.startswith("venice:qwen3-5-9b") and " closed " in line for line in lines)
+    refused = routes_command("wrong-token-wrong-token")
+    assert refused.returncode == 1
+    assert "answered 401" in refused.stderr
+
+
+def test_strategies_weights_and_cooldowns_are_read_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
+        + provider("local", "openai-compatible", "http://x/v1", circuit_cooldown_seconds=5)
+        + alias("w", "venice:a", "local:b")
+        + 'strategy = "weighted"\nweights = [3, 1]\n'
+        + alias("busy", "venice:a", "local:b")
+        + 'strategy = "least-busy"\n'
+        + alias("plain", "venice:a")
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
+    assert [p.circuit_cooldown_seconds for p in settings.providers] == [30.0, 5.0]
+    assert [a.strategy for a in settings.model_aliases] == [
+        Strategy("weighted", (3.0, 1.0)),
+        Strategy("least-busy"),
+        Strategy("ordered"),
+    ]
+
+
+BAD_ROUTING = [
+    (alias("f", "venice:a") + 'strategy = "fastest"\n', 'models[0].strategy: expected one of "ordered", "weighted", "least-busy", "least-latency", got "fastest"'),
+    (alias("f", "venice:a", "venice:b") + 'strategy = "weighted"\n', 'models[0].weights: strategy = "weighted" needs one weight per deployment'),
+    (alias("f", "venice:a", "venice:b") + 'strategy = "weighted"\nweights = [1]\n', "models[0].weights: expected 2 numbers >= 0 (one per deployment), got [1]"),
+    (alias("f", "venice:a", "venice:b") + 'strategy = "weighted"\nweights = [1, -1]\n', "models[0].weights: expected 2 numbers"),
+    (alias("f", "venice:a", "venice:b") + 'strategy = "weighted"\nweights = [0, 0]\n', "models[0].weights: at least one weight must be more than 0"),
+    (alias("f", "venice:a") + "weights = [1]\n", 'models[0].weights: weights go with strategy = "weighted"'),
+    (provider("o", "openai-compatible", "http://x/v1", circuit_cooldown_seconds=0), "providers[1].circuit_cooldown_seconds: expected a number of seconds, more than 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD_ROUTING)
+def test_a_bad_strategy_weight_or_cooldown_names_its_entry(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(VENICE_OK + extra)
+    with pytest.raises(ProviderConfigError) as raised:
+        load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
+    assert message in str(raised.value)

@@ -356,3 +356,18 @@ async def test_venice_alone_finishes_a_stream_it_left_silent(start_gateway: Any)
     assert_whole(await raw_stream(gateway, key, MODEL))
     [event] = continuation_events(gateway, MODEL)
     assert event[sc.LLMGW_CONTINUATION_REASON] == "upstream_stream_timeout"
+
+
+async def test_a_continued_stream_leaves_neither_deployment_counted_in_flight(
+    routes: Gateway, key: str, fake_venice: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    assert_whole(await raw_stream(routes, key, "pre"))
+    await ledger_row(routes)  # the request has finished
+    routing = routes.server.app[app_keys.PROVIDERS].routing
+    busy = {
+        label: routing.health(label).in_flight for label in (f"first:{MODEL}", f"prefill:{MODEL}")
+    }
+    assert busy == {f"first:{MODEL}": 0, f"prefill:{MODEL}": 0}
+    # The broken stream's deployment answered first: it is timed by its own first chunk.
+    assert routing.health(f"first:{MODEL}").latency_seconds is not None

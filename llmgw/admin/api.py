@@ -36,6 +36,7 @@ from llmgw.admin.schemas import (
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import parse_json
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
+from llmgw.routing.views import routes_view
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
@@ -383,6 +384,11 @@ async def overview(request: web.Request) -> web.Response:
         return _json(await rollup.overview(connection, datetime.now(UTC)))
 
 
+async def routes(request: web.Request) -> web.Response:
+    """Each alias's strategy and each deployment's health, as this replica sees it."""
+    return _json(routes_view(request.config_dict[app_keys.PROVIDERS]))
+
+
 def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
     """The usage report's parameters (shared by JSON and CSV), checked and bounded."""
     given = parse({name: value for name, value in query.items() if name != "format"}, ReportRange)
@@ -479,6 +485,7 @@ def build_admin_app(auth: Middleware) -> web.Application:
     admin.router.add_get("/usage", usage)
     admin.router.add_get("/usage/report", usage_report)
     admin.router.add_get("/overview", overview)
+    admin.router.add_get("/routes", routes)
     admin.router.add_get("/audit", audit_log)
     admin.router.add_delete("/console/sessions", sign_out_everywhere)
     return admin

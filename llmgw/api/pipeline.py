@@ -120,6 +120,8 @@ class Exchange:
     # Streams that broke before the one that finished the answer: billed with it.
     earlier: tuple[StreamAttempt, ...] = ()
     finished: bool = False
+    release_deployment: Callable[[float | None], None] = lambda _: None  # see Answer.done
+    answered_at: float = 0.0  # perf_counter, as the observation's chunk times
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -133,13 +135,27 @@ class Exchange:
 
     def answered(self, answer: Answer[T]) -> T:
         """The route answered: that deployment bills the request, whatever happens next."""
+        self._release_deployment()  # a stream that broke off, when this one continues it
         self.deployment = answer.deployment
+        self.release_deployment = answer.done
+        self.answered_at = time.perf_counter()
         self.provider_worked = True
         if answer.omitted:
             # Said, not hidden: the caller (a response header) and the trace see what was left out.
             self.request[app_keys.OMITTED_PARAMS] = answer.omitted
             self.observation.tracer_span.set_attribute(sc.LLMGW_OMITTED_PARAMS, answer.omitted)
         return answer.result
+
+    def _release_deployment(self) -> None:
+        """The deployment that answered is done with the request, timed to its first chunk (a
+        continuation's first chunk is the broken stream's: it is timed to its answer only)."""
+        first_chunk_at = self.observation.first_chunk_at
+        self.release_deployment(
+            None
+            if first_chunk_at is None or first_chunk_at < self.answered_at
+            else first_chunk_at - self.answered_at
+        )
+        self.release_deployment = lambda _: None
 
     def _price(self) -> Price | None:
         if self.deployment is None:
@@ -155,6 +171,7 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
+        self._release_deployment()
         try:
             record = self._record(status, outcome, error_type)
         except Exception:

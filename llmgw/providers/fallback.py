@@ -1,7 +1,8 @@
 """A route: deployments tried in order, each after the one before failed in a way another may not.
 
-A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any adapter. Each
-deployment is sent its own model id, without the parameters its provider does not accept (its
+A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any adapter. The routing
+policy (``llmgw.routing``) says in which order its deployments are tried (their health, the alias's
+strategy) and is told how each attempt went. Each deployment is sent its own model id, without the parameters its provider does not accept (its
 ``Capabilities``), and retries as ``retry.decide`` says; when that says "move on" (overload past its
 retries, a rate limit longer than the budget, a context window too small, silence) or the provider
 cannot be reached, the next one is tried. Any other answer (a 400, a 404, a success) is final.
@@ -34,6 +35,8 @@ from llmgw.providers.base import (
     UpstreamStream,
 )
 from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
+from llmgw.routing.policy import RoutingPolicy
+from llmgw.routing.strategy import ORDERED, Strategy
 
 __all__ = ["Answer", "FallbackChain"]
 
@@ -51,15 +54,26 @@ class Answer(Generic[T]):
     tries: int
     result: T
     omitted: tuple[str, ...] = ()  # parameters that deployment was sent without (capabilities)
+    # Call once the answer has been relayed (with a stream's seconds from its headers to its first
+    # event, if it had one): the deployment stops counting it in flight, and is timed.
+    done: Callable[[float | None], None] = attrs.field(default=lambda _: None, eq=False)
 
 
 class FallbackChain:
     """Until a deployment answers, it speaks for the first one (name, address, cost reporting)."""
 
-    def __init__(self, deployments: Sequence[Deployment]) -> None:
+    def __init__(
+        self,
+        deployments: Sequence[Deployment],
+        *,
+        routing: RoutingPolicy | None = None,
+        strategy: Strategy = ORDERED,
+    ) -> None:
         if not deployments:
             raise ValueError("a route needs at least one deployment")
         self.deployments = tuple(deployments)
+        self.routing = routing or RoutingPolicy()
+        self.strategy = strategy
         first = self.deployments[0].provider
         self.name = first.name
         self.server_address = first.server_address
@@ -76,15 +90,17 @@ class FallbackChain:
         """The route from the deployment after ``deployment``, round to it last: where the answer
         a stream of it broke off is finished (on it again only when no other will)."""
         index = self.deployments.index(deployment) + 1
-        return FallbackChain(self.deployments[index:] + self.deployments[:index])
+        return FallbackChain(
+            self.deployments[index:] + self.deployments[:index], routing=self.routing
+        )
 
     async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
     ) -> Answer[T]:
-        """``attempt`` on each deployment in turn until one answers, or the last one worth trying
-        fails (its failure is raised)."""
+        """``attempt`` on each deployment in the policy's order until one answers, or the last one
+        worth trying fails (its failure is raised); the policy is told each attempt's outcome."""
         loop = asyncio.get_running_loop()
-        left = list(self.deployments)
+        left = self.routing.plan(self.deployments, self.strategy)
         tried = 0
         while left:
             deployment, *left = left
@@ -96,21 +112,29 @@ class FallbackChain:
                 now = loop.time()
                 share = (call.deadline - now) / (len(left) + 1)
                 sent = attrs.evolve(sent, answer_by=now + share)
+            outcome = self.routing.attempt(deployment)
             try:
                 result = await attempt(deployment.provider, sent)
-                return Answer(deployment, tried, result, omitted)
             except UpstreamHTTPError as exc:
                 decision = exc.decision
+                outcome.refused(exc.response, decision)
                 if decision is None or decision.action != "move_on":
                     raise
                 left = self._still_worth_trying(left, deployment, decision.reason)
                 if not left:
                     raise
             except (UpstreamUnavailable, UpstreamTimeout) as exc:
+                outcome.failed()
                 reason = SILENT if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
                 left = self._still_worth_trying(left, deployment, reason)
                 if not left:
                     raise
+            except BaseException:
+                outcome.abandoned()
+                raise
+            else:
+                outcome.answered()
+                return Answer(deployment, tried, result, omitted, outcome.done)
         raise AssertionError("unreachable: the last deployment returns or raises")
 
     @staticmethod

@@ -19,6 +19,7 @@ from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatiblePr
 from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
 from llmgw.providers.venice import VeniceProvider
+from llmgw.routing.policy import RoutingPolicy
 
 __all__ = ["ADAPTERS", "ProviderRegistry", "build_registry", "new_client_session"]
 
@@ -29,18 +30,36 @@ ADAPTERS: Mapping[ProviderKind, type[OpenAICompatibleProvider]] = {
 
 
 class ProviderRegistry:
+    """``routing`` outlives reloads: a deployment that was down is still known to be down."""
+
     def __init__(
         self,
         providers: Sequence[Provider],
         aliases: Sequence[ModelAlias] = (),
+        *,
+        cooldowns: Mapping[str, float] | None = None,
     ) -> None:
         if not providers:
             raise ValueError("at least one provider is required")
+        self.routing = RoutingPolicy()
+        self._use(providers, aliases, cooldowns or {})
+
+    def _use(
+        self,
+        providers: Sequence[Provider],
+        aliases: Sequence[ModelAlias],
+        cooldowns: Mapping[str, float],
+    ) -> None:
         self.providers = tuple(providers)
         self._by_name = {provider.name: provider for provider in providers}
+        self._alias_specs = tuple(aliases)
+        self._cooldowns = cooldowns
+        self.routing.configure(cooldowns)
         self.aliases: Mapping[str, FallbackChain] = {
             alias.alias: FallbackChain(
-                [Deployment(self._by_name[d.provider], d.model) for d in alias.deployments]
+                [Deployment(self._by_name[d.provider], d.model) for d in alias.deployments],
+                routing=self.routing,
+                strategy=alias.strategy,
             )
             for alias in aliases
         }
@@ -52,8 +71,8 @@ class ProviderRegistry:
         name, sep, upstream_model = model.partition("/")
         provider = self._by_name.get(name) if sep and upstream_model else None
         if provider is not None:
-            return FallbackChain([Deployment(provider, upstream_model)])
-        return FallbackChain([Deployment(self.providers[0], model)])
+            return FallbackChain([Deployment(provider, upstream_model)], routing=self.routing)
+        return FallbackChain([Deployment(self.providers[0], model)], routing=self.routing)
 
     def replace_with(self, other: ProviderRegistry) -> tuple[Provider, ...]:
         """Route with ``other``'s providers and aliases from now on (a configuration reload).
@@ -62,7 +81,7 @@ class ProviderRegistry:
         them, so the caller closes them once those requests have finished.
         """
         previous = self.providers
-        self.providers, self._by_name, self.aliases = other.providers, other._by_name, other.aliases
+        self._use(other.providers, other._alias_specs, other._cooldowns)
         return previous
 
     def connection_pools(self) -> list[ConnectionPool]:
@@ -127,5 +146,7 @@ def build_registry(settings: Settings) -> ProviderRegistry:
     """Every configured provider, each with its own session. Call inside the event loop."""
     specs = settings.providers or (_venice_from_environment(settings),)
     return ProviderRegistry(
-        [_build_provider(spec, settings) for spec in specs], settings.model_aliases
+        [_build_provider(spec, settings) for spec in specs],
+        settings.model_aliases,
+        cooldowns={spec.name: spec.circuit_cooldown_seconds for spec in specs},
     )

@@ -356,6 +356,11 @@ async def test_charts_read_like_charts_with_one_day_and_thirty_days_of_data(
             await expect(refused.get_by_role("cell", name="request_too_large")).to_be_visible()
             await _check_chart(page, "Requests per hour, last 24 hours (UTC)", 24)
             await _check_chart(page, "Spend per hour, last 24 hours (UTC)", 24)
+            health = page.get_by_role(
+                "table", name="Deployment health, as the replica that answered sees it"
+            )
+            row = health.get_by_role("row").filter(has_text="venice:qwen3-5-9b")
+            await expect(row.get_by_role("cell", name="closed", exact=True)).to_be_visible()
             await shot(page, f"overview-{suffix}")
 
             # Usage per day: the chosen 30-day range is the x axis, days without traffic at 0.

@@ -265,7 +265,7 @@ function field(label, input) {
 // Overview
 
 async function overview() {
-  const data = await api("/overview");
+  const [data, routes] = await Promise.all([api("/overview"), api("/routes")]);
   const modelColumns = [
     { title: "Model", cell: (r) => r.model },
     { title: "Requests", num: true, cell: (r) => num(r.requests) },
@@ -302,8 +302,18 @@ async function overview() {
     el("h2", {}, "Refused by the gateway"),
     table("Refused in the last 60 minutes, by status and code", refusalColumns, data.last_hour.refused),
     table("Refused since midnight UTC, by status and code", refusalColumns, data.today.refused),
+    el("h2", {}, "Deployments"),
+    table("Deployment health, as the replica that answered sees it", deploymentColumns, routes.deployments),
   ];
 }
+
+const deploymentColumns = [
+  { title: "Deployment", cell: (d) => el("code", {}, d.deployment) },
+  { title: "Circuit", cell: (d) => d.open_until === null || d.state !== "open" ? d.state : `open until ${new Date(d.open_until * 1000).toISOString().slice(11, 19)} UTC` },
+  { title: "Failures in a row", num: true, cell: (d) => num(d.consecutive_failures) },
+  { title: "In flight", num: true, cell: (d) => num(d.in_flight) },
+  { title: "Time to first token (ms)", num: true, cell: (d) => d.latency_seconds === null ? "—" : num(Math.round(d.latency_seconds * 1000)) },
+];
 
 // ---------------------------------------------------------------------------------------------
 // Keys

@@ -1,0 +1,300 @@
+"""The routing policy: in which order a route's deployments are tried, and what each attempt told.
+
+Everything a request does here is in memory, with no store round trip: :meth:`RoutingPolicy.plan`
+orders the deployments (open breakers left out, the strategy's first choice first, a half-open
+breaker's probe before all), and :meth:`RoutingPolicy.attempt` counts the request in flight and
+takes its outcome. Only a breaker that opens or closes is sent to the other replicas, through the
+health channel of the limits store, in the background; their changes arrive the same way.
+
+When every deployment of a route is open the request is not refused: the one that failed least
+recently is tried (it had the longest to recover), and only that one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from llmgw.background import cancel_and_wait
+from llmgw.providers.base import Deployment, UpstreamResponse
+from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision, hinted_delay
+from llmgw.routing.breaker import Breaker, State
+from llmgw.routing.channel import HealthChange, HealthChannel
+from llmgw.routing.strategy import Strategy, first_choice
+
+__all__ = ["DEFAULT_COOLDOWN_SECONDS", "Attempt", "DeploymentHealth", "RoutingPolicy"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COOLDOWN_SECONDS = 30.0
+# Weight of the newest time to first token in its moving average (least-latency).
+_LATENCY_WEIGHT = 0.3
+# Deployments remembered at most (breakers, averages): a caller may name any "provider/model", so
+# what is kept of them is bounded; the oldest is forgotten first. A deployment that never failed
+# holds no breaker.
+_MAX_REMEMBERED = 1000
+
+
+@attrs.frozen(slots=True)
+class DeploymentHealth:
+    """What the admin API, ``llmgw routes`` and /metrics show of one deployment."""
+
+    deployment: str
+    state: str  # closed, open, half-open
+    open_until: float | None  # wall-clock seconds
+    consecutive_failures: int
+    openings: int
+    last_failure_at: float | None
+    in_flight: int  # on this replica
+    latency_seconds: float | None  # moving average of the time to first token, on this replica
+
+
+def _make_room(remembered: dict[str, Any]) -> None:
+    if len(remembered) >= _MAX_REMEMBERED:
+        del remembered[next(iter(remembered))]
+
+
+class Attempt:
+    """One attempt on one deployment: counted in flight until :meth:`done` (or a failure)."""
+
+    __slots__ = ("_answered_after", "_ended", "_label", "_policy", "_probe", "_started")
+
+    def __init__(self, policy: RoutingPolicy, label: str, probe: bool, started: float) -> None:
+        self._policy, self._label, self._probe, self._started = policy, label, probe, started
+        self._ended = False
+        self._answered_after: float | None = None
+
+    def answered(self) -> None:
+        """The deployment answered: a whole answer, or a stream whose headers arrived."""
+        self._answered_after = self._policy._monotonic() - self._started
+        self._policy._answered(self._label)
+
+    def refused(self, response: UpstreamResponse, decision: Decision | None) -> None:
+        """The deployment answered with an error status (after its retries); ``decision`` is
+        ``retry.decide``'s: only a failure to move on from is the deployment's."""
+        if decision is None or decision.action != "move_on" or decision.reason == CONTEXT_TOO_LONG:
+            # It is up: what it refused is the request (a 400, a content-policy refusal, a
+            # context too long for it), and the caller or the next deployment gets that.
+            # Not timed: a quick refusal says nothing of how fast it answers.
+            self._policy._answered(self._label)
+            self.done()
+            return
+        retry_after = None
+        if response.status == 429 and response.retry_after is not None:
+            retry_after = hinted_delay({"retry-after": response.retry_after}, status=429)
+        self.failed(retry_after)
+
+    def failed(self, retry_after: float | None = None) -> None:
+        """The deployment could not serve it (after its retries); ``retry_after``: a 429's wait."""
+        self._policy._failed(self._label, retry_after, probe=self._probe)
+        self.done()
+
+    def abandoned(self) -> None:
+        """The request ended before the deployment told anything (the caller left)."""
+        if self._probe:
+            self._policy._breaker(self._label).release_probe()
+        self.done()
+
+    def done(self, first_token_after: float | None = None) -> None:
+        """The request no longer occupies the deployment (its answer was relayed).
+
+        ``first_token_after``: seconds from a stream's headers to its first event. The time to
+        first token (to the whole answer, when not streamed) joins the deployment's average.
+        """
+        if self._ended:
+            return
+        self._ended = True
+        self._policy._leave(self._label)
+        if self._answered_after is not None:
+            self._policy._measured(self._label, self._answered_after + (first_token_after or 0.0))
+
+
+class RoutingPolicy:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._clock = clock
+        self._monotonic = monotonic
+        self._rng = rng or random.Random()
+        self._breakers: dict[str, Breaker] = {}
+        self._cooldowns: dict[str, float] = {}  # provider name -> seconds
+        self._in_flight: dict[str, int] = {}
+        self._latency: dict[str, float] = {}
+        self._channel: HealthChannel | None = None
+        self._outbox: asyncio.Queue[HealthChange] | None = None
+        self._sender: asyncio.Task[None] | None = None
+
+    # Lifecycle ---------------------------------------------------------------------------------
+
+    def configure(self, cooldowns: Mapping[str, float]) -> None:
+        """Each provider's ``circuit_cooldown_seconds`` (at start and on every reload)."""
+        self._cooldowns = dict(cooldowns)
+
+    async def start(self, channel: HealthChannel) -> None:
+        """Share breaker changes with the other replicas through ``channel`` from now on."""
+        self._channel = channel
+        self._outbox = asyncio.Queue()
+        await channel.start(self.receive)
+        self._sender = asyncio.create_task(self._send_forever(), name="llmgw-health-send")
+
+    async def close(self) -> None:
+        await cancel_and_wait([self._sender])
+        if self._channel is not None:
+            await self._channel.close()
+
+    # Per request --------------------------------------------------------------------------------
+
+    def plan(self, deployments: Sequence[Deployment], strategy: Strategy) -> list[Deployment]:
+        """The order to try ``deployments`` in (never empty)."""
+        now = self._clock()
+        ready: list[int] = []
+        probe: int | None = None
+        for index, deployment in enumerate(deployments):
+            breaker = self._breakers.get(deployment.label)
+            if breaker is None or breaker.state(now) is State.CLOSED:
+                ready.append(index)
+            elif probe is None and breaker.take_probe(now):
+                probe = index
+        if not ready:
+            if probe is not None:
+                return [deployments[probe]]
+            rested = min(deployments, key=lambda d: self._breaker(d.label).last_failure_at)
+            return [rested]
+        if len(ready) > 1 and strategy.name != "ordered":
+            first = first_choice(
+                strategy,
+                ready,
+                in_flight=lambda i: self._in_flight.get(deployments[i].label, 0),
+                latency=lambda i: self._latency.get(deployments[i].label),
+                rng=self._rng,
+            )
+            ready.remove(first)
+            ready.insert(0, first)
+        if probe is not None:
+            ready.insert(0, probe)
+        return [deployments[i] for i in ready]
+
+    def attempt(self, deployment: Deployment) -> Attempt:
+        label = deployment.label
+        breaker = self._breakers.get(label)
+        probe = breaker is not None and breaker.probing
+        self._in_flight[label] = self._in_flight.get(label, 0) + 1
+        return Attempt(self, label, probe, self._monotonic())
+
+    # Outcomes -----------------------------------------------------------------------------------
+
+    def _breaker(self, label: str) -> Breaker:
+        breaker = self._breakers.get(label)
+        if breaker is None:
+            _make_room(self._breakers)
+            breaker = self._breakers[label] = Breaker()
+        return breaker
+
+    def _leave(self, label: str) -> None:
+        left = self._in_flight[label] - 1
+        if left:
+            self._in_flight[label] = left
+        else:
+            del self._in_flight[label]
+
+    def _measured(self, label: str, seconds: float) -> None:
+        previous = self._latency.get(label)
+        if previous is None:
+            _make_room(self._latency)
+        self._latency[label] = (
+            seconds if previous is None else previous + _LATENCY_WEIGHT * (seconds - previous)
+        )
+
+    def _answered(self, label: str) -> None:
+        breaker = self._breakers.get(label)
+        if breaker is not None and breaker.succeeded(self._clock()):
+            log.warning("deployment %s answers again: its circuit is closed", label)
+            self._share(label, breaker)
+
+    def _failed(self, label: str, retry_after: float | None, *, probe: bool) -> None:
+        breaker = self._breaker(label)
+        provider = label.split(":", 1)[0]
+        cooldown = self._cooldowns.get(provider, DEFAULT_COOLDOWN_SECONDS)
+        now = self._clock()
+        if breaker.failed(now, cooldown=cooldown, retry_after=retry_after, probe=probe):
+            assert breaker.open_until is not None
+            log.warning(
+                "deployment %s is skipped for %.0f s: its circuit is open (%s)",
+                label,
+                breaker.open_until - now,
+                "Retry-After" if retry_after is not None else f"{breaker.failures} failures",
+            )
+            self._share(label, breaker)
+
+    # Between replicas ---------------------------------------------------------------------------
+
+    def _share(self, label: str, breaker: Breaker) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(
+                HealthChange(
+                    deployment=label,
+                    open_until=breaker.open_until,
+                    openings=breaker.openings,
+                    last_failure_at=breaker.last_failure_at,
+                    changed_at=breaker.changed_at,
+                )
+            )
+
+    def receive(self, change: HealthChange) -> None:
+        """A replica's change (this one's included): taken unless what is known here is newer."""
+        breaker = self._breaker(change.deployment)
+        if change.changed_at < breaker.changed_at:
+            return
+        breaker.open_until, breaker.openings = change.open_until, change.openings
+        breaker.changed_at = change.changed_at
+        breaker.last_failure_at = max(breaker.last_failure_at, change.last_failure_at)
+        if change.open_until is None:
+            breaker.failures = 0
+
+    async def _send_forever(self) -> None:
+        assert self._outbox is not None
+        assert self._channel is not None
+        failing = False
+        while True:
+            change = await self._outbox.get()
+            try:
+                await self._channel.publish(change)
+            except Exception as exc:
+                # The change stays local: other replicas find the deployment down themselves.
+                if not failing:
+                    log.warning(
+                        "deployment health cannot be shared with other replicas (%s)",
+                        type(exc).__name__,
+                    )
+                failing = True
+            else:
+                failing = False
+
+    # Views ----------------------------------------------------------------------------------------
+
+    def health(self, label: str) -> DeploymentHealth:
+        breaker = self._breakers.get(label) or Breaker()
+        return DeploymentHealth(
+            deployment=label,
+            state=breaker.state(self._clock()).value,
+            open_until=breaker.open_until,
+            consecutive_failures=breaker.failures,
+            openings=breaker.openings,
+            last_failure_at=breaker.last_failure_at or None,
+            in_flight=self._in_flight.get(label, 0),
+            latency_seconds=self._latency.get(label),
+        )
+
+    def known(self) -> list[str]:
+        """Every deployment this replica has tried or heard of."""
+        return sorted(self._breakers.keys() | self._in_flight.keys())

@@ -1,0 +1,151 @@
+"""FallbackChain asks the routing policy for the order and tells it every attempt's outcome."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+from llmgw.errors import UpstreamUnavailable
+from llmgw.provider_config import Capabilities
+from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.fallback import FallbackChain
+from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
+from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.policy import RoutingPolicy
+
+OK = UpstreamResponse(200, b"{}", "application/json")
+
+
+@attrs.define
+class Stub:
+    """A provider whose answer the test sets; it counts its calls."""
+
+    name: str
+    answer: Callable[[], UpstreamResponse]
+    calls: int = 0
+    capabilities: Capabilities = attrs.field(factory=lambda: Capabilities(reasoning=True))
+    server_address: str = "stub"
+    server_port: int = 443
+    reports_cost: bool = False
+    speaks_responses: bool = False
+
+    async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
+        self.calls += 1
+        return self.answer()
+
+
+def fails_with(
+    status: int, decision: Decision, retry_after: str | None = None
+) -> Callable[[], UpstreamResponse]:
+    """An error answer, after the provider's retries, with what ``retry.decide`` made of it."""
+
+    def answer() -> UpstreamResponse:
+        response = UpstreamResponse(status, b"{}", "application/json", retry_after=retry_after)
+        raise UpstreamHTTPError(response, decision)
+
+    return answer
+
+
+def unreachable() -> UpstreamResponse:
+    raise UpstreamUnavailable("down")
+
+
+def chain(*stubs: Stub) -> FallbackChain:
+    deployments = [Deployment(stub, "m") for stub in stubs]  # type: ignore[arg-type]
+    return FallbackChain(deployments, routing=RoutingPolicy())
+
+
+CALL = UpstreamCall(body=b'{"model": "m"}', deadline=0.0, model="m")
+
+
+async def ask(route: FallbackChain) -> str:
+    answer = await route.first_answer(CALL, lambda p, c: p.chat_completion(c))
+    answer.done(None)
+    return answer.deployment.provider.name
+
+
+async def test_a_deployment_that_keeps_failing_is_skipped_after_a_few_requests() -> None:
+    down, up = Stub("down", unreachable), Stub("up", lambda: OK)
+    route = chain(down, up)
+    for _ in range(10):
+        assert await ask(route) == "up"
+    assert down.calls == FAILURES_TO_OPEN
+    assert route.routing.health("down:m").state == "open"
+
+
+async def test_a_429_with_retry_after_opens_it_at_once() -> None:
+    limited, up = (
+        Stub("limited", fails_with(429, Decision("move_on", "rate_limited"), "20")),
+        Stub("up", lambda: OK),
+    )
+    route = chain(limited, up)
+    for _ in range(5):
+        assert await ask(route) == "up"
+    assert limited.calls == 1
+    health = route.routing.health("limited:m")
+    assert health.state == "open"
+    assert health.open_until is not None
+
+
+async def test_a_refusal_of_the_request_is_no_failure_of_the_deployment() -> None:
+    strict = Stub("strict", fails_with(400, Decision("stop", "refused")))
+    route = chain(strict, Stub("other", lambda: OK))
+    for _ in range(FAILURES_TO_OPEN * 2):
+        with pytest.raises(UpstreamHTTPError):
+            await ask(route)
+    assert route.routing.health("strict:m").state == "closed"
+    assert route.routing.health("strict:m").in_flight == 0
+
+
+async def test_a_context_too_long_moves_on_without_counting_against_the_deployment() -> None:
+    small = Stub("small", fails_with(400, Decision("move_on", CONTEXT_TOO_LONG)))
+    deployments = [Deployment(small, "8k"), Deployment(Stub("large", lambda: OK), "128k")]
+    route = FallbackChain(deployments, routing=RoutingPolicy())  # type: ignore[list-item]
+    for _ in range(FAILURES_TO_OPEN * 2):
+        assert await ask(route) == "large"
+    assert small.calls == FAILURES_TO_OPEN * 2
+    assert route.routing.health("small:8k").state == "closed"
+
+
+async def test_overload_past_its_retries_counts_as_a_failure() -> None:
+    busy = Stub("busy", fails_with(503, Decision("move_on", "overloaded")))
+    route = chain(busy, Stub("calm", lambda: OK))
+    for _ in range(FAILURES_TO_OPEN * 2):
+        assert await ask(route) == "calm"
+    assert busy.calls == FAILURES_TO_OPEN
+    assert route.routing.health("busy:m").state == "open"
+
+
+async def test_when_the_only_deployment_is_open_it_is_still_tried() -> None:
+    down = Stub("down", unreachable)
+    route = chain(down)
+    for _ in range(FAILURES_TO_OPEN + 2):
+        with pytest.raises(UpstreamUnavailable):
+            await ask(route)
+    assert down.calls == FAILURES_TO_OPEN + 2
+
+
+async def test_an_answer_counts_in_flight_until_it_is_done_and_a_cancel_frees_it() -> None:
+    gate = asyncio.Event()
+    up = Stub("up", lambda: OK)
+
+    async def slow(provider: Stub, call: UpstreamCall) -> UpstreamResponse:
+        await gate.wait()
+        return await provider.chat_completion(call)
+
+    route = chain(up)
+    answer = await route.first_answer(CALL, lambda p, c: p.chat_completion(c))
+    assert route.routing.health("up:m").in_flight == 1
+    answer.done(None)
+    answer.done(None)
+    assert route.routing.health("up:m").in_flight == 0
+    waiting = asyncio.create_task(route.first_answer(CALL, slow))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert route.routing.health("up:m").in_flight == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert route.routing.health("up:m").in_flight == 0
