@@ -78,6 +78,11 @@ def no_connection() -> Iterator[int]:
     listener.close()
 
 
+# One gateway serves every test, and each test's fault is its own: a breaker opened by the faults
+# of the tests before must not decide where this one's requests go (tests/routing covers breakers).
+NO_BREAKER = "circuit_cooldown_seconds = 0.001"
+
+
 def providers_file(primary: str, backup: str, no_connection: int) -> str:
     return f"""
 [[providers]]
@@ -89,9 +94,17 @@ max_retries = 2
 connect_timeout_seconds = {CONNECT_TIMEOUT}
 first_token_timeout_seconds = {FIRST_TOKEN_TIMEOUT}
 stall_timeout_seconds = {STALL_TIMEOUT}
+{NO_BREAKER}
 
 [[providers]]
 name = "patient"   # primary's server, with the production defaults
+kind = "venice"
+base_url = "{primary}"
+api_key_env = "VENICE_API_KEY"
+{NO_BREAKER}
+
+[[providers]]
+name = "limited"   # primary's server, for the 429 whose Retry-After opens its breaker
 kind = "venice"
 base_url = "{primary}"
 api_key_env = "VENICE_API_KEY"
@@ -107,6 +120,7 @@ name = "nowhere"
 kind = "openai-compatible"
 base_url = "http://127.0.0.1:{no_connection}/v1"
 connect_timeout_seconds = {CONNECT_TIMEOUT}
+{NO_BREAKER}
 
 [[models]]
 alias = "fast"
@@ -123,6 +137,10 @@ deployments = ["primary:qwen3-5-9b", "backup:qwen3-5-9b", "backup:llama-3.3-70b"
 [[models]]
 alias = "far"
 deployments = ["nowhere:gpt-4o-mini", "backup:llama-3.3-70b"]
+
+[[models]]
+alias = "limited"
+deployments = ["limited:qwen3-5-9b", "backup:llama-3.3-70b"]
 
 [[models]]
 alias = "shared"
@@ -250,12 +268,18 @@ async def test_a_429_wait_longer_than_the_budget_moves_on_at_once(
 ) -> None:
     # Without Retry-After, Venice's 429 still says when its window resets (60 s here).
     primary.enqueue(refusal)
-    text, request_id, took = await ask(client, "fast")
+    # A Retry-After opens the deployment's breaker for that long: on a route no other test uses.
+    alias = "fast" if refusal.retry_after is None else "limited"
+    text, request_id, took = await ask(client, alias)
     assert text == BACKUP_TEXT
     assert took < 1.5, "no wait that the budget could not afford"
     assert len(chats(primary)) == 1
     assert [r.json["model"] for r in chats(backup)] == ["llama-3.3-70b"]
     assert await answered_by(gateway, request_id) == "backup:llama-3.3-70b"
+    if refusal.retry_after is not None:
+        # Its Retry-After opened the deployment's breaker for 30 s: not asked again meanwhile.
+        assert (await ask(client, alias))[0] == BACKUP_TEXT
+        assert len(chats(primary)) == 1
 
 
 async def test_a_429_without_any_hint_is_retried_after_a_backoff(
