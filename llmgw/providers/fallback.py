@@ -124,7 +124,7 @@ class FallbackChain:
                 if not left:
                     raise
             except (UpstreamUnavailable, UpstreamTimeout) as exc:
-                outcome.failed()
+                outcome.unanswered(exc)
                 reason = SILENT if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
                 left = self._still_worth_trying(left, deployment, reason)
                 if not left:

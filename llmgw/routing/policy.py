@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from llmgw.background import cancel_and_wait
+from llmgw.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import Deployment, UpstreamResponse
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision, hinted_delay
 from llmgw.routing.breaker import Breaker, State
@@ -89,6 +90,14 @@ class Attempt:
         if response.status == 429 and response.retry_after is not None:
             retry_after = hinted_delay({"retry-after": response.retry_after}, status=429)
         self.failed(retry_after)
+
+    def unanswered(self, error: UpstreamUnavailable | UpstreamTimeout) -> None:
+        """No answer came: unreachable, silent, or its key refused; a failure of the deployment,
+        unless the request was never sent (every connection to it was in use here)."""
+        if isinstance(error, UpstreamBusy):
+            self.abandoned()
+        else:
+            self.failed()
 
     def failed(self, retry_after: float | None = None) -> None:
         """The deployment could not serve it (after its retries); ``retry_after``: a 429's wait."""

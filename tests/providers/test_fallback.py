@@ -8,7 +8,7 @@ from collections.abc import Callable
 import attrs
 import pytest
 
-from llmgw.errors import UpstreamUnavailable
+from llmgw.errors import UpstreamBusy, UpstreamUnavailable
 from llmgw.provider_config import Capabilities
 from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.fallback import FallbackChain
@@ -117,6 +117,18 @@ async def test_overload_past_its_retries_counts_as_a_failure() -> None:
         assert await ask(route) == "calm"
     assert busy.calls == FAILURES_TO_OPEN
     assert route.routing.health("busy:m").state == "open"
+
+
+async def test_a_request_never_sent_for_want_of_a_connection_is_no_failure() -> None:
+    def busy() -> UpstreamResponse:
+        raise UpstreamBusy("every connection is in use")
+
+    full = Stub("full", busy)
+    route = chain(full, Stub("other", lambda: OK))
+    for _ in range(FAILURES_TO_OPEN * 2):
+        assert await ask(route) == "other"
+    assert full.calls == FAILURES_TO_OPEN * 2
+    assert route.routing.health("full:m").state == "closed"
 
 
 async def test_when_the_only_deployment_is_open_it_is_still_tried() -> None:
