@@ -220,6 +220,10 @@ def test_repeated_attributes_are_served_from_the_memo() -> None:
     assert encoder._attributes == remembered
 
 
+@pytest.mark.skipif(
+    not span_export._HAS_HELPERS,
+    reason="this exporter (before 1.45) lacks what our export relies on: the official one runs",
+)
 async def test_the_exporter_posts_our_encoding_to_a_collector(
     receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
