@@ -367,6 +367,15 @@ class GatewayProcess:
     def billing_records(self) -> list[dict[str, Any]]:
         return [r for r in self.records() if r.get("event") == "venice.billing"]
 
+    def watched(self, secret_scanner: Any, name: str) -> Iterator[GatewayProcess]:
+        """A gateway shared by a module's tests, yielded to one of them; after it, the process is
+        alive and its log has no new traceback or error line and no secret."""
+        before = len(self.problems())
+        yield self
+        assert self.process.poll() is None, "the gateway process died"
+        assert self.problems()[before:] == []
+        secret_scanner.scan_text(self.log_text(), name)
+
     def problems(self, *allowed: str) -> list[str]:
         """Lines that are not JSON, carry a traceback, or are errors (minus ``allowed`` texts)."""
         found = []

@@ -85,12 +85,7 @@ def served(
 @pytest.fixture
 def gateway(served: tuple[GatewayProcess, str], secret_scanner: Any) -> Iterator[GatewayProcess]:
     """The shared gateway; after each test its log has no traceback and no error line."""
-    process = served[0]
-    before = len(process.problems())
-    yield process
-    assert process.process.poll() is None, "the gateway process died"
-    assert process.problems()[before:] == []
-    secret_scanner.scan_text(process.log_text(), "the faults gateway's log")
+    yield from served[0].watched(secret_scanner, "the faults gateway's log")
 
 
 @pytest.fixture
