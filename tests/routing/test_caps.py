@@ -15,7 +15,11 @@ MINUTE_START = 1_000_020.0
 
 def body(max_tokens: int) -> bytes:
     return orjson.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], "max_tokens": max_tokens}
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x" * 40}],
+            "max_tokens": max_tokens,
+        }
     )
 
 
