@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import re
 import subprocess
 import sys
@@ -857,3 +859,85 @@ def test_a_bad_strategy_weight_or_cooldown_names_its_entry(
     with pytest.raises(ProviderConfigError) as raised:
         load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
     assert message in str(raised.value)
+
+
+# Provider account caps (issue 19, item 7) --------------------------------------------------------
+
+
+def pin_minute(gateways: list[Gateway]) -> float:
+    """Every gateway counts in one minute of this test's own (counters outlive a test in the
+    database), 1 s after it starts; returns that start."""
+    start = (math.floor(time.time() / 60) + random.randint(1, 10**6)) * 60.0
+    for gateway in gateways:
+        gateway.server.app[app_keys.PROVIDERS].routing.caps.clock = lambda: start + 1
+    return start
+
+
+def capped(fake_venice: FakeVenice, fake_openai: FakeOpenAI, **openai_caps: int) -> str:
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY", rpm=2)
+    toml += provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY", **openai_caps)  # fmt: skip
+    return toml + alias("capped", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    replicas: int,
+) -> None:
+    """Venice's account takes 2 requests a minute: the third goes to the next deployment, and
+    Venice sees exactly 2, whichever replica (on one Postgres) serves each request."""
+    overrides = providers_settings(tmp_path, capped(fake_venice, fake_openai), **KEYS)
+    gateways: list[Gateway] = [await start_gateway(**overrides) for _ in range(replicas)]
+    pin_minute(gateways)
+    key = await gateways[0].create_key(name="caps")
+    clients = [gateway.client(key) for gateway in gateways]
+
+    answers = [await answer(clients[i % replicas], "capped", stream=i == 2) for i in range(3)]
+    assert answers == [VENICE_TEXT, VENICE_TEXT, OPENAI_TEXT]
+    assert len(fake_venice.received) == 2
+    assert len(fake_openai.calls("/v1/chat/completions")) == 1
+    *_, third = [
+        s for s in gateways[2 % replicas].telemetry.finished_spans() if s.name == "chat capped"
+    ]
+    span = dict(third.attributes)
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == (
+        "openai:gpt-4o-mini",
+        1,
+    ), "a capped deployment is not tried: nothing was sent to it"
+
+
+async def test_when_every_provider_is_at_its_cap_the_caller_gets_429_with_retry_after(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    toml = capped(fake_venice, fake_openai, rpm=1)
+    gateway, client = await start(start_gateway, tmp_path, toml)
+    pin_minute([gateway])
+    key = await gateway.create_key(name="capped-out")
+    client = gateway.client(key)
+    for _ in range(3):
+        await answer(client, "capped", stream=False)
+
+    # Chat completions, streamed or not: OpenAI's error shape.
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError) as refused:
+            await answer(client, "capped", stream=stream)
+        assert refused.value.response.headers["Retry-After"] == "59"
+        assert refused.value.code == "provider_capacity_exceeded"
+        assert "account limit" in refused.value.message
+    # Anthropic Messages: Anthropic's.
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gateway.url("/v1/messages"),
+            json={"model": "capped", "max_tokens": 16, "messages": MESSAGES},
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        ) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "59"
+            document = await response.json()
+    assert document["type"] == "error"
+    assert document["error"]["type"] == "rate_limit_error"
+    assert len([r for r in fake_venice.received if r.path.endswith("/chat/completions")]) == 2
+    assert len(fake_openai.calls("/v1/chat/completions")) == 1

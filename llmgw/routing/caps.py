@@ -50,7 +50,7 @@ class AccountCap:
 
 class ProviderCaps:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
+        self.clock = clock  # which minute a request counts in
         self._caps: dict[str, AccountCap] = {}
         self._store: LimitStore | None = None
         self._default_max_output = 4096
@@ -72,7 +72,7 @@ class ProviderCaps:
         """Count one request with ``body`` on the provider's caps. None: it fits, send it; else
         the seconds until the minute that is full ends (nothing was counted)."""
         assert self._store is not None
-        now = self._clock()
+        now = self.clock()
         minute = math.floor(now / _MINUTE) * _MINUTE
         reservations = []
         if cap.rpm is not None:
