@@ -823,7 +823,14 @@ def test_strategies_weights_and_cooldowns_are_read_from_the_file(tmp_path: Path)
     path = tmp_path / "llmgw.toml"
     path.write_text(
         provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
-        + provider("local", "openai-compatible", "http://x/v1", circuit_cooldown_seconds=5)
+        + provider(
+            "local",
+            "openai-compatible",
+            "http://x/v1",
+            circuit_cooldown_seconds=5,
+            rpm=60,
+            tpm=90000,
+        )
         + alias("w", "venice:a", "local:b")
         + 'strategy = "weighted"\nweights = [3, 1]\n'
         + alias("busy", "venice:a", "local:b")
@@ -832,6 +839,7 @@ def test_strategies_weights_and_cooldowns_are_read_from_the_file(tmp_path: Path)
     )
     settings = load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
     assert [p.circuit_cooldown_seconds for p in settings.providers] == [30.0, 5.0]
+    assert [(p.rpm, p.tpm) for p in settings.providers] == [(None, None), (60, 90000)]
     assert [a.strategy for a in settings.model_aliases] == [
         Strategy("weighted", (3.0, 1.0)),
         Strategy("least-busy"),
@@ -847,6 +855,8 @@ BAD_ROUTING = [
     (alias("f", "venice:a", "venice:b") + 'strategy = "weighted"\nweights = [0, 0]\n', "models[0].weights: at least one weight must be more than 0"),
     (alias("f", "venice:a") + "weights = [1]\n", 'models[0].weights: weights go with strategy = "weighted"'),
     (provider("o", "openai-compatible", "http://x/v1", circuit_cooldown_seconds=0), "providers[1].circuit_cooldown_seconds: expected a number of seconds, more than 0"),
+    (provider("o", "openai-compatible", "http://x/v1", rpm=0), "providers[1].rpm: expected a whole number per minute, at least 1, got 0"),
+    (provider("o", "openai-compatible", "http://x/v1", tpm=1.5), "providers[1].tpm: expected an integer, got 1.5"),
 ]  # fmt: skip
 
 
@@ -864,13 +874,12 @@ def test_a_bad_strategy_weight_or_cooldown_names_its_entry(
 # Provider account caps (issue 19, item 7) --------------------------------------------------------
 
 
-def pin_minute(gateways: list[Gateway]) -> float:
+def pin_minute(gateways: list[Gateway]) -> None:
     """Every gateway counts in one minute of this test's own (counters outlive a test in the
-    database), 1 s after it starts; returns that start."""
+    database), 1 s after it starts."""
     start = (math.floor(time.time() / 60) + random.randint(1, 10**6)) * 60.0
     for gateway in gateways:
         gateway.server.app[app_keys.PROVIDERS].routing.caps.clock = lambda: start + 1
-    return start
 
 
 def capped(fake_venice: FakeVenice, fake_openai: FakeOpenAI, **openai_caps: int) -> str:
@@ -912,8 +921,8 @@ async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next
 async def test_when_every_provider_is_at_its_cap_the_caller_gets_429_with_retry_after(
     start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
 ) -> None:
-    toml = capped(fake_venice, fake_openai, rpm=1)
-    gateway, client = await start(start_gateway, tmp_path, toml)
+    overrides = providers_settings(tmp_path, capped(fake_venice, fake_openai, rpm=1), **KEYS)
+    gateway: Gateway = await start_gateway(**overrides)
     pin_minute([gateway])
     key = await gateway.create_key(name="capped-out")
     client = gateway.client(key)
