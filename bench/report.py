@@ -128,7 +128,9 @@ def _error_check(targets: Sequence[TargetResult]) -> Check:
 
 def _routing_cpu(gateway: TargetResult, routed: ScenarioResult) -> float | None:
     """A routed scenario's proxy CPU per request over the direct one's (same requests)."""
-    direct = _figure(gateway, DIRECT, lambda r: r.proxy_cpu_us_per_request)
+    direct = next(
+        (r.proxy_cpu_us_per_request for r in gateway.routing if r.scenario == DIRECT), None
+    )
     return _ratio(routed.proxy_cpu_us_per_request, direct)
 
 
@@ -137,7 +139,7 @@ def _routing_checks(gateway: TargetResult) -> list[Check]:
     (the capped alias is reported, not checked: its store round trip is what caps cost)."""
     checks = []
     for routed in gateway.routing:
-        if routed.scenario == ROUTED_CAPPED:
+        if routed.scenario in (DIRECT, ROUTED_CAPPED):
             continue
         ratio = _routing_cpu(gateway, routed)
         shown = f"{_fmt(ratio)}x ({_fmt(routed.proxy_cpu_us_per_request, 0)} µs)"
@@ -339,8 +341,7 @@ def _headline_row(
 
 def _routing(result: BenchResult) -> list[str]:
     gateway = _by_name(result.targets).get("llmgw")
-    direct = None if gateway is None else gateway.scenario(DIRECT)
-    if gateway is None or direct is None or not gateway.routing:
+    if gateway is None or not gateway.routing:
         return []
     header = (
         "requests",
@@ -352,14 +353,14 @@ def _routing(result: BenchResult) -> list[str]:
     )
     rows = [
         [
-            f"{r.scenario} ({'direct' if r is direct else 'alias'})",
+            r.scenario,
             f"{r.requests_per_second:.0f}",
             _fmt(_latency_p50(r)),
             _fmt(r.proxy_cpu_us_per_request, 0),
             _fmt(_routing_cpu(gateway, r), 2, "x"),
             f"{_fmt(r.db_hot_path_round_trips_per_request)} / {_fmt(r.db_statements_per_request)}",
         ]
-        for r in (direct, *gateway.routing)
+        for r in gateway.routing
     ]
     return ["## Routing on the healthy path: llmgw, same run", "", *_table(rows, header), ""]
 

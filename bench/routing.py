@@ -1,5 +1,6 @@
 """Routing on the healthy path (issue 19, acceptance 5): the same requests as ``json-c64``, sent
-through model aliases of two deployments, measured by the same gateway in the same run.
+direct (the upstream's model) and through model aliases of two deployments, one after the other
+by the same gateway process, so that drift between them is as small as it gets:
 
 - ``alias-ordered``: the first deployment answers (``strategy = "ordered"``);
 - ``alias-weighted``: one drawn by weight (``strategy = "weighted"``, 1:1);
@@ -19,11 +20,12 @@ from bench.results import Scenario
 
 __all__ = ["DIRECT", "ROUTED_CAPPED", "providers_file", "scenarios"]
 
-DIRECT = "json-c64"  # the direct scenario the routed ones are compared with
+DIRECT = "direct-c64"  # the scenario the routed ones are compared with
 ROUTED_CAPPED = "alias-capped-c64"
 _CONCURRENCY = 64
 
 _ALIASES = (
+    (DIRECT, MODEL, "the upstream's model, no alias, c=64"),
     ("alias-ordered-c64", "bench-ordered", "alias of two deployments, ordered, c=64"),
     ("alias-weighted-c64", "bench-weighted", "alias of two deployments, weighted 1:1, c=64"),
     (ROUTED_CAPPED, "bench-capped", "alias whose first provider has rpm / tpm caps, c=64"),
