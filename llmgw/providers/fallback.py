@@ -112,8 +112,13 @@ class FallbackChain:
             sent, omitted = call.for_deployment(deployment)
             cap = self.routing.caps.of(deployment.provider.name)
             if cap is not None:
-                wait = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
+                try:
+                    wait = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
+                except BaseException:
+                    self.routing.not_sent(deployment)
+                    raise
                 if wait is not None:
+                    self.routing.not_sent(deployment)  # no failure of the deployment's
                     capped_for = wait if capped_for is None else min(capped_for, wait)
                     log.info(
                         "deployment %s skipped: its provider is at its account cap for %.0f s; %s",

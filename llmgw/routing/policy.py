@@ -208,6 +208,14 @@ class RoutingPolicy:
         self._in_flight[label] = self._in_flight.get(label, 0) + 1
         return Attempt(self, label, probe, self._monotonic())
 
+    def not_sent(self, deployment: Deployment) -> None:
+        """``deployment`` was planned but is not sent the request (its provider is at its account
+        cap, or the cap could not be counted): the probe it may have been planned as is given
+        back, so a half-open breaker is probed by a later request."""
+        breaker = self._breakers.get(deployment.label)
+        if breaker is not None and breaker.probing:
+            breaker.release_probe()
+
     # Outcomes -----------------------------------------------------------------------------------
 
     def _breaker(self, label: str) -> Breaker:

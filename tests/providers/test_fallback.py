@@ -204,3 +204,26 @@ async def test_a_failure_followed_only_by_capped_deployments_reaches_the_caller(
     with pytest.raises(UpstreamUnavailable):
         await ask(route)
     assert (down.calls, capped.calls) == (2, 1)
+
+
+async def test_a_half_open_deployment_skipped_at_its_cap_is_probed_by_a_later_request() -> None:
+    now = [1_000_030.0]  # 10 s into a minute
+    down = Stub("flaky", unreachable)
+    up = Stub("up", lambda: OK)
+    routing = RoutingPolicy(clock=lambda: now[0], monotonic=lambda: now[0])
+    route = FallbackChain(
+        [Deployment(down, "m"), Deployment(up, "m")],  # type: ignore[arg-type]
+        routing=routing,
+    )
+    routing.configure({"flaky": 5.0}, {"flaky": AccountCap(rpm=FAILURES_TO_OPEN)})
+    routing.caps.use(MemoryLimitStore(clock=lambda: now[0]), default_max_output_tokens=16)
+    for _ in range(FAILURES_TO_OPEN):  # its whole minute's requests, each a failure: it opens
+        assert await ask(route) == "up"
+    assert routing.health("flaky:m").state == "open"
+    now[0] += 10  # past its cooldown: half-open, and its provider still at its cap
+    assert await ask(route) == "up"
+    assert down.calls == FAILURES_TO_OPEN, "a capped deployment was sent the request"
+    down.answer = lambda: OK
+    now[0] += 40  # the next minute: the probe goes to it, and it answers
+    assert await ask(route) == "flaky"
+    assert routing.health("flaky:m").state == "closed"
