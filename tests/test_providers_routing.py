@@ -888,6 +888,7 @@ def capped(fake_venice: FakeVenice, fake_openai: FakeOpenAI, **openai_caps: int)
     return toml + alias("capped", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
 
 
+@pytest.mark.parametrize("backend", HEALTH_BACKENDS)
 @pytest.mark.parametrize("replicas", [1, 2])
 async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next(
     start_gateway: Any,
@@ -895,10 +896,13 @@ async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next
     fake_openai: FakeOpenAI,
     fake_venice: FakeVenice,
     replicas: int,
+    backend: str,
 ) -> None:
     """Venice's account takes 2 requests a minute: the third goes to the next deployment, and
-    Venice sees exactly 2, whichever replica (on one Postgres) serves each request."""
+    Venice sees exactly 2, whichever replica (on one Postgres, or one Redis) serves each request."""
     overrides = providers_settings(tmp_path, capped(fake_venice, fake_openai), **KEYS)
+    if backend == "redis":
+        overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
     gateways: list[Gateway] = [await start_gateway(**overrides) for _ in range(replicas)]
     pin_minute(gateways)
     key = await gateways[0].create_key(name="caps")
