@@ -269,6 +269,7 @@ class Lab:
             concurrency=scenario.concurrency,
             requests=scenario.requests,
             warmup=scenario.warmup,
+            model=scenario.model,
         )
         load = self.runner.run(run_load(spec, mark))
         before, after = readings

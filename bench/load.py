@@ -24,9 +24,9 @@ _DONE = b"data: [DONE]"
 _MAX_ERROR_SAMPLES = 5
 
 
-def chat_body(stream: bool) -> bytes:
+def chat_body(stream: bool, model: str = MODEL) -> bytes:
     body: dict[str, object] = {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
     }
     if stream:
@@ -43,6 +43,7 @@ class LoadSpec:
     requests: int
     warmup: int = 0
     timeout_seconds: float = 30.0
+    model: str = MODEL  # a model alias routes through the gateway's routing policy
 
 
 @attrs.frozen
@@ -167,7 +168,7 @@ async def run_load(spec: LoadSpec, mark: Callable[[], Awaitable[None]] | None = 
     headers = {"Content-Type": "application/json"}
     if spec.token is not None:
         headers["Authorization"] = f"Bearer {spec.token}"
-    request = _Request(spec.url, chat_body(spec.stream), headers, spec.stream)
+    request = _Request(spec.url, chat_body(spec.stream, spec.model), headers, spec.stream)
     connector = aiohttp.TCPConnector(limit=spec.concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=spec.timeout_seconds)
     async with aiohttp.ClientSession(

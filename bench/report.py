@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bench.results import BenchResult, Check, MemoryRun, Scenario, ScenarioResult, TargetResult
+from bench.routing import DIRECT, ROUTED_CAPPED
 
 __all__ = ["evaluate", "markdown"]
 
@@ -12,6 +13,9 @@ _RSS_LIMIT_MIB = 80.0
 _RSS_GROWTH_LIMIT_MIB = 5.0
 _STARTUP_LIMIT_S = 2.0
 _MEMORY_TARGET_REQUESTS = 50_000
+# Routing on the healthy path costs no CPU "within noise": what two measurements of the same
+# requests by one process differ by on this machine.
+_ROUTING_NOISE = 1.10
 
 _Figure = Callable[[ScenarioResult], float | None]
 
@@ -118,8 +122,30 @@ def _postgres_cpu_check(gateway: TargetResult) -> Check:
 
 
 def _error_check(targets: Sequence[TargetResult]) -> Check:
-    errors = sum(r.errors for t in targets for r in t.scenarios)
+    errors = sum(r.errors for t in targets for r in (*t.scenarios, *t.routing))
     return Check("no failed requests in any scenario", "0", str(errors), errors == 0)
+
+
+def _routing_cpu(gateway: TargetResult, routed: ScenarioResult) -> float | None:
+    """A routed scenario's proxy CPU per request over the direct one's (same requests)."""
+    direct = next(
+        (r.proxy_cpu_us_per_request for r in gateway.routing if r.scenario == DIRECT), None
+    )
+    return _ratio(routed.proxy_cpu_us_per_request, direct)
+
+
+def _routing_checks(gateway: TargetResult) -> list[Check]:
+    """Acceptance 5 of issue 19: routing adds no measurable CPU per request on the healthy path
+    (the capped alias is reported, not checked: its store round trip is what caps cost)."""
+    checks = []
+    for routed in gateway.routing:
+        if routed.scenario in (DIRECT, ROUTED_CAPPED):
+            continue
+        ratio = _routing_cpu(gateway, routed)
+        shown = f"{_fmt(ratio)}x ({_fmt(routed.proxy_cpu_us_per_request, 0)} µs)"
+        title = f"{routed.scenario}: gateway CPU/request vs direct ({DIRECT})"
+        checks.append(_at_most(title, f"<= {_ROUTING_NOISE}x", ratio, _ROUTING_NOISE, shown))
+    return checks
 
 
 def _memory_checks(memory: MemoryRun | None) -> list[Check]:
@@ -189,6 +215,7 @@ def evaluate(
     if baseline is None or floor is None or gateway is None:
         return [Check("all targets", "baseline, floor and llmgw measured", "missing", False)]
     checks = _gateway_checks(gateway, floor, baseline)
+    checks += _routing_checks(gateway)
     checks += _memory_checks(memory)
     checks.append(_startup_check(gateway, external_database))
     redis = by_name.get("llmgw-redis")
@@ -312,6 +339,32 @@ def _headline_row(
     ]
 
 
+def _routing(result: BenchResult) -> list[str]:
+    gateway = _by_name(result.targets).get("llmgw")
+    if gateway is None or not gateway.routing:
+        return []
+    header = (
+        "requests",
+        "req/s",
+        "p50 ms",
+        "proxy CPU µs/req",
+        "CPU ÷ direct",
+        "DB round trips / stmts per req",
+    )
+    rows = [
+        [
+            r.scenario,
+            f"{r.requests_per_second:.0f}",
+            _fmt(_latency_p50(r)),
+            _fmt(r.proxy_cpu_us_per_request, 0),
+            _fmt(_routing_cpu(gateway, r), 2, "x"),
+            f"{_fmt(r.db_hot_path_round_trips_per_request)} / {_fmt(r.db_statements_per_request)}",
+        ]
+        for r in gateway.routing
+    ]
+    return ["## Routing on the healthy path: llmgw, same run", "", *_table(rows, header), ""]
+
+
 def _checks(checks: Sequence[Check]) -> list[str]:
     verdict = {True: "PASS", False: "**FAIL**", None: "not checked"}
     rows = [[c.target, c.limit, c.measured, verdict[c.passed], c.note] for c in checks]
@@ -394,6 +447,7 @@ def markdown(result: BenchResult, scenarios: Sequence[Scenario]) -> str:
         "",
         *_scenario_tables(result, scenarios),
         *_headline(result, scenarios),
+        *_routing(result),
         *_checks(result.checks),
         *_memory(result.memory),
         *_target_notes(result),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from bench.load import Percentiles
+from bench.load import MODEL, Percentiles
 
 __all__ = [
     "BenchResult",
@@ -25,6 +25,7 @@ class Scenario:
     concurrency: int
     requests: int
     warmup: int
+    model: str = MODEL  # what the requests ask for: the upstream's model, or an alias
 
 
 @attrs.frozen
@@ -72,6 +73,8 @@ class TargetResult:
     peak_rss_mib: float | None = None
     notes: tuple[str, ...] = ()
     skipped: str | None = None
+    # Through model aliases (bench.routing), measured next to the direct scenarios in one run.
+    routing: tuple[ScenarioResult, ...] = ()
 
     def scenario(self, name: str) -> ScenarioResult | None:
         return next((result for result in self.scenarios if result.scenario == name), None)

@@ -31,6 +31,7 @@ from types import FrameType
 import attrs
 import orjson
 
+from bench import routing
 from bench.lab import PROVIDER_KEY, REPO_ROOT, Lab, SetupError
 from bench.load import LoadSpec
 from bench.procstat import memory
@@ -61,6 +62,7 @@ class Plan:
     long_run_concurrency: int
     budget_seconds: float  # the whole run, setup included
     quick: bool
+    routing: tuple[Scenario, ...]  # through aliases, on the llmgw target only (bench.routing)
     # On a shared machine: measure a scenario again (up to this often) while other processes
     # used more than DISTURBED of the machine, and keep the least disturbed measurement.
     retries_if_disturbed: int = 0
@@ -74,12 +76,21 @@ class Plan:
             64,
             280,
             False,
+            routing.scenarios(10_000, 1000),
             retries_if_disturbed=2,
         )
 
     @classmethod
     def quick_plan(cls) -> Plan:
-        return cls(_scenarios(40, 10, 256, 64, 20, 5, 192, 64), 512, 4, 64, 55, True)
+        return cls(
+            _scenarios(40, 10, 256, 64, 20, 5, 192, 64),
+            512,
+            4,
+            64,
+            55,
+            True,
+            routing.scenarios(256, 64),
+        )
 
 
 def _scenarios(*counts: int) -> tuple[Scenario, ...]:
@@ -128,10 +139,15 @@ class _Bench:
         _progress(self.started, message)
 
     def scenarios(
-        self, name: str, url: str, token: str, proxy: Child | None
+        self,
+        name: str,
+        url: str,
+        token: str,
+        proxy: Child | None,
+        scenarios: Sequence[Scenario] | None = None,
     ) -> tuple[ScenarioResult, ...]:
         results = []
-        for scenario in self.plan.scenarios:
+        for scenario in self.plan.scenarios if scenarios is None else scenarios:
             if proxy is not None and not proxy.alive():
                 self.progress(
                     f"{name} exited (status {proxy.process.returncode}): scenarios left out"
@@ -190,7 +206,10 @@ class _Bench:
             return TargetResult(
                 name, description, skipped="no Redis answers on 127.0.0.1:6379"
             ), None
-        env = {"RATE_LIMIT_BACKEND": backend}
+        env = {
+            "RATE_LIMIT_BACKEND": backend,
+            "LLMGW_CONFIG": str(routing.providers_file(self.lab.tmp, self.lab.upstream_url)),
+        }
         if backend == "redis":
             env["REDIS_URL"] = self.lab.redis_url
         try:
@@ -204,8 +223,16 @@ class _Bench:
         try:
             at_start = memory(child.pid)
             results = self.scenarios(name, url, self.lab.token, child)
+            routed = (
+                # Right after the direct ones, by the same process: their ratio is the cost.
+                self.scenarios(name, url, self.lab.token, child, self.plan.routing)
+                if name == "llmgw"
+                else ()
+            )
             alive = child.alive()
-            memory_run = self.memory_run(child, url, results) if long_run and alive else None
+            memory_run = (
+                self.memory_run(child, url, (*results, *routed)) if long_run and alive else None
+            )
             peak = memory(child.pid)
             exit_status = child.process.poll()
         finally:
@@ -225,6 +252,7 @@ class _Bench:
                 startup_rss_mib=None if at_start is None else at_start.rss_mib,
                 peak_rss_mib=None if peak is None else peak.peak_rss_mib,
                 notes=notes,
+                routing=routed,
             ),
             memory_run,
         )
@@ -251,7 +279,8 @@ class _Bench:
             f"llmgw long run: {per_segment * segments} requests, RSS {samples[-1].rss_mib:.1f} MiB"
         )
         end = memory(child.pid)
-        earlier = sum(r.requests for r in results) + sum(s.warmup for s in self.plan.scenarios)
+        warmups = {s.name: s.warmup for s in (*self.plan.scenarios, *self.plan.routing)}
+        earlier = sum(r.requests + warmups[r.scenario] for r in results)
         return MemoryRun(
             requests_planned=planned,
             requests_done=per_segment * segments,

@@ -23,6 +23,10 @@
                                      # (a broken stream is finished that way); default false
     circuit_cooldown_seconds = 30    # optional: how long a deployment that keeps failing is
                                      #   skipped (doubles while it keeps failing, up to 300 s)
+    rpm = 500                        # optional: the account's requests per minute, and
+    tpm = 200000                     #   tokens per minute (a request's worst case), counted
+                                     #   across replicas; a deployment of a provider at its
+                                     #   cap is skipped (llmgw.routing.caps); default: no cap
     input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
     output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
@@ -161,6 +165,8 @@ class ProviderSpec:
     input_usd_per_mtok: float | None = None  # both or neither
     output_usd_per_mtok: float | None = None
     circuit_cooldown_seconds: float = 30.0  # a deployment that keeps failing is skipped this long
+    rpm: int | None = None  # the account's requests per minute, across replicas; None: no cap
+    tpm: int | None = None  # its tokens per minute (a request's worst case); None: no cap
     capabilities: Capabilities = attrs.field(
         default=attrs.Factory(_default_capabilities, takes_self=True)
     )
@@ -334,6 +340,7 @@ class _Parser:
                 f"{where}.circuit_cooldown_seconds",
                 f"expected a number of seconds, more than 0 and at most 86400, got {_show(cooldown)}",
             )
+        rpm, tpm = (self.per_minute(table, where, key) for key in ("rpm", "tpm"))
         headers = self.optional(table, where, "headers", dict) or {}
         for header, value in headers.items():
             if not isinstance(value, str):
@@ -364,6 +371,8 @@ class _Parser:
             input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
             output_usd_per_mtok=None if prices[1] is None else float(prices[1]),
             circuit_cooldown_seconds=30.0 if cooldown is None else float(cooldown),
+            rpm=rpm,
+            tpm=tpm,
             capabilities=capabilities,
         )
 
@@ -424,6 +433,15 @@ class _Parser:
         if value is not None and not 0 < value < float("inf"):
             self.fail(f"{where}.{key}", f"expected a positive number, got {_show(value)}")
         return None if value is None else float(value)
+
+    def per_minute(self, table: dict[str, Any], where: str, key: str) -> int | None:
+        value: int | None = self.optional(table, where, key, int)
+        if value is not None and value < 1:
+            self.fail(
+                f"{where}.{key}",
+                f"expected a whole number per minute, at least 1, got {_show(value)}",
+            )
+        return value
 
     def name(self, table: dict[str, Any], where: str, key: str) -> str:
         value: str = self.required(table, where, key, str)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import re
 import subprocess
 import sys
@@ -821,7 +823,14 @@ def test_strategies_weights_and_cooldowns_are_read_from_the_file(tmp_path: Path)
     path = tmp_path / "llmgw.toml"
     path.write_text(
         provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
-        + provider("local", "openai-compatible", "http://x/v1", circuit_cooldown_seconds=5)
+        + provider(
+            "local",
+            "openai-compatible",
+            "http://x/v1",
+            circuit_cooldown_seconds=5,
+            rpm=60,
+            tpm=90000,
+        )
         + alias("w", "venice:a", "local:b")
         + 'strategy = "weighted"\nweights = [3, 1]\n'
         + alias("busy", "venice:a", "local:b")
@@ -830,6 +839,7 @@ def test_strategies_weights_and_cooldowns_are_read_from_the_file(tmp_path: Path)
     )
     settings = load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
     assert [p.circuit_cooldown_seconds for p in settings.providers] == [30.0, 5.0]
+    assert [(p.rpm, p.tpm) for p in settings.providers] == [(None, None), (60, 90000)]
     assert [a.strategy for a in settings.model_aliases] == [
         Strategy("weighted", (3.0, 1.0)),
         Strategy("least-busy"),
@@ -845,6 +855,8 @@ BAD_ROUTING = [
     (alias("f", "venice:a", "venice:b") + 'strategy = "weighted"\nweights = [0, 0]\n', "models[0].weights: at least one weight must be more than 0"),
     (alias("f", "venice:a") + "weights = [1]\n", 'models[0].weights: weights go with strategy = "weighted"'),
     (provider("o", "openai-compatible", "http://x/v1", circuit_cooldown_seconds=0), "providers[1].circuit_cooldown_seconds: expected a number of seconds, more than 0"),
+    (provider("o", "openai-compatible", "http://x/v1", rpm=0), "providers[1].rpm: expected a whole number per minute, at least 1, got 0"),
+    (provider("o", "openai-compatible", "http://x/v1", tpm=1.5), "providers[1].tpm: expected an integer, got 1.5"),
 ]  # fmt: skip
 
 
@@ -857,3 +869,88 @@ def test_a_bad_strategy_weight_or_cooldown_names_its_entry(
     with pytest.raises(ProviderConfigError) as raised:
         load_settings({"LLMGW_CONFIG": str(path), "VENICE_API_KEY": "k"})
     assert message in str(raised.value)
+
+
+# Provider account caps (issue 19, item 7) --------------------------------------------------------
+
+
+def pin_minute(gateways: list[Gateway]) -> None:
+    """Every gateway counts in one minute of this test's own (counters outlive a test in the
+    database), 1 s after it starts."""
+    start = (math.floor(time.time() / 60) + random.randint(1, 10**6)) * 60.0
+    for gateway in gateways:
+        gateway.server.app[app_keys.PROVIDERS].routing.caps.clock = lambda: start + 1
+
+
+def capped(fake_venice: FakeVenice, fake_openai: FakeOpenAI, **openai_caps: int) -> str:
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY", rpm=2)
+    toml += provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY", **openai_caps)  # fmt: skip
+    return toml + alias("capped", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+
+
+@pytest.mark.parametrize("backend", HEALTH_BACKENDS)
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    replicas: int,
+    backend: str,
+) -> None:
+    """Venice's account takes 2 requests a minute: the third goes to the next deployment, and
+    Venice sees exactly 2, whichever replica (on one Postgres, or one Redis) serves each request."""
+    overrides = providers_settings(tmp_path, capped(fake_venice, fake_openai), **KEYS)
+    if backend == "redis":
+        overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
+    gateways: list[Gateway] = [await start_gateway(**overrides) for _ in range(replicas)]
+    pin_minute(gateways)
+    key = await gateways[0].create_key(name="caps")
+    clients = [gateway.client(key) for gateway in gateways]
+
+    answers = [await answer(clients[i % replicas], "capped", stream=i == 2) for i in range(3)]
+    assert answers == [VENICE_TEXT, VENICE_TEXT, OPENAI_TEXT]
+    assert len(fake_venice.received) == 2
+    assert len(fake_openai.calls("/v1/chat/completions")) == 1
+    *_, third = [
+        s for s in gateways[2 % replicas].telemetry.finished_spans() if s.name == "chat capped"
+    ]
+    span = dict(third.attributes)
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == (
+        "openai:gpt-4o-mini",
+        1,
+    ), "a capped deployment is not tried: nothing was sent to it"
+
+
+async def test_when_every_provider_is_at_its_cap_the_caller_gets_429_with_retry_after(
+    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+) -> None:
+    overrides = providers_settings(tmp_path, capped(fake_venice, fake_openai, rpm=1), **KEYS)
+    gateway: Gateway = await start_gateway(**overrides)
+    pin_minute([gateway])
+    key = await gateway.create_key(name="capped-out")
+    client = gateway.client(key)
+    for _ in range(3):
+        await answer(client, "capped", stream=False)
+
+    # Chat completions, streamed or not: OpenAI's error shape.
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError) as refused:
+            await answer(client, "capped", stream=stream)
+        assert refused.value.response.headers["Retry-After"] == "59"
+        assert refused.value.code == "provider_capacity_exceeded"
+        assert "account limit" in refused.value.message
+    # Anthropic Messages: Anthropic's.
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gateway.url("/v1/messages"),
+            json={"model": "capped", "max_tokens": 16, "messages": MESSAGES},
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        ) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "59"
+            document = await response.json()
+    assert document["type"] == "error"
+    assert document["error"]["type"] == "rate_limit_error"
+    assert len([r for r in fake_venice.received if r.path.endswith("/chat/completions")]) == 2
+    assert len(fake_openai.calls("/v1/chat/completions")) == 1

@@ -6,6 +6,8 @@ strategy) and is told how each attempt went. Each deployment is sent its own mod
 ``Capabilities``), and retries as ``retry.decide`` says; when that says "move on" (overload past its
 retries, a rate limit longer than the budget, a context window too small, silence) or the provider
 cannot be reached, the next one is tried. Any other answer (a 400, a 404, a success) is final.
+A deployment whose provider is at its account cap (``rpm`` / ``tpm``) is moved on from as from a
+429, without being sent anything; when every one is, the caller gets a 429 with Retry-After.
 
 Within one request a provider that stayed silent is not asked again, nor a model whose context
 window the request exceeded; and every deployment but the last must begin to answer within an even
@@ -18,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import attrs
 
-from llmgw.errors import UpstreamTimeout, UpstreamUnavailable
+from llmgw.errors import RateLimited, UpstreamTimeout, UpstreamUnavailable
 from llmgw.provider_config import Capabilities
 from llmgw.providers.base import (
     ChatStream,
@@ -102,12 +105,31 @@ class FallbackChain:
         loop = asyncio.get_running_loop()
         left = self.routing.plan(self.deployments, self.strategy)
         tried = 0
+        failure: BaseException | None = None  # the last attempt's, when only capped ones followed
+        capped_for: float | None = None  # the soonest a capped provider takes requests again
         while left:
             deployment, *left = left
+            sent, omitted = call.for_deployment(deployment)
+            cap = self.routing.caps.of(deployment.provider.name)
+            if cap is not None:
+                try:
+                    wait = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
+                except BaseException:
+                    self.routing.not_sent(deployment)
+                    raise
+                if wait is not None:
+                    self.routing.not_sent(deployment)  # no failure of the deployment's
+                    capped_for = wait if capped_for is None else min(capped_for, wait)
+                    log.info(
+                        "deployment %s skipped: its provider is at its account cap for %.0f s; %s",
+                        deployment.label,
+                        wait,
+                        f"moving on to {left[0].label}" if left else "no deployment left to try",
+                    )
+                    continue
             tried += 1
             if call.on_deployment is not None:
                 call.on_deployment(deployment, tried)
-            sent, omitted = call.for_deployment(deployment)
             if left:
                 now = loop.time()
                 share = (call.deadline - now) / (len(left) + 1)
@@ -123,19 +145,31 @@ class FallbackChain:
                 left = self._still_worth_trying(left, deployment, decision.reason)
                 if not left:
                     raise
+                failure = exc
             except (UpstreamUnavailable, UpstreamTimeout) as exc:
                 outcome.unanswered(exc)
                 reason = SILENT if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
                 left = self._still_worth_trying(left, deployment, reason)
                 if not left:
                     raise
+                failure = exc
             except BaseException:
                 outcome.abandoned()
                 raise
             else:
                 outcome.answered()
                 return Answer(deployment, tried, result, omitted, outcome.done)
-        raise AssertionError("unreachable: the last deployment returns or raises")
+        # Every deployment left was at its provider's cap.
+        if failure is not None:
+            raise failure  # what the last one sent to said: the caller's truest answer
+        assert capped_for is not None
+        retry_after = max(1, math.ceil(capped_for))
+        raise RateLimited(
+            f"Every deployment of model {call.model or self.deployments[0].model!r} is at its "
+            f"provider's account limit (rpm / tpm set by the operator); retry in {retry_after}s.",
+            code="provider_capacity_exceeded",
+            headers={"Retry-After": str(retry_after)},
+        )
 
     @staticmethod
     def _still_worth_trying(

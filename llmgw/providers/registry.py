@@ -19,6 +19,7 @@ from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatiblePr
 from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
 from llmgw.providers.venice import VeniceProvider
+from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
 __all__ = ["ADAPTERS", "ProviderRegistry", "build_registry", "new_client_session"]
@@ -38,23 +39,26 @@ class ProviderRegistry:
         aliases: Sequence[ModelAlias] = (),
         *,
         cooldowns: Mapping[str, float] | None = None,
+        caps: Mapping[str, AccountCap] | None = None,
     ) -> None:
         if not providers:
             raise ValueError("at least one provider is required")
         self.routing = RoutingPolicy()
-        self._use(providers, aliases, cooldowns or {})
+        self._use(providers, aliases, cooldowns or {}, caps or {})
 
     def _use(
         self,
         providers: Sequence[Provider],
         aliases: Sequence[ModelAlias],
         cooldowns: Mapping[str, float],
+        caps: Mapping[str, AccountCap],
     ) -> None:
         self.providers = tuple(providers)
         self._by_name = {provider.name: provider for provider in providers}
         self._alias_specs = tuple(aliases)
         self._cooldowns = cooldowns
-        self.routing.configure(cooldowns)
+        self._caps = caps
+        self.routing.configure(cooldowns, caps)
         self.aliases: Mapping[str, FallbackChain] = {
             alias.alias: FallbackChain(
                 [Deployment(self._by_name[d.provider], d.model) for d in alias.deployments],
@@ -81,7 +85,7 @@ class ProviderRegistry:
         them, so the caller closes them once those requests have finished.
         """
         previous = self.providers
-        self._use(other.providers, other._alias_specs, other._cooldowns)
+        self._use(other.providers, other._alias_specs, other._cooldowns, other._caps)
         return previous
 
     def connection_pools(self) -> list[ConnectionPool]:
@@ -149,4 +153,5 @@ def build_registry(settings: Settings) -> ProviderRegistry:
         [_build_provider(spec, settings) for spec in specs],
         settings.model_aliases,
         cooldowns={spec.name: spec.circuit_cooldown_seconds for spec in specs},
+        caps={spec.name: AccountCap(spec.rpm, spec.tpm) for spec in specs},
     )

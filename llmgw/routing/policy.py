@@ -5,6 +5,8 @@ orders the deployments (open breakers left out, the strategy's first choice firs
 breaker's probe before all), and :meth:`RoutingPolicy.attempt` counts the request in flight and
 takes its outcome. Only a breaker that opens or closes is sent to the other replicas, through the
 health channel of the limits store, in the background; their changes arrive the same way.
+A provider with account caps (``rpm`` / ``tpm``, :mod:`llmgw.routing.caps`) is the exception: a
+request is counted on the limits store before it is sent to one of its deployments.
 
 When every deployment of a route is open the request is not refused: the one that failed least
 recently is tried (it had the longest to recover), and only that one.
@@ -26,6 +28,7 @@ from llmgw.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import Deployment, UpstreamResponse
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision, hinted_delay
 from llmgw.routing.breaker import Breaker, State
+from llmgw.routing.caps import AccountCap, ProviderCaps
 from llmgw.routing.channel import HealthChange, HealthChannel
 from llmgw.routing.strategy import Strategy, first_choice
 
@@ -142,12 +145,17 @@ class RoutingPolicy:
         self._channel: HealthChannel | None = None
         self._outbox: asyncio.Queue[HealthChange] | None = None
         self._sender: asyncio.Task[None] | None = None
+        self.caps = ProviderCaps(clock=clock)
 
     # Lifecycle ---------------------------------------------------------------------------------
 
-    def configure(self, cooldowns: Mapping[str, float]) -> None:
-        """Each provider's ``circuit_cooldown_seconds`` (at start and on every reload)."""
+    def configure(
+        self, cooldowns: Mapping[str, float], caps: Mapping[str, AccountCap] | None = None
+    ) -> None:
+        """Each provider's ``circuit_cooldown_seconds`` and account caps (at start and on every
+        reload)."""
         self._cooldowns = dict(cooldowns)
+        self.caps.configure(caps or {})
 
     async def start(self, channel: HealthChannel) -> None:
         """Share breaker changes with the other replicas through ``channel`` from now on."""
@@ -199,6 +207,14 @@ class RoutingPolicy:
         probe = breaker is not None and breaker.probing
         self._in_flight[label] = self._in_flight.get(label, 0) + 1
         return Attempt(self, label, probe, self._monotonic())
+
+    def not_sent(self, deployment: Deployment) -> None:
+        """``deployment`` was planned but is not sent the request (its provider is at its account
+        cap, or the cap could not be counted): the probe it may have been planned as is given
+        back, so a half-open breaker is probed by a later request."""
+        breaker = self._breakers.get(deployment.label)
+        if breaker is not None and breaker.probing:
+            breaker.release_probe()
 
     # Outcomes -----------------------------------------------------------------------------------
 

@@ -8,12 +8,14 @@ from collections.abc import Callable
 import attrs
 import pytest
 
-from llmgw.errors import UpstreamBusy, UpstreamUnavailable
+from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
+from llmgw.limits.memory import MemoryLimitStore
 from llmgw.provider_config import Capabilities
 from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
 from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
 OK = UpstreamResponse(200, b"{}", "application/json")
@@ -161,3 +163,67 @@ async def test_an_answer_counts_in_flight_until_it_is_done_and_a_cancel_frees_it
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert route.routing.health("up:m").in_flight == 0
+
+
+# Provider account caps -----------------------------------------------------------------------------
+
+
+def capped_chain(*stubs: Stub, rpm: dict[str, int]) -> FallbackChain:
+    route = chain(*stubs)
+    route.routing.configure({}, {name: AccountCap(rpm=n) for name, n in rpm.items()})
+    # A clock held still 10 s into a minute: no minute ends during a test.
+    route.routing.caps.clock = clock = lambda: 1_000_030.0
+    route.routing.caps.use(MemoryLimitStore(clock=clock), default_max_output_tokens=16)
+    return route
+
+
+async def test_a_deployment_at_its_providers_cap_is_moved_on_from_without_a_call() -> None:
+    first, second = Stub("first", lambda: OK), Stub("second", lambda: OK)
+    route = capped_chain(first, second, rpm={"first": 1})
+    assert [await ask(route) for _ in range(3)] == ["first", "second", "second"]
+    assert (first.calls, second.calls) == (1, 2)
+    assert route.routing.health("first:m").state == "closed", "a capped provider did not fail"
+
+
+async def test_every_deployment_at_its_cap_is_a_429_with_retry_after() -> None:
+    first, second = Stub("first", lambda: OK), Stub("second", lambda: OK)
+    route = capped_chain(first, second, rpm={"first": 1, "second": 1})
+    await ask(route)
+    await ask(route)
+    with pytest.raises(RateLimited) as refused:
+        await ask(route)
+    assert refused.value.code == "provider_capacity_exceeded"
+    assert refused.value.headers["Retry-After"] == "50"
+    assert (first.calls, second.calls) == (1, 1)
+
+
+async def test_a_failure_followed_only_by_capped_deployments_reaches_the_caller() -> None:
+    down, capped = Stub("down", unreachable), Stub("capped", lambda: OK)
+    route = capped_chain(down, capped, rpm={"capped": 1})
+    assert await ask(route) == "capped"
+    with pytest.raises(UpstreamUnavailable):
+        await ask(route)
+    assert (down.calls, capped.calls) == (2, 1)
+
+
+async def test_a_half_open_deployment_skipped_at_its_cap_is_probed_by_a_later_request() -> None:
+    now = [1_000_030.0]  # 10 s into a minute
+    down = Stub("flaky", unreachable)
+    up = Stub("up", lambda: OK)
+    routing = RoutingPolicy(clock=lambda: now[0], monotonic=lambda: now[0])
+    route = FallbackChain(
+        [Deployment(down, "m"), Deployment(up, "m")],  # type: ignore[arg-type]
+        routing=routing,
+    )
+    routing.configure({"flaky": 5.0}, {"flaky": AccountCap(rpm=FAILURES_TO_OPEN)})
+    routing.caps.use(MemoryLimitStore(clock=lambda: now[0]), default_max_output_tokens=16)
+    for _ in range(FAILURES_TO_OPEN):  # its whole minute's requests, each a failure: it opens
+        assert await ask(route) == "up"
+    assert routing.health("flaky:m").state == "open"
+    now[0] += 10  # past its cooldown: half-open, and its provider still at its cap
+    assert await ask(route) == "up"
+    assert down.calls == FAILURES_TO_OPEN, "a capped deployment was sent the request"
+    down.answer = lambda: OK
+    now[0] += 40  # the next minute: the probe goes to it, and it answers
+    assert await ask(route) == "flaky"
+    assert routing.health("flaky:m").state == "closed"

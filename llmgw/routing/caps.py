@@ -1,0 +1,111 @@
+"""Provider account caps: the ``rpm`` / ``tpm`` of a provider's account, shared by every replica.
+
+A provider limits its account as a whole, whatever the number of gateways in front of it; a
+deployment whose provider is at its cap would only answer 429. So a request is counted on its
+deployment's provider just before it is sent, on counters of the limits store the keys' admission
+uses (one per provider and minute: ``provider-requests:<name>:<minute>``,
+``provider-tokens:<name>:<minute>``), both in one round trip, all or nothing. One that does not
+fit is not sent: the route moves on to its next deployment.
+
+Tokens are counted at their worst case (the estimated input plus the most output the request may
+produce), as providers themselves count ``max_tokens`` against a tokens-per-minute limit when they
+admit a request; nothing is settled afterwards. A request larger than a whole minute's tokens is
+counted as the whole minute (the provider decides). A provider without caps costs nothing: no
+store round trip.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import orjson
+
+from llmgw.accounting.estimate import (
+    BYTES_PER_TOKEN,
+    estimate_input_tokens,
+    worst_case_output_tokens,
+)
+from llmgw.limits.store import Admission, LimitStore, Reservation
+
+__all__ = ["AccountCap", "ProviderCaps"]
+
+_MINUTE = 60.0
+# A reservation outlives its minute: it is never settled, it simply stops mattering when the next
+# minute's counter is used.
+_KEEP_SECONDS = 2 * _MINUTE
+
+
+@attrs.frozen
+class AccountCap:
+    """A provider account's limits per minute (None: not capped)."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+class ProviderCaps:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock  # which minute a request counts in
+        self._caps: dict[str, AccountCap] = {}
+        self._store: LimitStore | None = None
+        self._default_max_output = 4096
+
+    def configure(self, caps: Mapping[str, AccountCap]) -> None:
+        """Each capped provider's caps, by name (at start and on every reload)."""
+        self._caps = {name: cap for name, cap in caps.items() if cap.rpm or cap.tpm}
+
+    def use(self, store: LimitStore, *, default_max_output_tokens: int) -> None:
+        """Count on ``store`` from now on (the limits store, shared by every replica)."""
+        self._store = store
+        self._default_max_output = default_max_output_tokens
+
+    def of(self, provider: str) -> AccountCap | None:
+        """The provider's caps, if it has any and a store counts them (a dict lookup)."""
+        return None if self._store is None else self._caps.get(provider)
+
+    async def take(self, provider: str, cap: AccountCap, body: bytes) -> float | None:
+        """Count one request with ``body`` on the provider's caps. None: it fits, send it; else
+        the seconds until the minute that is full ends (nothing was counted)."""
+        assert self._store is not None
+        now = self.clock()
+        minute = math.floor(now / _MINUTE) * _MINUTE
+        reservations = []
+        if cap.rpm is not None:
+            reservations.append(
+                Reservation(f"provider-requests:{provider}:{minute:.0f}", cap.rpm, 1, _KEEP_SECONDS)
+            )
+        if cap.tpm is not None:
+            tokens = min(cap.tpm, self._worst_case_tokens(body))
+            reservations.append(
+                Reservation(
+                    f"provider-tokens:{provider}:{minute:.0f}", cap.tpm, tokens, _KEEP_SECONDS
+                )
+            )
+        result = await self._store.admit(
+            Admission(
+                lease_id=uuid.uuid4(),
+                lease_seconds=_KEEP_SECONDS,
+                window=None,
+                # One locking order (by name) for every store, as the keys' admissions.
+                reservations=tuple(sorted(reservations, key=lambda r: r.counter)),
+            )
+        )
+        return None if result.admitted else minute + _MINUTE - now
+
+    def _worst_case_tokens(self, body: bytes) -> int:
+        try:
+            document: Any = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            document = None
+        if not isinstance(document, dict):
+            # Not JSON (an upload): counted as the estimate counts text.
+            return max(1, len(body) // BYTES_PER_TOKEN)
+        output = worst_case_output_tokens(
+            document, model_max=None, default_max=self._default_max_output
+        )
+        return estimate_input_tokens(document) + output
