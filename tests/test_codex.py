@@ -1,4 +1,4 @@
-"""The real Codex CLI (``codex exec``, npm ``@openai/codex``) with the README's configuration, against
+"""The real Codex CLI (``codex exec``, npm ``@openai/codex``) with the documented configuration, against
 the gateway in front of a chat-only provider (the fake Venice, which refuses any tool but a chat
 function): it gets its answer, and the namespaced tool it is asked to call is the one it runs."""
 
@@ -14,7 +14,7 @@ from llmgw.telemetry import semconv as sc
 from tests.agent_clis import CODEX, agent_cli, run_agent_cli
 from tests.conftest import Gateway, eventually
 
-README = Path(__file__).parent.parent / "README.md"
+APIS_DOC = Path(__file__).parent.parent / "docs" / "apis.md"
 MODEL = "qwen3-5-9b"
 # Keeps Codex itself off the network (update checks, analytics, the plugin marketplace): with
 # these, a run looks up no host name at all (checked under strace with 0.171.0).
@@ -22,9 +22,9 @@ OFFLINE_TOP = "check_for_update_on_startup = false\n"
 OFFLINE_TABLES = "\n[analytics]\nenabled = false\n\n[features]\nplugins = false\n"
 
 
-def readme_codex_config(base_url: str) -> str:
-    """The README's ``~/.codex/config.toml``, pointed at this gateway and the fake's model."""
-    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def documented_codex_config(base_url: str) -> str:
+    """docs/apis.md's ``~/.codex/config.toml``, pointed at this gateway and the fake's model."""
+    blocks = re.findall(r"```toml\n(.*?)```", APIS_DOC.read_text(), flags=re.DOTALL)
     (config,) = [block for block in blocks if "[model_providers.llmgw]" in block]
     assert 'base_url = "http://localhost:3000/v1"' in config
     assert re.search(r'^model = ".*"$', config, flags=re.MULTILINE)
@@ -38,7 +38,7 @@ async def run_codex(gateway: Gateway, key: str, prompt: str, workdir: Path) -> s
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True)
     (codex_home / "config.toml").write_text(
-        OFFLINE_TOP + readme_codex_config(gateway.base_url) + OFFLINE_TABLES
+        OFFLINE_TOP + documented_codex_config(gateway.base_url) + OFFLINE_TABLES
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
     env.update(HOME=str(home), CODEX_HOME=str(codex_home), LLMGW_KEY=key)
