@@ -5,7 +5,8 @@ Requests finish at a steady rate (``--rate`` a second, for ``--seconds``); each 
 every 0.5 s or 500 rows) writes them to a real PostgreSQL: a scratch database on
 ``--admin-url`` (default the local server), migrated to head and dropped afterwards. Counted:
 the ledger's batch transactions (each ``write_batch`` is one), and the database's own commits
-(``pg_stat_database.xact_commit``) over the run. The README documents about two a second.
+(``pg_stat_database.xact_commit``) over the run. docs/accounting.md (the usage ledger) documents
+about two a second.
 """
 
 from __future__ import annotations

@@ -273,7 +273,7 @@ class LimitPolicy:
         if len(known) < len(prices):
             raise PriceUnknown(
                 f"Model {model!r} has no known price, and this key's spending is capped by a "
-                "budget; the operator must price it (see the README, price table).",
+                "budget; the operator must price it (see docs/accounting.md, the price table).",
                 param="model",
             )
         cost = max(p.cost(input_tokens, output_tokens) for p in known)
