@@ -39,7 +39,8 @@ from llmgw.middleware import (
 )
 from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
-from llmgw.routes import PUBLIC_PATHS, add_routes, body_limits
+from llmgw.route_table import add_routes, admitting
+from llmgw.routes import PUBLIC_PATHS, body_limits, gateway_routes
 from llmgw.routing.channel import HealthChannel
 from llmgw.routing.postgres import PostgresHealthChannel
 from llmgw.routing.views import observe_health
@@ -210,7 +211,8 @@ def create_app(
             shutdown_grace_seconds=settings.shutdown_grace_seconds,
         ),
     )
-    add_routes(app)
+    routes = gateway_routes()
+    add_routes(app, routes)
     if settings.admin_token is not None:
         # One throttle for both ways in: a guesser gains nothing by alternating them.
         guard = SignInGuard(SignInThrottle(), trust_forwarded=settings.trust_forwarded_headers)
@@ -241,7 +243,7 @@ def create_app(
                 by_path=route_body_limits,
                 memory=BodyMemory(settings.request_body_memory_bytes),
             ),
-            rate_limit_middleware(),
+            rate_limit_middleware(admitting=admitting(routes)),
         ]
     )
     app.on_response_prepare.append(add_response_headers)

@@ -36,7 +36,6 @@ from llmgw.telemetry.logs import REQUEST_ID
 from llmgw.telemetry.refusals import Refusal, RefusalLog
 
 __all__ = [
-    "ADMITS_ITSELF",
     "OMITTED_PARAMS_HEADER",
     "add_response_headers",
     "auth_middleware",
@@ -48,8 +47,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Set on a route handler that admits its requests itself (the proxy pipeline): see rate_limit_middleware.
-ADMITS_ITSELF = "llmgw_admits_itself"
 OMITTED_PARAMS_HEADER = "llmgw-omitted-params"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # The error the gateway answered with (render_error): the span's error.type, the refusal's line.
@@ -310,11 +307,12 @@ def auth_middleware(
     return impl
 
 
-def rate_limit_middleware() -> Middleware:
+def rate_limit_middleware(*, admitting: Collection[Handler]) -> Middleware:
     """Count the request against its key's window; refuse with 429 and Retry-After when full.
 
-    Requests whose handler admits them itself (``admits_itself``) and whose key reserves limits
-    are counted there instead, in the same round trip as their reservations.
+    Requests whose handler is one of ``admitting`` (routes that admit themselves, read from the
+    route table once at startup) and whose key reserves limits are counted there instead, in the
+    same round trip as their reservations.
     """
 
     @web.middleware
@@ -323,7 +321,7 @@ def rate_limit_middleware() -> Middleware:
         if key is None:
             return await handler(request)
         limits = request.app[app_keys.LIMITS]
-        if not (limits.reserves(key) and getattr(request.match_info.handler, ADMITS_ITSELF, False)):
+        if not (limits.reserves(key) and request.match_info.handler in admitting):
             request[app_keys.RATE_LIMIT] = await limits.hit(key)
         return await handler(request)
 

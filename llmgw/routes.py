@@ -1,4 +1,5 @@
-"""The route table, and the short list of routes that need no key (everything else does)."""
+"""The gateway's route table: every route with its metadata (public or keyed, admits itself or
+not, its operation in /openapi.json). Every route needs a key unless its record says public."""
 
 from __future__ import annotations
 
@@ -12,23 +13,15 @@ from llmgw.api.body_memory import BodyLimit
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.config import Settings
 from llmgw.errors import AuthenticationFailed
-from llmgw.middleware import ADMITS_ITSELF
+from llmgw.route_table import JSON, Doc, Handler, Route
 
-__all__ = ["PUBLIC_PATHS", "add_routes", "body_limits", "protected"]
-
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+__all__ = ["PUBLIC_PATHS", "body_limits", "gateway_routes", "protected"]
 
 ProtectedHandler = Callable[[web.Request, AuthenticatedKey], Awaitable[web.StreamResponse]]
 
 
-def protected(
-    handler: ProtectedHandler, *, admits_itself: bool = False
-) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """A handler that is only ever called with the key the request authenticated with.
-
-    ``admits_itself``: the handler runs the proxy pipeline, which counts the request window
-    together with the request's reservations (one round trip instead of two).
-    """
+def protected(handler: ProtectedHandler) -> Handler:
+    """A handler that is only ever called with the key the request authenticated with."""
 
     async def with_key(request: web.Request) -> web.StreamResponse:
         key = request.get(app_keys.API_KEY)
@@ -36,7 +29,6 @@ def protected(
             raise AuthenticationFailed()
         return await handler(request, key)
 
-    setattr(with_key, ADMITS_ITSELF, admits_itself)
     return with_key
 
 
@@ -57,30 +49,213 @@ def body_limits(settings: Settings) -> tuple[BodyLimit, dict[str, BodyLimit]]:
     }
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", health.healthz)
-    app.router.add_get("/readyz", health.readyz)
-    app.router.add_get("/metrics", health.metrics)
-    app.router.add_get("/openapi.json", openapi.openapi_handler(public_paths=PUBLIC_PATHS))
-    app.router.add_post(
-        "/v1/chat/completions", protected(chat.chat_completions, admits_itself=True)
+_EVENTS = "text/event-stream"
+
+
+def gateway_routes() -> tuple[Route, ...]:
+    """The table, made once per application (the /openapi.json handler caches its document)."""
+    return (
+        Route(
+            "GET",
+            "/healthz",
+            health.healthz,
+            Doc("healthz", "Liveness; involves no database.", "Alive.", {JSON: "Status"}),
+            public=True,
+        ),
+        Route(
+            "GET",
+            "/readyz",
+            health.readyz,
+            Doc(
+                "readyz",
+                "Readiness: the database answers and its schema is at head.",
+                "Ready.",
+                {JSON: "Status"},
+                errors=(503,),
+            ),
+            public=True,
+        ),
+        Route(
+            "GET",
+            "/metrics",
+            health.metrics,
+            Doc(
+                "metrics",
+                "Prometheus text format, when LLMGW_PROMETHEUS=true.",
+                "The metrics.",
+                {"text/plain": {"type": "string"}},
+                errors=(404,),
+            ),
+            public=True,
+        ),
+        Route(
+            "GET",
+            "/openapi.json",
+            openapi.openapi_handler(),
+            Doc("openapi", "This document.", "OpenAPI 3.1.", {JSON: {"type": "object"}}),
+            public=True,
+        ),
+        Route(
+            "POST",
+            "/v1/chat/completions",
+            protected(chat.chat_completions),
+            Doc(
+                "createChatCompletion",
+                "OpenAI chat completions, as JSON or as server-sent events.",
+                "The completion; with stream=true, server-sent events.",
+                {JSON: "ChatCompletion", _EVENTS: "StreamEvent"},
+                request="ChatCompletionRequest",
+                errors="proxied",
+            ),
+            admits_itself=True,
+        ),
+        Route(
+            "POST",
+            "/v1/embeddings",
+            protected(embeddings.create_embeddings),
+            Doc(
+                "createEmbeddings",
+                "OpenAI embeddings.",
+                "The embeddings.",
+                {JSON: "EmbeddingList"},
+                request="EmbeddingsRequest",
+                errors="proxied",
+            ),
+            admits_itself=True,
+        ),
+        Route(
+            "POST",
+            messages.MESSAGES_PATH,
+            protected(messages.create_message),
+            Doc(
+                "createMessage",
+                "Anthropic Messages (x-api-key or Bearer), as JSON or as Anthropic's events.",
+                "The message; with stream=true, Anthropic's server-sent events.",
+                {JSON: "Message", _EVENTS: "StreamEvent"},
+                request="MessagesRequest",
+                errors="anthropic",
+            ),
+            admits_itself=True,
+        ),
+        Route(
+            "POST",
+            messages.MESSAGES_PATH + "/count_tokens",
+            protected(messages.count_tokens),
+            Doc(
+                "countMessageTokens",
+                "The gateway's estimate of a Messages request's input tokens.",
+                "The count.",
+                {JSON: "TokenCount"},
+                request="CountTokensRequest",
+                errors="anthropic",
+            ),
+        ),
+        Route(
+            "GET",
+            "/v1/models",
+            protected(models.list_models),
+            Doc(
+                "listModels",
+                "The provider's model list (cached briefly).",
+                "The models.",
+                {JSON: "ModelList"},
+                errors="proxied",
+            ),
+        ),
+        Route(
+            "POST",
+            "/v1/responses",
+            protected(responses.create_response),
+            Doc(
+                "createResponse",
+                "OpenAI Responses API, as JSON or as server-sent events.",
+                "The response; with stream=true, server-sent events.",
+                {JSON: "Response", _EVENTS: "ResponseStreamEvent"},
+                request="ResponseRequest",
+                errors="proxied",
+            ),
+            admits_itself=True,
+        ),
+        Route(
+            "GET",
+            "/v1/responses/{response_id}",
+            protected(responses.get_response),
+            Doc(
+                "getResponse",
+                "A response this key stored.",
+                "The response.",
+                {JSON: "Response"},
+                errors=(404, 503),
+            ),
+        ),
+        Route(
+            "DELETE",
+            "/v1/responses/{response_id}",
+            protected(responses.delete_response),
+            Doc(
+                "deleteResponse",
+                "Delete a response this key stored.",
+                "Deleted.",
+                {JSON: "ResponseDeleted"},
+                errors=(404, 503),
+            ),
+        ),
+        Route(
+            "GET",
+            "/v1/responses/{response_id}/input_items",
+            protected(responses.list_input_items),
+            Doc(
+                "listResponseInputItems",
+                "The input items of a response this key stored.",
+                "The items.",
+                {JSON: "ResponseItemList"},
+                errors=(404, 503),
+            ),
+        ),
+        Route(
+            "POST",
+            "/v1/images/generations",
+            protected(media.create_image),
+            Doc(
+                "createImage",
+                "OpenAI image generation.",
+                "The images.",
+                {JSON: "ImageList"},
+                request="ImageRequest",
+                errors="proxied",
+            ),
+            admits_itself=True,
+        ),
+        Route(
+            "POST",
+            "/v1/audio/speech",
+            protected(media.create_speech),
+            Doc(
+                "createSpeech",
+                "Text to speech; the audio is streamed as the provider generates it.",
+                "The audio (audio/mpeg unless response_format says otherwise).",
+                {"audio/*": {"type": "string", "format": "binary"}},
+                request="SpeechRequest",
+                errors="proxied",
+            ),
+            admits_itself=True,
+        ),
+        Route(
+            "POST",
+            "/v1/audio/transcriptions",
+            protected(media.create_transcription),
+            Doc(
+                "createTranscription",
+                "Speech to text from a multipart upload (AUDIO_UPLOAD_LIMIT_BYTES).",
+                "The transcript: JSON, or text with response_format=text.",
+                {JSON: "Transcription", "text/plain": {"type": "string"}},
+                request="TranscriptionRequest",
+                request_media="multipart/form-data",
+                errors="proxied",
+            ),
+            admits_itself=True,
+        ),
     )
-    app.router.add_post(
-        "/v1/embeddings", protected(embeddings.create_embeddings, admits_itself=True)
-    )
-    app.router.add_post(
-        messages.MESSAGES_PATH, protected(messages.create_message, admits_itself=True)
-    )
-    app.router.add_post(messages.MESSAGES_PATH + "/count_tokens", protected(messages.count_tokens))
-    app.router.add_get("/v1/models", protected(models.list_models))
-    app.router.add_post("/v1/responses", protected(responses.create_response, admits_itself=True))
-    app.router.add_get("/v1/responses/{response_id}", protected(responses.get_response))
-    app.router.add_delete("/v1/responses/{response_id}", protected(responses.delete_response))
-    app.router.add_get(
-        "/v1/responses/{response_id}/input_items", protected(responses.list_input_items)
-    )
-    app.router.add_post("/v1/images/generations", protected(media.create_image, admits_itself=True))
-    app.router.add_post("/v1/audio/speech", protected(media.create_speech, admits_itself=True))
-    app.router.add_post(
-        "/v1/audio/transcriptions", protected(media.create_transcription, admits_itself=True)
-    )
+
+
+PUBLIC_PATHS = frozenset(route.path for route in gateway_routes() if route.public)

@@ -236,7 +236,7 @@ def test_openapi_document_includes_sub_applications() -> None:
 
     admin.router.add_post("/keys/{key_id}/revoke", revoke)
     app.add_subapp("/admin/v1", admin)
-    document = build_document(app, public_paths=())
+    document = build_document(app)
     operation = document["paths"]["/admin/v1/keys/{key_id}/revoke"]["post"]
     assert operation["security"] == [{"bearer": []}]
     assert {p["name"] for p in operation["parameters"]} == {"X-Request-Id", "key_id"}

@@ -36,6 +36,7 @@ from llmgw.admin.schemas import (
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import parse_json
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
+from llmgw.route_table import JSON, Doc, Route, add_routes
 from llmgw.routing.views import routes_view
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
@@ -46,6 +47,7 @@ __all__ = [
     "ACTOR",
     "ADMIN_PREFIX",
     "REPORT_COLUMNS",
+    "admin_routes",
     "admin_token_auth",
     "build_admin_app",
     "report_csv",
@@ -470,22 +472,108 @@ async def sign_out_everywhere(request: web.Request) -> web.Response:
     return _json({"object": "console.sessions", "revoked": await revoke_console_sessions(request)})
 
 
+# The admin API answers JSON objects (their fields: README, "Admin API").
+_OBJECT: Mapping[str, dict[str, Any]] = {JSON: {"type": "object"}}
+
+
+def _admin(
+    method: str,
+    path: str,
+    handler: Handler,
+    operation_id: str,
+    summary: str,
+    *,
+    status: str = "200",
+    request: type | None = None,
+    request_required: bool = True,
+    request_fields: tuple[str, ...] = (),
+    content: Mapping[str, dict[str, Any]] = _OBJECT,
+) -> Route:
+    return Route(
+        method,
+        path,
+        handler,
+        Doc(
+            operation_id,
+            summary,
+            "Done." if status == "201" else "The answer.",
+            content,
+            status=status,
+            request=request,
+            request_required=request_required,
+            request_fields=request_fields,
+            errors="admin",
+        ),
+    )
+
+
+def admin_routes() -> tuple[Route, ...]:
+    return (
+        _admin(
+            "POST",
+            "/keys",
+            create_key,
+            "adminCreateKey",
+            "Issue a key.",
+            status="201",
+            request=KeyCreate,
+        ),
+        _admin("GET", "/keys", list_keys, "adminListKeys", "The keys (never their secrets)."),
+        _admin("GET", "/keys/{key_id}", get_key, "adminGetKey", "One key."),
+        _admin(
+            "PATCH",
+            "/keys/{key_id}",
+            patch_key,
+            "adminChangeKey",
+            "Change a key's name, limits or models.",
+            request=KeyCreate,
+            request_fields=api_keys.MUTABLE_FIELDS,
+        ),
+        _admin("POST", "/keys/{key_id}/revoke", revoke_key, "adminRevokeKey", "Revoke a key."),
+        _admin(
+            "POST",
+            "/keys/{key_id}/rotate",
+            rotate_key,
+            "adminRotateKey",
+            "Issue a key's successor; the old one lasts grace_seconds more.",
+            status="201",
+            request=Rotate,
+            request_required=False,
+        ),
+        _admin(
+            "PUT",
+            "/subjects/{subject_id}",
+            put_subject,
+            "adminSetSubjectBudget",
+            "Set a subject's monthly budget.",
+            request=SubjectBudgetUpdate,
+        ),
+        _admin("GET", "/subjects/{subject_id}", get_subject, "adminGetSubject", "One subject."),
+        _admin("GET", "/subjects", list_subjects, "adminListSubjects", "The subjects."),
+        _admin("GET", "/usage", usage, "adminUsage", "Usage and spend, by key."),
+        _admin(
+            "GET",
+            "/usage/report",
+            usage_report,
+            "adminUsageReport",
+            "Usage by day, model, key or subject, as JSON or CSV (format=csv).",
+            content={**_OBJECT, "text/csv": {"type": "string"}},
+        ),
+        _admin("GET", "/overview", overview, "adminOverview", "The console's overview."),
+        _admin("GET", "/routes", routes, "adminRoutes", "Providers and model routing."),
+        _admin("GET", "/audit", audit_log, "adminAudit", "The audit log."),
+        _admin(
+            "DELETE",
+            "/console/sessions",
+            sign_out_everywhere,
+            "adminSignOutEverywhere",
+            "End every console session.",
+        ),
+    )
+
+
 def build_admin_app(auth: Middleware) -> web.Application:
     """The admin routes behind ``auth`` (the bearer token here, the console's session there)."""
     admin = web.Application(middlewares=[auth])
-    admin.router.add_post("/keys", create_key)
-    admin.router.add_get("/keys", list_keys)
-    admin.router.add_get("/keys/{key_id}", get_key)
-    admin.router.add_patch("/keys/{key_id}", patch_key)
-    admin.router.add_post("/keys/{key_id}/revoke", revoke_key)
-    admin.router.add_post("/keys/{key_id}/rotate", rotate_key)
-    admin.router.add_put("/subjects/{subject_id}", put_subject)
-    admin.router.add_get("/subjects/{subject_id}", get_subject)
-    admin.router.add_get("/subjects", list_subjects)
-    admin.router.add_get("/usage", usage)
-    admin.router.add_get("/usage/report", usage_report)
-    admin.router.add_get("/overview", overview)
-    admin.router.add_get("/routes", routes)
-    admin.router.add_get("/audit", audit_log)
-    admin.router.add_delete("/console/sessions", sign_out_everywhere)
+    add_routes(admin, admin_routes())
     return admin

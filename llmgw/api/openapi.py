@@ -1,25 +1,35 @@
 """GET /openapi.json: an OpenAPI 3.1 document of every route the application serves.
 
-Routes the gateway knows are described in full: what the gateway itself checks in a request body,
-what it answers, and the error shape of everything it answers itself. Fields the gateway does not
-read are listed without constraints because they reach the provider unchanged. Any other route in
-the router (a sub-application's, say) gets a generic entry, so the document never leaves one out.
-The document is built from the router on the first request and then served from memory.
+Every operation comes from its route's record (llmgw/route_table.py): its summary, whether it
+needs a key, what it answers, and its request body: a schema below, or an attrs class whose fields
+are the schema (the admin API's bodies). The schemas below say what the gateway itself checks in a
+body; fields it does not read are listed without constraints because they reach the provider
+unchanged. A route with no record (a sub-application's, say) gets a generic entry, so the document
+never leaves one out. The document is built from the router on the first request and then served
+from memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Iterator
-from typing import Any
+import types
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
+import attrs
 import orjson
 from aiohttp import web
 
 from llmgw.console.app import CONSOLE_PREFIX
+from llmgw.route_table import DESCRIBED, JSON, Doc, ErrorSet, Route
 
-__all__ = ["build_document", "openapi_handler"]
+if TYPE_CHECKING:
+    from attrs import AttrsInstance
 
-_JSON = "application/json"
+__all__ = ["attrs_schema", "build_document", "openapi_handler"]
+
+_JSON = JSON
 _SCHEMAS = "#/components/schemas/"
 
 
@@ -384,179 +394,6 @@ def _anthropic_errors() -> dict[str, Any]:
     return errors
 
 
-def _body(schema_name: str) -> dict[str, Any]:
-    return {"required": True, "content": {_JSON: {"schema": _ref(schema_name)}}}
-
-
-_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
-    ("post", "/v1/chat/completions"): {
-        "operationId": "createChatCompletion",
-        "summary": "OpenAI chat completions, as JSON or as server-sent events.",
-        "requestBody": _body("ChatCompletionRequest"),
-        "responses": {
-            "200": {
-                "description": "The completion; with stream=true, server-sent events.",
-                "content": {
-                    _JSON: {"schema": _ref("ChatCompletion")},
-                    "text/event-stream": {"schema": _ref("StreamEvent")},
-                },
-            },
-            **_proxied_errors(),
-        },
-    },
-    ("post", "/v1/embeddings"): {
-        "operationId": "createEmbeddings",
-        "summary": "OpenAI embeddings.",
-        "requestBody": _body("EmbeddingsRequest"),
-        "responses": {
-            "200": _json_answer("The embeddings.", _ref("EmbeddingList")),
-            **_proxied_errors(),
-        },
-    },
-    ("post", "/v1/messages"): {
-        "operationId": "createMessage",
-        "summary": "Anthropic Messages (x-api-key or Bearer), as JSON or as Anthropic's events.",
-        "requestBody": _body("MessagesRequest"),
-        "responses": {
-            "200": {
-                "description": "The message; with stream=true, Anthropic's server-sent events.",
-                "content": {
-                    _JSON: {"schema": _ref("Message")},
-                    "text/event-stream": {"schema": _ref("StreamEvent")},
-                },
-            },
-            **_anthropic_errors(),
-        },
-    },
-    ("post", "/v1/messages/count_tokens"): {
-        "operationId": "countMessageTokens",
-        "summary": "The gateway's estimate of a Messages request's input tokens.",
-        "requestBody": _body("CountTokensRequest"),
-        "responses": {
-            "200": _json_answer("The count.", _ref("TokenCount")),
-            **_anthropic_errors(),
-        },
-    },
-    ("get", "/v1/models"): {
-        "operationId": "listModels",
-        "summary": "The provider's model list (cached briefly).",
-        "responses": {
-            "200": _json_answer("The models.", _ref("ModelList")),
-            **_proxied_errors(),
-        },
-    },
-    ("post", "/v1/responses"): {
-        "operationId": "createResponse",
-        "summary": "OpenAI Responses API, as JSON or as server-sent events.",
-        "requestBody": _body("ResponseRequest"),
-        "responses": {
-            "200": {
-                "description": "The response; with stream=true, server-sent events.",
-                "content": {
-                    _JSON: {"schema": _ref("Response")},
-                    "text/event-stream": {"schema": _ref("ResponseStreamEvent")},
-                },
-            },
-            **_proxied_errors(),
-        },
-    },
-    ("get", "/v1/responses/{response_id}"): {
-        "operationId": "getResponse",
-        "summary": "A response this key stored.",
-        "responses": {
-            "200": _json_answer("The response.", _ref("Response")),
-            "404": _error(404),
-            "503": _error(503),
-        },
-    },
-    ("delete", "/v1/responses/{response_id}"): {
-        "operationId": "deleteResponse",
-        "summary": "Delete a response this key stored.",
-        "responses": {
-            "200": _json_answer("Deleted.", _ref("ResponseDeleted")),
-            "404": _error(404),
-            "503": _error(503),
-        },
-    },
-    ("get", "/v1/responses/{response_id}/input_items"): {
-        "operationId": "listResponseInputItems",
-        "summary": "The input items of a response this key stored.",
-        "responses": {
-            "200": _json_answer("The items.", _ref("ResponseItemList")),
-            "404": _error(404),
-            "503": _error(503),
-        },
-    },
-    ("post", "/v1/images/generations"): {
-        "operationId": "createImage",
-        "summary": "OpenAI image generation.",
-        "requestBody": _body("ImageRequest"),
-        "responses": {
-            "200": _json_answer("The images.", _ref("ImageList")),
-            **_proxied_errors(),
-        },
-    },
-    ("post", "/v1/audio/speech"): {
-        "operationId": "createSpeech",
-        "summary": "Text to speech; the audio is streamed as the provider generates it.",
-        "requestBody": _body("SpeechRequest"),
-        "responses": {
-            "200": {
-                "description": "The audio (audio/mpeg unless response_format says otherwise).",
-                "content": {"audio/*": {"schema": {"type": "string", "format": "binary"}}},
-            },
-            **_proxied_errors(),
-        },
-    },
-    ("post", "/v1/audio/transcriptions"): {
-        "operationId": "createTranscription",
-        "summary": "Speech to text from a multipart upload (AUDIO_UPLOAD_LIMIT_BYTES).",
-        "requestBody": {
-            "required": True,
-            "content": {"multipart/form-data": {"schema": _ref("TranscriptionRequest")}},
-        },
-        "responses": {
-            "200": {
-                "description": "The transcript: JSON, or text with response_format=text.",
-                "content": {
-                    _JSON: {"schema": _ref("Transcription")},
-                    "text/plain": {"schema": {"type": "string"}},
-                },
-            },
-            **_proxied_errors(),
-        },
-    },
-    ("get", "/healthz"): {
-        "operationId": "healthz",
-        "summary": "Liveness; involves no database.",
-        "responses": {"200": _json_answer("Alive.", _ref("Status"))},
-    },
-    ("get", "/readyz"): {
-        "operationId": "readyz",
-        "summary": "Readiness: the database answers and its schema is at head.",
-        "responses": {
-            "200": _json_answer("Ready.", _ref("Status")),
-            "503": _error(503),
-        },
-    },
-    ("get", "/metrics"): {
-        "operationId": "metrics",
-        "summary": "Prometheus text format, when LLMGW_PROMETHEUS=true.",
-        "responses": {
-            "200": {
-                "description": "The metrics.",
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            },
-            "404": _error(404),
-        },
-    },
-    ("get", "/openapi.json"): {
-        "operationId": "openapi",
-        "summary": "This document.",
-        "responses": {"200": _json_answer("OpenAPI 3.1.", {"type": "object"})},
-    },
-}
-
 _REQUEST_ID = {
     "name": "X-Request-Id",
     "in": "header",
@@ -587,7 +424,99 @@ def _path_parameters(path: str) -> list[dict[str, Any]]:
     ]
 
 
-def _routes(app: web.Application) -> Iterator[tuple[str, str]]:
+# The admin API's bodies are parsed by one strict cattrs converter (llmgw/admin/schemas.py): the
+# JSON type of each field's Python type, with what the converter checks beyond it said in words.
+_FIELD_TYPES: dict[Any, dict[str, Any]] = {
+    bool: {"type": "boolean"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    str: {"type": "string"},
+    uuid.UUID: {"type": "string", "description": "A UUID."},
+    datetime: {"type": "string", "description": "RFC 3339 with a zone."},
+    date: {"type": "string", "description": "YYYY-MM-DD."},
+    type(None): {"type": "null"},
+}
+
+
+def _field_schema(type_: Any) -> dict[str, Any]:
+    if type_ in _FIELD_TYPES:
+        return _FIELD_TYPES[type_]
+    origin, args = get_origin(type_), get_args(type_)
+    if origin is tuple and args[1:] == (Ellipsis,):
+        return {"type": "array", "items": _field_schema(args[0])}
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_field_schema(arg) for arg in args]}
+    raise TypeError(f"no JSON schema for {type_!r}")
+
+
+def attrs_schema(cls: type[AttrsInstance], *, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The JSON schema of the bodies ``cls`` is parsed from (unknown fields refused); with
+    ``only``, of a change to any of those fields."""
+    hints = get_type_hints(cls)
+    fields = [field for field in attrs.fields(cls) if not only or field.name in only]
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {field.name: _field_schema(hints[field.name]) for field in fields},
+        "additionalProperties": False,
+    }
+    required = [field.name for field in fields if field.default is attrs.NOTHING and not only]
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _schema(schema: str | dict[str, Any]) -> dict[str, Any]:
+    return _ref(schema) if isinstance(schema, str) else schema
+
+
+def _errors(errors: ErrorSet) -> dict[str, Any]:
+    if errors == "proxied":
+        return _proxied_errors()
+    if errors == "anthropic":
+        return _anthropic_errors()
+    if errors == "admin":
+        return {
+            "default": _json_answer(
+                "A body or query the admin API refuses (400), an unknown id (404), a database "
+                "that does not answer (503).",
+                _ref("Error"),
+            )
+        }
+    return {str(status): _error(status) for status in errors}
+
+
+def _request_body(doc: Doc, components: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(doc.request, type):
+        if doc.request_fields:
+            schema = attrs_schema(doc.request, only=doc.request_fields)
+        else:
+            components[doc.request.__name__] = attrs_schema(doc.request)
+            schema = _ref(doc.request.__name__)
+    else:
+        schema = _schema(doc.request or {})
+    return {"required": doc.request_required, "content": {doc.request_media: {"schema": schema}}}
+
+
+def _operation(doc: Doc, components: dict[str, Any]) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "operationId": doc.operation_id,
+        "summary": doc.summary,
+        "responses": {
+            doc.status: {
+                "description": doc.answer,
+                "content": {media: {"schema": _schema(s)} for media, s in doc.content.items()},
+            },
+            **_errors(doc.errors),
+        },
+    }
+    if doc.request is not None:
+        operation["requestBody"] = _request_body(doc, components)
+    return operation
+
+
+def _routes(app: web.Application) -> Iterator[tuple[str, str, Route | None]]:
+    """(method, path, its record if it has one) of every route of ``app``."""
+    described = app.get(DESCRIBED, {})
     for resource in app.router.resources():
         if resource.canonical.startswith(CONSOLE_PREFIX):
             # The console's pages are for browsers, and its /console/api is the admin API
@@ -600,16 +529,19 @@ def _routes(app: web.Application) -> Iterator[tuple[str, str]]:
             continue
         for route in resource:
             if route.method not in ("HEAD", "*"):
-                yield route.method.lower(), resource.canonical
+                yield route.method.lower(), resource.canonical, described.get(route.handler)
 
 
-def build_document(app: web.Application, *, public_paths: Collection[str]) -> dict[str, Any]:
-    """Every route of ``app`` (sub-applications included); all but ``public_paths`` need a key."""
+def build_document(app: web.Application) -> dict[str, Any]:
+    """Every route of ``app`` (sub-applications included); all but public routes need a key."""
     paths: dict[str, dict[str, Any]] = {}
-    for method, path in sorted(set(_routes(app))):
-        operation = dict(_OPERATIONS.get((method, path)) or _generic(method, path))
+    components = dict(_SCHEMA_COMPONENTS)
+    for method, path, route in sorted(_routes(app), key=lambda found: found[:2]):
+        operation = (
+            _operation(route.doc, components) if route is not None else _generic(method, path)
+        )
         operation["parameters"] = [_REQUEST_ID, *_path_parameters(path)]
-        if path in public_paths:
+        if route is not None and route.public:
             operation["security"] = []
         else:
             operation["security"] = [{"bearer": []}]
@@ -628,21 +560,19 @@ def build_document(app: web.Application, *, public_paths: Collection[str]) -> di
         },
         "paths": paths,
         "components": {
-            "schemas": _SCHEMA_COMPONENTS,
+            "schemas": components,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
 
 
-def openapi_handler(
-    *, public_paths: Collection[str]
-) -> Callable[[web.Request], Awaitable[web.Response]]:
+def openapi_handler() -> Callable[[web.Request], Awaitable[web.Response]]:
     """The handler of GET /openapi.json; the router is frozen by the first request, so cache."""
     rendered: list[bytes] = []
 
     async def openapi_json(request: web.Request) -> web.Response:
         if not rendered:
-            rendered.append(orjson.dumps(build_document(request.app, public_paths=public_paths)))
+            rendered.append(orjson.dumps(build_document(request.app)))
         return web.Response(body=rendered[0], content_type=_JSON)
 
     return openapi_json

@@ -1,0 +1,49 @@
+"""The admin API's request bodies in /openapi.json come from the attrs classes they are parsed
+into, so the document cannot drift from what the admin API accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw.admin.api import ADMIN_PREFIX
+from llmgw.admin.schemas import KeyCreate, Rotate
+from llmgw.api.openapi import attrs_schema, build_document
+from llmgw.app import create_app
+from llmgw.config import Settings
+from llmgw.storage import api_keys
+
+
+def _document() -> dict[str, Any]:
+    settings = Settings(venice_api_key="unused", admin_token="openapi-admin-token")
+    return build_document(create_app(settings, database_url="postgresql://unused"))
+
+
+def test_an_attrs_class_gives_the_body_schema() -> None:
+    schema = attrs_schema(KeyCreate)
+    assert schema["required"] == ["name"]
+    assert schema["additionalProperties"] is False  # the converter refuses unknown fields
+    assert schema["properties"]["rate_limit_requests"] == {"type": "integer"}
+    assert schema["properties"]["allowed_models"] == {
+        "type": "array",
+        "items": {"type": "string"},
+    }
+    assert {"type": "null"} in schema["properties"]["expires_at"]["anyOf"]
+    assert "required" not in attrs_schema(Rotate)  # grace_seconds has a default
+
+
+def test_admin_operations_describe_their_bodies() -> None:
+    document = _document()
+    paths = document["paths"]
+    create = paths[ADMIN_PREFIX + "/keys"]["post"]
+    assert create["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/KeyCreate"
+    }
+    assert document["components"]["schemas"]["KeyCreate"] == attrs_schema(KeyCreate)
+    assert "201" in create["responses"]
+    change = paths[ADMIN_PREFIX + "/keys/{key_id}"]["patch"]["requestBody"]
+    changeable = change["content"]["application/json"]["schema"]
+    assert set(changeable["properties"]) == set(api_keys.MUTABLE_FIELDS)
+    assert "required" not in changeable
+    rotate = paths[ADMIN_PREFIX + "/keys/{key_id}/rotate"]["post"]["requestBody"]
+    assert rotate["required"] is False  # an empty body rotates with no grace
+    assert paths[ADMIN_PREFIX + "/keys"]["get"]["security"] == [{"bearer": []}]
