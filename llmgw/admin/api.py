@@ -47,7 +47,6 @@ __all__ = [
     "ACTOR",
     "ADMIN_PREFIX",
     "REPORT_COLUMNS",
-    "admin_routes",
     "admin_token_auth",
     "build_admin_app",
     "report_csv",

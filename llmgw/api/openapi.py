@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["attrs_schema", "build_document", "openapi_handler"]
 
-_JSON = JSON
 _SCHEMAS = "#/components/schemas/"
 
 
@@ -363,11 +362,11 @@ def _error(status: int, *, provider_may_answer: bool = False) -> dict[str, Any]:
     schema: dict[str, Any] = (
         {"anyOf": [_ref("Error"), _ref("ProviderError")]} if provider_may_answer else _ref("Error")
     )
-    return {"description": _ERROR_DESCRIPTIONS[status], "content": {_JSON: {"schema": schema}}}
+    return {"description": _ERROR_DESCRIPTIONS[status], "content": {JSON: {"schema": schema}}}
 
 
 def _json_answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"description": description, "content": {_JSON: {"schema": schema}}}
+    return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
 def _proxied_errors() -> dict[str, Any]:
@@ -407,12 +406,12 @@ def _generic(method: str, path: str) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "summary": f"{method.upper()} {path}",
         "responses": {
-            "2XX": {"description": "Success.", "content": {_JSON: {"schema": {}}}},
+            "2XX": {"description": "Success.", "content": {JSON: {"schema": {}}}},
             "default": _json_answer("An error.", _ref("Error")),
         },
     }
     if method in ("post", "put", "patch"):
-        operation["requestBody"] = {"content": {_JSON: {"schema": {"type": "object"}}}}
+        operation["requestBody"] = {"content": {JSON: {"schema": {"type": "object"}}}}
     return operation
 
 
@@ -573,6 +572,6 @@ def openapi_handler() -> Callable[[web.Request], Awaitable[web.Response]]:
     async def openapi_json(request: web.Request) -> web.Response:
         if not rendered:
             rendered.append(orjson.dumps(build_document(request.app)))
-        return web.Response(body=rendered[0], content_type=_JSON)
+        return web.Response(body=rendered[0], content_type=JSON)
 
     return openapi_json
