@@ -483,6 +483,7 @@ def _admin(
     summary: str,
     *,
     status: str = "200",
+    answer: str = "The answer.",
     request: type | None = None,
     request_required: bool = True,
     request_fields: tuple[str, ...] = (),
@@ -495,7 +496,7 @@ def _admin(
         Doc(
             operation_id,
             summary,
-            "Done." if status == "201" else "The answer.",
+            answer,
             content,
             status=status,
             request=request,
@@ -507,6 +508,7 @@ def _admin(
 
 
 def admin_routes() -> tuple[Route, ...]:
+    """The admin API's route table (at /admin/v1, and at /console/api behind a session)."""
     return (
         _admin(
             "POST",
@@ -515,6 +517,7 @@ def admin_routes() -> tuple[Route, ...]:
             "adminCreateKey",
             "Issue a key.",
             status="201",
+            answer="The key, with its secret (shown this once).",
             request=KeyCreate,
         ),
         _admin("GET", "/keys", list_keys, "adminListKeys", "The keys (never their secrets)."),
@@ -536,6 +539,7 @@ def admin_routes() -> tuple[Route, ...]:
             "adminRotateKey",
             "Issue a key's successor; the old one lasts grace_seconds more.",
             status="201",
+            answer="The successor, with its secret (shown this once), and the old key.",
             request=Rotate,
             request_required=False,
         ),
