@@ -30,6 +30,7 @@ __all__ = [
     "Settings",
     "load_bind_addr",
     "load_settings",
+    "parse_bool",
     "parse_workers",
 ]
 
@@ -147,6 +148,11 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "where the embedded database and the usage ledger's spool live (default: user data dir)",
     ),
     EnvVar("LLMGW_AUTO_MIGRATE", "false", "true = serve migrates an external database to head"),
+    EnvVar(
+        "LLMGW_PUBLIC_APIS_ONLY",
+        "false",
+        "true = no private-name fast path into a dependency (llmgw.compat), only public APIs",
+    ),
     EnvVar("SHUTDOWN_GRACE_SECONDS", "30", "time in-flight requests get to finish on SIGTERM"),
     EnvVar(
         "LLMGW_WORKERS",
@@ -320,9 +326,9 @@ def load_settings(
         otel_exporter_otlp_endpoint=reader.optional(
             "OTEL_EXPORTER_OTLP_ENDPOINT", _parse_url("http", "https"), "an http(s) URL"
         ),
-        capture_genai_content=reader.get("CAPTURE_GENAI_CONTENT", _parse_bool, "true or false"),
+        capture_genai_content=reader.get("CAPTURE_GENAI_CONTENT", parse_bool, "true or false"),
         data_dir=data_dir if data_dir is not None else default_data_dir(),
-        auto_migrate=reader.get("LLMGW_AUTO_MIGRATE", _parse_bool, "true or false"),
+        auto_migrate=reader.get("LLMGW_AUTO_MIGRATE", parse_bool, "true or false"),
         shutdown_grace_seconds=reader.get(
             "SHUTDOWN_GRACE_SECONDS", _parse_non_negative_float, "a number of seconds >= 0"
         ),
@@ -341,11 +347,11 @@ def load_settings(
         price_refresh_seconds=reader.get(
             "PRICE_REFRESH_SECONDS", _parse_positive_float, "a positive number of seconds"
         ),
-        prometheus=reader.get("LLMGW_PROMETHEUS", _parse_bool, "true or false"),
+        prometheus=reader.get("LLMGW_PROMETHEUS", parse_bool, "true or false"),
         admin_token=reader.optional(
             "LLMGW_ADMIN_TOKEN", _parse_admin_token, "at least 16 printable characters"
         ),
-        trust_forwarded_headers=reader.get("TRUST_FORWARDED_HEADERS", _parse_bool, "true or false"),
+        trust_forwarded_headers=reader.get("TRUST_FORWARDED_HEADERS", parse_bool, "true or false"),
         log_level=reader.get(
             "LOG_LEVEL",
             _parse_choice("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -437,7 +443,7 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-def _parse_bool(raw: str) -> bool:
+def parse_bool(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in _TRUE:
         return True

@@ -17,6 +17,7 @@ import attrs
 
 from llmgw.app import create_app
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, prepare_database
+from llmgw.compat import log_fast_paths
 from llmgw.config import ConfigError, Settings, load_settings, parse_workers
 from llmgw.lifecycle import runner
 from llmgw.lifecycle.supervisor import (
@@ -111,6 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
     database_url = prepare_database(settings)
     where = f"http://{settings.bind_host}:{settings.bind_port}"
     if single:
+        log_fast_paths()
         app = create_app(settings, database_url=database_url, check_provider_credentials=True)
         log.info("llmgw listening on %s (providers: %s)", where, _upstreams(settings))
         runner.run(app, settings, sock)
@@ -144,6 +146,7 @@ def _serve_worker(settings: Settings, number: int, ready_fd: int | None) -> int:
     if settings.database_url is None:
         raise ConfigError("DATABASE_URL", None, "the URL the supervisor passes to its workers")
     sock = _bind(settings, listening=True, shared=True)
+    log_fast_paths()
     app = create_app(settings, database_url=settings.database_url, check_provider_credentials=True)
     try:
         runner.run(

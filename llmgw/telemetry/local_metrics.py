@@ -12,7 +12,10 @@ What the readers export is what the SDK would: explicit-bucket histograms and mo
 the same names, units, attributes and bucket boundaries, cumulative or delta as each reader
 prefers, from the meter's own instrumentation scope. Each reader keeps its own accumulation (a
 delta reader's starts afresh at every collection); :meth:`LocalMeter.attach` joins a reader's
-collection, the one place this module reaches into the SDK.
+collection through ``compat.opentelemetry_sdk``'s private-name fast path. Where that fast path is
+off (an SDK version it was not verified on, or ``LLMGW_PUBLIC_APIS_ONLY``),
+:meth:`LocalMeter.record_through` sends every point to the SDK's own instruments instead: the
+same metrics, at the SDK's cost.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+from opentelemetry import metrics
 from opentelemetry.sdk.metrics import Counter as SdkCounter
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
@@ -41,6 +45,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from llmgw.compat.opentelemetry_sdk import join_collection, wants_delta
+
 __all__ = ["GapHistogram", "LocalCounter", "LocalHistogram", "LocalMeter"]
 
 AttributeValue = str | int | float | bool
@@ -55,10 +61,12 @@ _OVERFLOW_KEY = frozenset(_OVERFLOW_ATTRIBUTES.items())
 class GapHistogram:
     """Bucket counts, sum, count, min and max of a run of values, before it joins a histogram."""
 
-    __slots__ = ("boundaries", "count", "counts", "maximum", "minimum", "total")
+    __slots__ = ("boundaries", "count", "counts", "maximum", "minimum", "total", "values")
 
-    def __init__(self, boundaries: Sequence[float]) -> None:
+    def __init__(self, boundaries: Sequence[float], *, keep_values: bool = False) -> None:
         self.boundaries = boundaries
+        # Kept only where the SDK aggregates (LocalMeter.record_through): it takes single values.
+        self.values: list[float] | None = [] if keep_values else None
         self.counts = [0] * (len(boundaries) + 1)
         self.count = 0
         self.total = 0.0
@@ -74,6 +82,8 @@ class GapHistogram:
             self.minimum = value
         if value > self.maximum:
             self.maximum = value
+        if self.values is not None:
+            self.values.append(value)
 
 
 class _Point:
@@ -108,6 +118,11 @@ class _Instrument:
         self.unit = unit
         self.description = description
         self.buckets = 1
+        if meter.sdk_meter is not None:
+            self.use_sdk(meter.sdk_meter)
+
+    def use_sdk(self, meter: metrics.Meter) -> None:
+        raise NotImplementedError
 
     def _points(self, attributes: Attributes) -> list[_Point]:
         """This attribute set's point in every reader's accumulation (made on first use)."""
@@ -142,8 +157,17 @@ class _Instrument:
 class LocalCounter(_Instrument):
     """A monotonic counter, exported as the SDK exports a ``Counter``."""
 
+    sdk: metrics.Counter | None = None
+
+    def use_sdk(self, meter: metrics.Meter) -> None:
+        self.sdk = meter.create_counter(self.name, self.unit, self.description)
+
     def add(self, amount: float, attributes: Attributes | None = None) -> None:
-        if amount < 0 or not self.meter.readers:
+        if amount < 0:
+            return
+        if not self.meter.readers:
+            if self.sdk is not None:
+                self.sdk.add(amount, attributes)
             return
         with self.meter.lock:
             for point in self._points(attributes or {}):
@@ -175,20 +199,31 @@ class LocalHistogram(_Instrument):
     """An explicit-bucket histogram, exported as the SDK exports a ``Histogram``."""
 
     kind = SdkHistogram
+    sdk: metrics.Histogram | None = None
 
     def __init__(
         self, meter: LocalMeter, name: str, unit: str, description: str, boundaries: Sequence[float]
     ) -> None:
+        self.boundaries = tuple(boundaries)  # before super(): use_sdk reads them
         super().__init__(meter, name, unit, description)
-        self.boundaries = tuple(boundaries)
         self.buckets = len(self.boundaries) + 1
 
     def gaps(self) -> GapHistogram:
         """A run of values to sum where they happen and :meth:`add_all` at once."""
-        return GapHistogram(self.boundaries)
+        return GapHistogram(self.boundaries, keep_values=self.sdk is not None)
+
+    def use_sdk(self, meter: metrics.Meter) -> None:
+        self.sdk = meter.create_histogram(
+            self.name,
+            self.unit,
+            self.description,
+            explicit_bucket_boundaries_advisory=self.boundaries,
+        )
 
     def record(self, value: float, attributes: Attributes | None = None) -> None:
         if not self.meter.readers:
+            if self.sdk is not None:
+                self.sdk.record(value, attributes)
             return
         index = bisect.bisect_left(self.boundaries, value)
         with self.meter.lock:
@@ -203,7 +238,12 @@ class LocalHistogram(_Instrument):
 
     def add_all(self, run: GapHistogram, attributes: Attributes | None = None) -> None:
         """Every value of ``run``, as if each had been recorded with ``attributes``."""
-        if not run.count or not self.meter.readers:
+        if not run.count:
+            return
+        if not self.meter.readers:
+            if self.sdk is not None and run.values is not None:
+                for value in run.values:
+                    self.sdk.record(value, attributes)
             return
         assert run.boundaries == self.boundaries, "a run belongs to the histogram that made it"
         with self.meter.lock:
@@ -255,6 +295,7 @@ class LocalMeter:
         self.resource = resource or Resource.get_empty()
         self.scope = scope or InstrumentationScope("llmgw")
         self.readers: list[_ReaderState] = []
+        self.sdk_meter: metrics.Meter | None = None  # set by record_through (the public path)
         self.lock = threading.Lock()  # records come from the loop, collections from reader threads
         self._instruments: list[_Instrument] = []
 
@@ -271,35 +312,24 @@ class LocalMeter:
         return histogram
 
     def attach(self, reader: MetricReader) -> None:
-        """Export this meter's instruments with everything else ``reader`` collects.
+        """Export this meter's instruments with everything else ``reader`` collects (fast path).
 
-        Call it after the reader joined its MeterProvider (which installs the reader's collect
-        callback, the SDK's own seam between a reader and what it reads).
+        Call it after the reader joined its MeterProvider, and only where
+        ``METRIC_READER_HOOK`` is enabled.
         """
-        # The SDK keys a reader's temporalities by its internal instrument classes, which are
-        # subclasses of the public ones.
-        temporality: Mapping[Any, AggregationTemporality] = reader._instrument_class_temporality
-        wants_delta: dict[type, bool] = {
-            public: any(
-                issubclass(kind, public) and chosen is AggregationTemporality.DELTA
-                for kind, chosen in temporality.items()
-            )
-            for public in (SdkCounter, SdkHistogram)
-        }
-        state = _ReaderState(reader, wants_delta)
-        # Typed in the SDK as an older signature; it is MeasurementConsumer.collect.
-        collect: Any = reader._collect
-        if collect is None:
-            raise RuntimeError("attach a reader after its MeterProvider was built")
-
-        def collect_with_local(
-            reader: MetricReader, timeout_millis: float = 10_000
-        ) -> MetricsData | None:
-            return self._merged(collect(reader, timeout_millis=timeout_millis), state)
-
-        reader._collect = collect_with_local  # type: ignore[assignment]
+        state = _ReaderState(reader, wants_delta(reader))
+        join_collection(reader, lambda data: self._merged(data, state))
         with self.lock:
             self.readers.append(state)
+
+    def record_through(self, meter: metrics.Meter) -> None:
+        """Record every point through ``meter``'s own instruments (the public path).
+
+        The SDK aggregates and exports them; this meter's own aggregation stays unused.
+        """
+        self.sdk_meter = meter
+        for instrument in self._instruments:
+            instrument.use_sdk(meter)
 
     def _merged(self, data: MetricsData | None, state: _ReaderState) -> MetricsData | None:
         now = time.time_ns()

@@ -30,6 +30,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NoOpTracerProvider
 
 from llmgw import __version__
+from llmgw.compat.opentelemetry_sdk import METRIC_READER_HOOK
 from llmgw.config import ConfigError, Settings
 from llmgw.telemetry.local_metrics import LocalMeter
 
@@ -132,9 +133,12 @@ def build_providers(
     )
     local_meter = LocalMeter(resource, InstrumentationScope("llmgw", __version__))
     # OTEL_SDK_DISABLED turns the SDK's own instruments into no-ops; the gateway's follow it.
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true":
-        for reader in readers:
-            local_meter.attach(reader)
+    if readers and os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true":
+        if METRIC_READER_HOOK.enabled():
+            for reader in readers:
+                local_meter.attach(reader)
+        else:
+            local_meter.record_through(meter_provider.get_meter("llmgw", __version__))
     return TelemetryProviders(tracer_provider, meter_provider, local_meter, prometheus_registry)
 
 

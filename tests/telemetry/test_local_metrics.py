@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, Counter, Histogram, MeterProvider
@@ -24,10 +25,14 @@ attribute_sets = st.sampled_from(
 )
 
 
+# How a LocalMeter reaches the reader: the private-name fast path, or the SDK's instruments.
+PATHS = pytest.mark.parametrize("hooked", [True, False], ids=["reader-hook", "public-api"])
+
+
 class Pair:
     """The SDK and a LocalMeter, each with its own reader, fed the same measurements."""
 
-    def __init__(self, **reader: Any) -> None:
+    def __init__(self, *, hooked: bool = True, **reader: Any) -> None:
         self.resource = Resource.create({"service.name": "test"})
         self.sdk_reader = InMemoryMetricReader(**reader)
         self.local_reader = InMemoryMetricReader(**reader)
@@ -36,9 +41,12 @@ class Pair:
             metric_readers=[self.sdk_reader],
             exemplar_filter=AlwaysOffExemplarFilter(),
         )
-        MeterProvider(resource=self.resource, metric_readers=[self.local_reader])
+        local = MeterProvider(resource=self.resource, metric_readers=[self.local_reader])
         self.local = LocalMeter(self.resource, SCOPE)
-        self.local.attach(self.local_reader)
+        if hooked:
+            self.local.attach(self.local_reader)
+        else:
+            self.local.record_through(local.get_meter(SCOPE.name, SCOPE.version))
         meter = sdk.get_meter(SCOPE.name, SCOPE.version)
         self.sdk_histogram = meter.create_histogram(
             "h", unit="s", explicit_bucket_boundaries_advisory=list(BOUNDARIES)
@@ -94,12 +102,13 @@ def _close(sdk: dict[Any, Any], local: dict[Any, Any]) -> None:
                 assert ours == theirs, key
 
 
+@PATHS
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(values, attribute_sets), max_size=40))
 def test_histogram_and_counter_export_as_the_sdk_would(
-    measurements: list[tuple[float, dict[str, Any]]],
+    hooked: bool, measurements: list[tuple[float, dict[str, Any]]]
 ) -> None:
-    pair = Pair()
+    pair = Pair(hooked=hooked)
     for value, attributes in measurements:
         pair.sdk_histogram.record(value, attributes)
         pair.histogram.record(value, attributes)
@@ -108,10 +117,13 @@ def test_histogram_and_counter_export_as_the_sdk_would(
     _close(*pair.points())
 
 
+@PATHS
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.lists(values, max_size=25), max_size=5), attribute_sets)
-def test_a_run_of_gaps_adds_up_to_its_points(runs: list[list[float]], attributes: Any) -> None:
-    pair = Pair()
+def test_a_run_of_gaps_adds_up_to_its_points(
+    hooked: bool, runs: list[list[float]], attributes: Any
+) -> None:
+    pair = Pair(hooked=hooked)
     for run in runs:
         gaps = pair.histogram.gaps()
         for value in run:
@@ -121,8 +133,9 @@ def test_a_run_of_gaps_adds_up_to_its_points(runs: list[list[float]], attributes
     _close(*pair.points())
 
 
-def test_a_delta_reader_gets_each_measurement_once() -> None:
-    pair = Pair(preferred_temporality=DELTA)
+@PATHS
+def test_a_delta_reader_gets_each_measurement_once(hooked: bool) -> None:
+    pair = Pair(hooked=hooked, preferred_temporality=DELTA)
     for batch in ([0.5, 2.0], [], [20.0]):
         for value in batch:
             for instrument in (pair.sdk_histogram, pair.histogram):
@@ -134,14 +147,20 @@ def test_a_delta_reader_gets_each_measurement_once() -> None:
         assert bool(local) == bool(batch)
 
 
-def test_local_metrics_join_the_sdk_meters_scope() -> None:
+@PATHS
+def test_local_metrics_join_the_sdk_meters_scope(hooked: bool) -> None:
     resource = Resource.create({"service.name": "test"})
     reader = InMemoryMetricReader()
     provider = MeterProvider(resource=resource, metric_readers=[reader])
-    provider.get_meter(SCOPE.name, SCOPE.version).create_counter("sdk.counter").add(1)
+    meter = provider.get_meter(SCOPE.name, SCOPE.version)
+    meter.create_counter("sdk.counter").add(1)
     local = LocalMeter(resource, SCOPE)
-    local.attach(reader)
-    local.create_counter("local.counter").add(2)
+    counter = local.create_counter("local.counter")  # made before the meter met its reader
+    if hooked:
+        local.attach(reader)
+    else:
+        local.record_through(meter)
+    counter.add(2)
     data = reader.get_metrics_data()
     assert data is not None
     [resource_metrics] = data.resource_metrics
@@ -149,8 +168,9 @@ def test_local_metrics_join_the_sdk_meters_scope() -> None:
     assert {metric.name for metric in scope_metrics.metrics} == {"sdk.counter", "local.counter"}
 
 
-def test_attribute_sets_past_the_limit_share_the_overflow_point() -> None:
-    pair = Pair()
+@PATHS
+def test_attribute_sets_past_the_limit_share_the_overflow_point(hooked: bool) -> None:
+    pair = Pair(hooked=hooked)
     for index in range(CARDINALITY_LIMIT + 5):
         pair.histogram.record(1.0, {"n": index})
     local = pair.points()[1]

@@ -13,6 +13,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import Settings
 from llmgw.telemetry.genai import GatewayInstruments
 from llmgw.telemetry.semconv import METRIC_GATEWAY_REQUESTS
@@ -59,12 +60,14 @@ def test_shutdown_reports_success_when_the_exporter_answers() -> None:
     assert providers.shutdown(timeout=5) is True
 
 
+@pytest.mark.parametrize("public_apis_only", [False, True], ids=["reader-hook", "public-api"])
 @pytest.mark.parametrize("disabled", [False, True])
 def test_the_gateways_metrics_follow_otel_sdk_disabled(
-    monkeypatch: pytest.MonkeyPatch, disabled: bool
+    monkeypatch: pytest.MonkeyPatch, disabled: bool, public_apis_only: bool
 ) -> None:
     if disabled:
         monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    monkeypatch.setenv(PUBLIC_APIS_ONLY_VARIABLE, str(public_apis_only).lower())
     reader = InMemoryMetricReader()
     providers = build_providers(Settings(), metric_readers=[reader])
     GatewayInstruments(providers.local_meter).requests.add(1, {"http.route": "/v1/models"})
@@ -76,3 +79,6 @@ def test_the_gateways_metrics_follow_otel_sdk_disabled(
         for metric in scope.metrics
     }
     assert (METRIC_GATEWAY_REQUESTS in names) is not disabled
+    # Which path carried them: the gateway's own aggregation, or the SDK's instruments.
+    hooked = bool(providers.local_meter.readers)
+    assert hooked is (not disabled and not public_apis_only)
