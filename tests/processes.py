@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import ENVIRONMENT_VARIABLES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +33,8 @@ NO_VENICE_URL = "http://127.0.0.1:9/api/v1"
 # The gateway's own settings: a test's process must not inherit any of them from the shell that
 # runs the suite (a developer's BIND_ADDR, LOG_LEVEL, REDIS_URL, ...).
 _GATEWAY_SETTINGS = frozenset(var.name for var in ENVIRONMENT_VARIABLES) | {"DATABASE_URL"}
+# ... except the suite's own mode: run with only public APIs, its gateways run so too.
+_SUITE_MODE = frozenset({PUBLIC_APIS_ONLY_VARIABLE})
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -43,7 +46,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in _GATEWAY_SETTINGS and not k.startswith(("LLMGW_", "OTEL_", "VENICE_"))
+        if k in _SUITE_MODE
+        or (k not in _GATEWAY_SETTINGS and not k.startswith(("LLMGW_", "OTEL_", "VENICE_")))
     }
     env["VENICE_BASE_URL"] = NO_VENICE_URL
     env["BIND_ADDR"] = f"127.0.0.1:{free_port()}"

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import ENVIRONMENT_VARIABLES
 from tests.conftest import with_database
 from tests.fake_venice import FAKE_VENICE_KEY
@@ -37,7 +38,7 @@ def test_no_gateway_setting_is_inherited_and_bind_addr_is_a_free_loopback_port(
         monkeypatch.setenv(var.name, "from-the-shell")
     env = clean_env()
     inherited = [var.name for var in ENVIRONMENT_VARIABLES if env.get(var.name) == "from-the-shell"]
-    assert inherited == []
+    assert inherited == [PUBLIC_APIS_ONLY_VARIABLE]  # the suite's mode, and only it, is kept
     host, _, port = env["BIND_ADDR"].rpartition(":")
     assert host == "127.0.0.1" and env["BIND_ADDR"] != DEFAULT_BIND
     with socket.create_server((host, int(port))):  # free

@@ -30,6 +30,7 @@ PUBLIC_APIS_ONLY_VARIABLE = "LLMGW_PUBLIC_APIS_ONLY"
 
 log = logging.getLogger(__name__)
 
+
 def public_apis_only() -> bool:
     """Whether the operator (or a test) turned every fast path off."""
     # Read from the environment, not Settings: workers inherit it, and so do tests run with it.
