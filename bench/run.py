@@ -190,10 +190,14 @@ class _Bench:
         )
 
     def gateway(
-        self, backend: str, long_run: bool, workers: int = 1
+        self, backend: str, long_run: bool, workers: int = 1, *, public_apis_only: bool = False
     ) -> tuple[TargetResult, MemoryRun | None]:
         name = "llmgw" if backend == "postgres" else f"llmgw-{backend}"
         description = f"python -m llmgw serve, RATE_LIMIT_BACKEND={backend}"
+        if public_apis_only:
+            # The cost of llmgw.compat's fast paths: the same gateway with all of them off.
+            name += "-public-apis"
+            description += ", LLMGW_PUBLIC_APIS_ONLY=true (no private-name fast path)"
         if workers > 1:
             name += f"-workers{workers}"
             description = (
@@ -212,6 +216,8 @@ class _Bench:
         }
         if backend == "redis":
             env["REDIS_URL"] = self.lab.redis_url
+        if public_apis_only:
+            env["LLMGW_PUBLIC_APIS_ONLY"] = "true"
         try:
             child, url, startup = self.lab.start_gateway(name, env, workers=workers)
         except ChildFailed as exc:
@@ -382,14 +388,17 @@ def _measure_all(
     targets = [bench.baseline(), bench.floor()]
     memory_run: MemoryRun | None = None
     if "postgres" in backends:
-        # The backends after postgres, and the workers row.
-        bench.gateways_after_long_run = len(backends) - list(backends).index("postgres")
+        # The backends after postgres, the public-API row and the workers row.
+        bench.gateways_after_long_run = len(backends) - list(backends).index("postgres") + 1
     for backend in backends:
         target, run = bench.gateway(backend, long_run=backend == "postgres")
         if target.skipped is not None:
             bench.progress(f"{target.name} skipped: {target.skipped.splitlines()[0]}")
         targets.append(target)
         memory_run = memory_run or run
+        if backend == "postgres":
+            # Right after the fast paths' row, so both see the machine alike.
+            targets.append(bench.gateway(backend, long_run=False, public_apis_only=True)[0])
     if "postgres" in backends:
         # Measured last: once the workers run, the load generator gives way to them (it shares a
         # core with one of them) and stays niced.

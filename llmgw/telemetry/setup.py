@@ -175,6 +175,6 @@ def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     # The official span exporter with our encoder: its protobuf encoding costs ~4x the CPU.
-    from llmgw.telemetry.span_export import FastOTLPSpanExporter
+    from llmgw.compat.opentelemetry_exporter_otlp import FastOTLPSpanExporter
 
     return FastOTLPSpanExporter(), OTLPMetricExporter()

@@ -10,9 +10,9 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
 )
 
+from llmgw.compat.opentelemetry_exporter_otlp import FastOTLPSpanExporter
 from llmgw.config import ConfigError
 from llmgw.telemetry import setup
-from llmgw.telemetry.span_export import FastOTLPSpanExporter
 
 GRPC_MODULES = (
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
