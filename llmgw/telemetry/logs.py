@@ -298,9 +298,10 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Where a record was logged from, and which thread and process logged it, cost a frame walk
-    # and lookups per record, and no line carries them (the logging HOWTO's "Optimization").
-    logging._srcfile = None
+    # Which thread and process logged a record cost lookups per record, and no line carries them
+    # (the logging HOWTO's "Optimization"). Where it was logged from is still looked up: turning
+    # that off takes a private name (logging._srcfile) and saved about 2 µs per record, under 0.3%
+    # of a request's CPU.
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

@@ -440,13 +440,13 @@ def root_logging() -> Iterator[None]:
     """Puts back what configure_logging changes for the whole process."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    flags = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
     yield
     for handler in root.handlers:
         handler.close()
     root.handlers[:] = handlers
     root.setLevel(level)
-    (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing) = flags
+    (logging.logThreads, logging.logProcesses, logging.logMultiprocessing) = flags
 
 
 @pytest.mark.usefixtures("root_logging")
