@@ -1,7 +1,10 @@
 """One serving process: the app on a listening socket until SIGTERM/SIGINT, SIGHUP reloads.
 
-Its connections answer clients that half-close (:mod:`llmgw.lifecycle.half_close`), and requests
-that are not valid HTTP with a JSON error that quotes nothing (:mod:`llmgw.lifecycle.invalid_http`).
+Its connections answer requests that are not valid HTTP with a JSON error that quotes nothing
+(:mod:`llmgw.lifecycle.invalid_http`). A client's FIN closes its connection, as in aiohttp: a client
+that half-closes (shutdown(SHUT_WR)) after its request gets no answer. Keeping such a connection
+open for its answer took aiohttp's private connection internals (the FIN alone cannot tell a
+half-close from a client that left), and its public API has no hook for it, so llmgw does not.
 
 On SIGTERM or SIGINT the socket stops accepting, requests in flight get ``SHUTDOWN_GRACE_SECONDS``
 to finish, then the app's resources close (the telemetry export within its own bound). A worker
@@ -27,7 +30,6 @@ from aiohttp.web_request import BaseRequest
 
 from llmgw import app_keys
 from llmgw.config import Settings
-from llmgw.lifecycle.half_close import HalfCloseRequestHandler
 from llmgw.lifecycle.invalid_http import invalid_http_answer
 from llmgw.lifecycle.open_files import OPEN_FILES, OpenFiles, raise_open_file_limit
 from llmgw.lifecycle.reload import RELOADER
@@ -84,7 +86,7 @@ def _tune_garbage_collection() -> None:
     gc.set_threshold(_YOUNG_GENERATION_THRESHOLD, middle, oldest)
 
 
-class _RequestHandler(HalfCloseRequestHandler):
+class _RequestHandler(RequestHandler):
     __slots__ = ("_open_files", "_refusals")
 
     def __init__(
