@@ -91,6 +91,6 @@ def fast_paths() -> tuple[FastPath, ...]:
     """Every private-name fast path llmgw has."""
     # Imported here: each dependency's module imports this one for FastPath.
     from llmgw.compat.opentelemetry_exporter_otlp import OTLP_SPAN_EXPORT
-    from llmgw.compat.opentelemetry_sdk import METRIC_READER_HOOK
+    from llmgw.compat.opentelemetry_sdk import LEAN_TRACER, METRIC_READER_HOOK
 
-    return (METRIC_READER_HOOK, OTLP_SPAN_EXPORT)
+    return (METRIC_READER_HOOK, LEAN_TRACER, OTLP_SPAN_EXPORT)

@@ -15,9 +15,12 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReade
 
 from llmgw.compat import FastPath
 
-__all__ = ["METRIC_READER_HOOK", "join_collection", "wants_delta"]
+__all__ = ["LEAN_TRACER", "METRIC_READER_HOOK", "join_collection", "wants_delta"]
 
 METRIC_READER_HOOK = FastPath("metric-reader-hook", "opentelemetry-sdk", (1, 43), (1, 46))
+# telemetry.lean_tracing reproduces these versions' spans (ids, flags, limits, dropped counts) from
+# the SDK tracer's parts; elsewhere the SDK's own tracer runs.
+LEAN_TRACER = FastPath("lean-tracer", "opentelemetry-sdk", (1, 43), (1, 46))
 
 
 def wants_delta(reader: MetricReader) -> dict[type, bool]:

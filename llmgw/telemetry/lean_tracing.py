@@ -35,6 +35,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes, AttributeValue
 
+from llmgw.compat.opentelemetry_sdk import LEAN_TRACER
+
 __all__ = ["LeanTracer", "tracer_for"]
 
 log = logging.getLogger(__name__)
@@ -46,9 +48,10 @@ _KEPT = (bool, int, float)
 
 def tracer_for(provider: trace_api.TracerProvider, name: str, version: str) -> trace_api.Tracer:
     """A lean tracer over an SDK provider's pipeline; any other tracer as the provider gives it
-    (a no-op provider's, or the SDK's own when it is disabled with OTEL_SDK_DISABLED)."""
+    (a no-op provider's, the SDK's own when it is disabled with OTEL_SDK_DISABLED, or on an SDK
+    version the lean tracer was not verified against: it reproduces that version's spans)."""
     tracer = provider.get_tracer(name, version)
-    if isinstance(tracer, SdkTracer):
+    if isinstance(tracer, SdkTracer) and LEAN_TRACER.enabled():
         return LeanTracer(tracer, InstrumentationScope(name, version))
     return tracer
 

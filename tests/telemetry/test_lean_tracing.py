@@ -11,12 +11,15 @@ from hypothesis import strategies as st
 from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.span import TraceState
 
+from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.telemetry.lean_tracing import LeanTracer, tracer_for
 
 scalars = st.one_of(
@@ -61,8 +64,10 @@ class Twin:
         lean_provider = TracerProvider(resource=resource, **provider)
         lean_provider.add_span_processor(SimpleSpanProcessor(self.lean_spans))
         self.sdk = sdk_provider.get_tracer("llmgw", "1")
-        self.lean = tracer_for(lean_provider, "llmgw", "1")
-        assert isinstance(self.lean, LeanTracer)
+        # The lean tracer itself, whether or not tracer_for would choose it here.
+        sdk_tracer = lean_provider.get_tracer("llmgw", "1")
+        assert isinstance(sdk_tracer, SdkTracer)
+        self.lean = LeanTracer(sdk_tracer, InstrumentationScope("llmgw", "1"))
 
     def both(self, run: Callable[[trace.Tracer], None]) -> None:
         run(self.sdk)
@@ -240,6 +245,22 @@ def test_links_are_kept_as_in_the_sdk() -> None:
     twin.compare()
     [span] = twin.lean_spans.get_finished_spans()
     assert len(span.links) == 3
+
+
+@pytest.mark.parametrize("public_apis_only", [False, True], ids=["lean-tracer", "public-api"])
+def test_the_lean_tracer_only_where_verified(
+    monkeypatch: pytest.MonkeyPatch, public_apis_only: bool
+) -> None:
+    monkeypatch.setenv(PUBLIC_APIS_ONLY_VARIABLE, str(public_apis_only).lower())
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = tracer_for(provider, "llmgw", "1")
+    assert isinstance(tracer, LeanTracer) is not public_apis_only
+    with tracer.start_as_current_span("request", attributes={"k": "v"}):
+        pass
+    [span] = exporter.get_finished_spans()
+    assert span.attributes == {"k": "v"}
 
 
 def test_a_disabled_sdk_gets_its_own_no_op_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
