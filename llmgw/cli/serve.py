@@ -112,8 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
     database_url = prepare_database(settings)
     where = f"http://{settings.bind_host}:{settings.bind_port}"
     if single:
-        log_fast_paths()
         app = create_app(settings, database_url=database_url, check_provider_credentials=True)
+        log_fast_paths()  # after the configuration is known good: a refusal stays one line
         log.info("llmgw listening on %s (providers: %s)", where, _upstreams(settings))
         runner.run(app, settings, sock)
         log.info("llmgw stopped")
@@ -146,8 +146,8 @@ def _serve_worker(settings: Settings, number: int, ready_fd: int | None) -> int:
     if settings.database_url is None:
         raise ConfigError("DATABASE_URL", None, "the URL the supervisor passes to its workers")
     sock = _bind(settings, listening=True, shared=True)
-    log_fast_paths()
     app = create_app(settings, database_url=settings.database_url, check_provider_credentials=True)
+    log_fast_paths()
     try:
         runner.run(
             app,
