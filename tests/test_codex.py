@@ -14,7 +14,7 @@ from llmgw.telemetry import semconv as sc
 from tests.agent_clis import CODEX, agent_cli, run_agent_cli
 from tests.conftest import Gateway, eventually
 
-APIS_DOC = Path(__file__).parent.parent / "docs" / "apis.md"
+README = Path(__file__).parent.parent / "README.md"
 MODEL = "qwen3-5-9b"
 # Keeps Codex itself off the network (update checks, analytics, the plugin marketplace): with
 # these, a run looks up no host name at all (checked under strace with 0.171.0).
@@ -23,8 +23,8 @@ OFFLINE_TABLES = "\n[analytics]\nenabled = false\n\n[features]\nplugins = false\
 
 
 def documented_codex_config(base_url: str) -> str:
-    """docs/apis.md's ``~/.codex/config.toml``, pointed at this gateway and the fake's model."""
-    blocks = re.findall(r"```toml\n(.*?)```", APIS_DOC.read_text(), flags=re.DOTALL)
+    """The README's ``~/.codex/config.toml``, pointed at this gateway and the fake's model."""
+    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.DOTALL)
     (config,) = [block for block in blocks if "[model_providers.llmgw]" in block]
     assert 'base_url = "http://localhost:3000/v1"' in config
     assert re.search(r'^model = ".*"$', config, flags=re.MULTILINE)
