@@ -18,6 +18,7 @@ import attrs
 import platformdirs
 
 if TYPE_CHECKING:
+    from llmgw.accounting.price import PriceRule
     from llmgw.provider_config import ModelAlias, ProviderSpec
 
 __all__ = [
@@ -235,6 +236,7 @@ class Settings:
     # From LLMGW_CONFIG; empty = the one provider "venice" built from the VENICE_* settings.
     providers: tuple[ProviderSpec, ...] = ()
     model_aliases: tuple[ModelAlias, ...] = ()
+    prices: tuple[PriceRule, ...] = ()  # [[prices]]
 
     @property
     def uses_embedded_database(self) -> bool:
@@ -275,11 +277,13 @@ def load_settings(
         )
     providers: tuple[ProviderSpec, ...] = ()
     model_aliases: tuple[ModelAlias, ...] = ()
+    prices: tuple[PriceRule, ...] = ()
     if config_path is not None:
         from llmgw.provider_config import load_provider_config  # it imports this module
 
         providers_config = load_provider_config(config_path, env)
         providers, model_aliases = providers_config.providers, providers_config.model_aliases
+        prices = providers_config.prices
     return Settings(
         bind_host=host,
         bind_port=port,
@@ -359,6 +363,7 @@ def load_settings(
         ),
         providers=providers,
         model_aliases=model_aliases,
+        prices=prices,
     )
 
 

@@ -53,6 +53,8 @@ from typing import Any, Literal, NoReturn, TypeAlias, cast, get_args
 
 import attrs
 
+from llmgw.accounting.price import PriceRule
+from llmgw.accounting.price_config import parse_prices
 from llmgw.config import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, _parse_url
 from llmgw.routing.strategy import ORDERED, STRATEGIES, Strategy, StrategyName
 
@@ -210,6 +212,7 @@ class ModelAlias:
 class ProvidersConfig:
     providers: tuple[ProviderSpec, ...]
     model_aliases: tuple[ModelAlias, ...]
+    prices: tuple[PriceRule, ...] = ()  # [[prices]] (llmgw.accounting.price_config)
 
 
 def load_provider_config(path: Path, environ: Mapping[str, str]) -> ProvidersConfig:
@@ -267,7 +270,7 @@ class _Parser:
             self.fail("file", "is not UTF-8 text")
         except tomllib.TOMLDecodeError as exc:
             self.fail("file", f"is not valid TOML: {exc}")
-        self.reject_unknown_keys(document, "", ("providers", "models"))
+        self.reject_unknown_keys(document, "", ("providers", "models", "prices"))
         provider_tables = self.tables(document, "providers")
         if not provider_tables:
             self.fail("providers", "at least one [[providers]] entry is required")
@@ -281,7 +284,10 @@ class _Parser:
             for index, table in enumerate(self.tables(document, "models"))
         )
         self.check_unique([a.alias for a in aliases], "models", "alias")
-        return ProvidersConfig(providers, aliases)
+        prices = parse_prices(
+            self.tables(document, "prices"), self.fail, [p.name for p in providers]
+        )
+        return ProvidersConfig(providers, aliases, prices)
 
     # Entries ---------------------------------------------------------------------------------
 

@@ -365,7 +365,7 @@ class GatewayProcess:
         return records
 
     def billing_records(self) -> list[dict[str, Any]]:
-        return [r for r in self.records() if r.get("event") == "venice.billing"]
+        return [r for r in self.records() if r.get("event") == "llmgw.billing"]
 
     def watched(self, secret_scanner: Any, name: str) -> Iterator[GatewayProcess]:
         """A gateway shared by a module's tests, yielded to one of them; after it, the process is

@@ -59,7 +59,7 @@ async def test_embeddings_are_recorded_like_chat(
     server = gateway.telemetry.span("POST /v1/embeddings")
     assert span.parent.span_id == server.context.span_id
 
-    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "venice.billing"]
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "llmgw.billing"]
     assert (record.operation, record.provider, record.model) == ("embeddings", "venice", MODEL)
     assert (record.input_tokens, record.status, record.outcome) == (3, 200, "completed")
     assert record.stream is False

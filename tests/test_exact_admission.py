@@ -25,7 +25,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]  # 1 prompt token at the fake
 BODY = {"model": "qwen3-5-9b", "messages": MESSAGES, "max_tokens": 5}  # the fake answers 5
 QWEN = Price(0.1, 150.0)  # what the fake lists (and bills) for qwen3-5-9b
 WORST_TOKENS = estimate_input_tokens(BODY) + 5
-WORST_COST = QWEN.cost(estimate_input_tokens(BODY), 5)
+WORST_COST = QWEN.worst_cost(estimate_input_tokens(BODY), 5)
 ACTUAL_COST = expected_cost_usd(1, 5)
 ACTUAL_TOKENS = 1 + 5
 

@@ -173,7 +173,7 @@ async def test_alias_answers_from_the_second_deployment_when_the_first_returns_5
     assert span[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
     assert sc.VENICE_COST_USD not in span
     assert sc.ERROR_TYPE not in span
-    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "venice.billing"]
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "llmgw.billing"]
     assert (record.provider, record.deployment, record.cost_usd) == (
         "openai",
         "openai:gpt-4o-mini",

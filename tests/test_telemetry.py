@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": "secret prompt words"}]
 
 
 def billing_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if getattr(r, "event", None) == "venice.billing"]
+    return [r for r in caplog.records if getattr(r, "event", None) == "llmgw.billing"]
 
 
 async def test_plain_completion_span_has_the_genai_attributes(
@@ -177,7 +177,7 @@ async def test_metrics_have_convention_names_units_buckets_and_attributes(
             assert not any(
                 "key" in attribute or "subject" in attribute for attribute in point.attributes
             )
-    [cost] = gateway.telemetry.metric_points(sc.METRIC_VENICE_COST)
+    [cost] = gateway.telemetry.metric_points(sc.METRIC_PROVIDER_COST)
     assert cost.value == pytest.approx(2 * expected_cost_usd(3, 5))
 
 

@@ -16,39 +16,23 @@ from typing import Any
 import attrs
 import orjson
 
+from llmgw.accounting.price import Price, PriceRule
 from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
 from llmgw.errors import GatewayError
 from llmgw.providers.base import Provider, UpstreamHTTPError
 from llmgw.providers.venice import VeniceProvider
 
-__all__ = ["Price", "PriceTable", "configured_prices", "parse_venice_models", "publishers"]
+__all__ = [
+    "Price",
+    "PriceRule",
+    "PriceTable",
+    "configured_prices",
+    "parse_venice_models",
+    "publishers",
+]
 
 log = logging.getLogger(__name__)
-
-_PER_TOKEN = 1e-6  # prices are per million tokens
-
-
-@attrs.frozen(slots=True)
-class Price:
-    input_usd_per_mtok: float
-    output_usd_per_mtok: float
-    cached_input_usd_per_mtok: float | None = None
-    max_output_tokens: int | None = None  # the model's own limit, where published
-
-    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
-        """USD for the given tokens; cached input tokens at the cached price where there is one."""
-        cached = min(max(0, cached_input_tokens), max(0, input_tokens))
-        cached_price = (
-            self.input_usd_per_mtok
-            if self.cached_input_usd_per_mtok is None
-            else self.cached_input_usd_per_mtok
-        )
-        return _PER_TOKEN * (
-            (max(0, input_tokens) - cached) * self.input_usd_per_mtok
-            + cached * cached_price
-            + max(0, output_tokens) * self.output_usd_per_mtok
-        )
 
 
 def _usd(value: Any) -> float | None:
@@ -76,7 +60,8 @@ def parse_venice_models(document: Any) -> dict[str, Price]:
         prices[item["id"]] = Price(
             input_usd_per_mtok=input_price,
             output_usd_per_mtok=0.0 if output_price is None else output_price,
-            cached_input_usd_per_mtok=_usd(pricing.get("cache_input")),
+            cache_read_usd_per_mtok=_usd(pricing.get("cache_input")),
+            cache_write_usd_per_mtok=_usd(pricing.get("cache_write")),
             max_output_tokens=max_output
             if isinstance(max_output, int) and not isinstance(max_output, bool) and max_output > 0
             else None,
@@ -84,13 +69,15 @@ def parse_venice_models(document: Any) -> dict[str, Price]:
     return prices
 
 
-def configured_prices(settings: Settings) -> dict[tuple[str, str | None], Price]:
-    """The prices LLMGW_CONFIG gives, per provider (model None: every model of it)."""
-    return {
-        (spec.name, None): Price(spec.input_usd_per_mtok, spec.output_usd_per_mtok)
+def configured_prices(settings: Settings) -> tuple[PriceRule, ...]:
+    """The prices LLMGW_CONFIG gives: its [[prices]] entries, then each provider's own
+    ``input/output_usd_per_mtok`` as "provider:*" (so an entry for the same pattern wins)."""
+    provider_wide = tuple(
+        PriceRule(f"{spec.name}:*", Price(spec.input_usd_per_mtok, spec.output_usd_per_mtok))
         for spec in settings.providers
         if spec.input_usd_per_mtok is not None and spec.output_usd_per_mtok is not None
-    }
+    )
+    return (*settings.prices, *provider_wide)
 
 
 def publishers(providers: Sequence[Provider]) -> tuple[Provider, ...]:
@@ -99,20 +86,16 @@ def publishers(providers: Sequence[Provider]) -> tuple[Provider, ...]:
 
 
 class PriceTable:
-    """Configured prices win over published ones; a provider-wide price covers all its models.
-
-    ``configured`` maps ``(provider, model)`` to a price, with model None for the whole provider.
-    Publishers (given to ``start``) are the providers whose listings carry prices (Venice),
-    fetched at start and refreshed in the background.
+    """Configured prices win over published ones: the most specific rule matching a deployment
+    (see PriceRule.specificity; among equals, the first) is its price whole, with the model's
+    published output limit. Publishers (given to ``start``) are the providers whose listings carry
+    prices (Venice), fetched at start and refreshed in the background.
     """
 
     def __init__(
-        self,
-        configured: Mapping[tuple[str, str | None], Price] | None = None,
-        *,
-        refresh_seconds: float = 3600.0,
+        self, configured: Sequence[PriceRule] = (), *, refresh_seconds: float = 3600.0
     ) -> None:
-        self._configured = dict(configured or {})
+        self._configure(configured)
         self._published: dict[tuple[str, str], Price] = {}
         self._publishers: tuple[Provider, ...] = ()
         self._refresh_seconds = refresh_seconds
@@ -120,12 +103,24 @@ class PriceTable:
         self._fetched = asyncio.Event()  # the first fetch ended (whatever its result)
         self._reloads: set[asyncio.Task[None]] = set()
 
+    def _configure(self, configured: Sequence[PriceRule]) -> None:
+        # sorted() is stable: among rules as specific, the first configured stays first.
+        self._rules = sorted(configured, key=lambda rule: rule.specificity, reverse=True)
+        # The rule each deployment asked about matched (a glob is matched once per deployment).
+        self._matched: dict[tuple[str, str], Price | None] = {}
+
+    def _configured(self, provider: str, model: str) -> Price | None:
+        key = (provider, model)
+        if key not in self._matched:
+            deployment = f"{provider}:{model}"
+            self._matched[key] = next(
+                (rule.price for rule in self._rules if rule.matches(deployment)), None
+            )
+        return self._matched[key]
+
     def price(self, provider: str, model: str) -> Price | None:
-        found = self._configured.get((provider, model))
-        if found is not None:
-            return found
         published = self._published.get((provider, model))
-        configured = self._configured.get((provider, None))
+        configured = self._configured(provider, model)
         if configured is None:
             return published
         if published is not None and configured.max_output_tokens is None:
@@ -169,15 +164,13 @@ class PriceTable:
         """Remember the publishers; their listings are fetched when a price is first needed."""
         self._publishers = tuple(publishers)
 
-    def reconfigure(
-        self, configured: Mapping[tuple[str, str | None], Price], publishers: Sequence[Provider]
-    ) -> None:
+    def reconfigure(self, configured: Sequence[PriceRule], publishers: Sequence[Provider]) -> None:
         """A reloaded configuration (SIGHUP): its prices, and the listings of its providers.
 
         Published prices of providers that are gone are dropped; the new publishers' listings
         are fetched at once, in the background (until then their last published prices stay).
         """
-        self._configured = dict(configured)
+        self._configure(configured)
         self._publishers = tuple(publishers)
         names = {provider.name for provider in self._publishers}
         for key in [k for k in self._published if k[0] not in names]:

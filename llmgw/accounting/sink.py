@@ -11,9 +11,11 @@ from llmgw.accounting.usage import UsageRecord
 from llmgw.limits.policy import Admitted, LimitPolicy
 from llmgw.storage.ledger import UsageLedger
 
-__all__ = ["UsageAccounting"]
+__all__ = ["BILLING_EVENT", "UsageAccounting"]
 
 billing_log = logging.getLogger("llmgw.billing")
+# The billing record's "event" (it was "venice.billing" before other providers were billed).
+BILLING_EVENT = "llmgw.billing"
 
 
 @attrs.frozen
@@ -22,6 +24,6 @@ class UsageAccounting:
     ledger: UsageLedger
 
     def __call__(self, record: UsageRecord, admitted: Admitted) -> None:
-        billing_log.info("billing record", extra={"event": "venice.billing", **record.log_fields()})
+        billing_log.info("billing record", extra={"event": BILLING_EVENT, **record.log_fields()})
         self.limits.settle(admitted, record)
         self.ledger.record(record)

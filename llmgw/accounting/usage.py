@@ -19,6 +19,7 @@ __all__ = [
     "USAGE_SOURCES",
     "Usage",
     "UsageRecord",
+    "anthropic_usage",
     "cost_decimal",
     "parse_usage",
     "reported_count",
@@ -36,6 +37,10 @@ USAGE_SOURCES: Final = ("reported", "estimated")
 # Postgres text holds no NUL and UTF-8 no lone surrogate; the other control characters are
 # storable but never belong in a model name or an id, and would garble an operator's terminal.
 _UNSTORABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_COUNT_FIELDS: Final = (
+    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+    "cache_creation_1h_input_tokens", "reasoning_output_tokens",
+)  # fmt: skip
 _TEXT_FIELDS: Final = (
     "request_id", "response_id", "operation", "provider", "deployment", "model",
     "response_model", "outcome", "error_type", "trace_id",
@@ -44,11 +49,17 @@ _TEXT_FIELDS: Final = (
 
 @attrs.frozen(slots=True)
 class Usage:
+    """Token counts in the OpenAI convention, whatever API reported them: ``input_tokens`` is all
+    input, cache reads and writes included (subsets of it); ``output_tokens`` includes the
+    reasoning tokens; ``cache_creation_1h_input_tokens`` is the part of the cache writes kept for
+    an hour (Anthropic's 1-hour cache, priced apart)."""
+
     input_tokens: int | None = None
     output_tokens: int | None = None
     cache_read_input_tokens: int | None = None
     cache_creation_input_tokens: int | None = None
     reasoning_output_tokens: int | None = None
+    cache_creation_1h_input_tokens: int | None = None
     cost_usd: float | None = None
     cost_diem: float | None = None
 
@@ -81,6 +92,7 @@ def reported_usage(document: dict[str, Any]) -> Usage | None:
         cache_read_input_tokens=reported_count(usage.cache_read_input_tokens),
         cache_creation_input_tokens=reported_count(usage.cache_creation_input_tokens),
         reasoning_output_tokens=reported_count(usage.reasoning_output_tokens),
+        cache_creation_1h_input_tokens=reported_count(usage.cache_creation_1h_input_tokens),
     )
     return None if shown.input_tokens is None and shown.output_tokens is None else shown
 
@@ -116,14 +128,45 @@ def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
     cache_read = _int(prompt_details.get("cached_tokens"))
     if cache_read is None:
         cache_read = _int(usage.get("cache_read_input_tokens"))
+    # Venice names chat's cache writes cache_creation_input_tokens, OpenAI's Responses SDK
+    # cache_write_tokens.
+    cache_write = _int(prompt_details.get("cache_creation_input_tokens"))
+    if cache_write is None:
+        cache_write = _int(prompt_details.get("cache_write_tokens"))
     return Usage(
         input_tokens=_int(usage.get("input_tokens" if responses else "prompt_tokens")),
         output_tokens=_int(usage.get("output_tokens" if responses else "completion_tokens")),
         cache_read_input_tokens=cache_read,
-        cache_creation_input_tokens=_int(prompt_details.get("cache_creation_input_tokens")),
+        cache_creation_input_tokens=cache_write,
         reasoning_output_tokens=_int(completion_details.get("reasoning_tokens")),
         cost_usd=_number(cost.get("usd")),
         cost_diem=_number(cost.get("diem")),
+    )
+
+
+def anthropic_usage(usage: dict[str, Any]) -> Usage:
+    """An Anthropic Messages ``usage`` object (a message's, ``message_start``'s or
+    ``message_delta``'s) in the OpenAI convention of :class:`Usage`.
+
+    Anthropic's ``input_tokens`` excludes the cache reads and writes (anthropic-messages.md M2), so
+    they are added to it; ``cache_creation.ephemeral_1h_input_tokens`` is the 1-hour part of the
+    writes. Anthropic counts thinking within ``output_tokens`` without reporting it apart.
+    """
+    fresh = _int(usage.get("input_tokens"))
+    cache_read = _int(usage.get("cache_read_input_tokens"))
+    cache_write = _int(usage.get("cache_creation_input_tokens"))
+    write_1h = _int(_dict(usage.get("cache_creation")).get("ephemeral_1h_input_tokens"))
+    if cache_write is None and write_1h is not None:
+        # Only the breakdown: the writes are its two parts.
+        five_minutes = _int(_dict(usage.get("cache_creation")).get("ephemeral_5m_input_tokens"))
+        cache_write = write_1h + (five_minutes or 0)
+    parts = [count for count in (fresh, cache_read, cache_write) if count is not None]
+    return Usage(
+        input_tokens=sum(parts) if parts else None,
+        output_tokens=_int(usage.get("output_tokens")),
+        cache_read_input_tokens=cache_read,
+        cache_creation_input_tokens=cache_write,
+        cache_creation_1h_input_tokens=write_1h,
     )
 
 
@@ -154,6 +197,11 @@ class UsageRecord:
     trace_id: str | None
     usage_source: str = "reported"  # or "estimated": computed by the gateway, not the provider's
     cost_computed: bool = False  # the cost is from the price table, not the provider
+    # The token kinds priced apart, each a part of input_tokens or output_tokens (see Usage).
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_creation_1h_input_tokens: int | None = None
+    reasoning_output_tokens: int | None = None
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
     # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
@@ -182,7 +230,7 @@ class UsageRecord:
             elif (bounded := storable_text(text)) != text:
                 reason = "truncated" if _UNSTORABLE.search(text) is None else "control_characters"
                 replace(field, bounded, reason)
-        for field in ("input_tokens", "output_tokens"):
+        for field in _COUNT_FIELDS:
             count = getattr(self, field)
             if count is not None and not _is_int_within(count, 0, MAX_TOKENS):
                 replace(field, None, "out_of_range")

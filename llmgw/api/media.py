@@ -15,10 +15,12 @@ from typing import Any
 
 import aiohttp
 import attrs
+import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgw import app_keys
+from llmgw.accounting import metering
 from llmgw.api.body import read_json_object
 from llmgw.api.pipeline import (
     CLIENT_CLOSED_REQUEST,
@@ -71,11 +73,20 @@ IMAGES = Operation(
     complete=lambda provider, call: provider.forward("/images/generations", call),
     produces_output=False,
     sends_chat=False,
+    meter=metering.IMAGES,
 )
 
 
 async def create_image(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
     return await proxy(request, key, IMAGES)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # relayed as the provider sent it; billed by the upload's length
+    return document if isinstance(document, dict) else None
 
 
 # Speech ----------------------------------------------------------------------------------------
@@ -86,7 +97,13 @@ async def create_speech(request: web.Request, key: AuthenticatedKey) -> web.Stre
     model = _require_model(body)
     _require_text(body, "input")
     upstream = UpstreamRequest(
-        sc.OPERATION_TEXT_TO_SPEECH, model, True, body, raw, produces_output=False
+        sc.OPERATION_TEXT_TO_SPEECH,
+        model,
+        True,
+        body,
+        raw,
+        produces_output=False,
+        metered=metering.SPEECH.requested(body),
     )
     route, call, exchange = await start_call(request, key, upstream)
     opened = await observe_upstream(
@@ -232,6 +249,7 @@ async def create_transcription(request: web.Request, key: AuthenticatedKey) -> w
             "(REQUEST_TIMEOUT_SECONDS)."
         ) from None
     model = _require_model(upload.fields)
+    meter = metering.transcription_meter(upload.file)
     upstream = UpstreamRequest(
         sc.OPERATION_SPEECH_TO_TEXT,
         model,
@@ -240,21 +258,27 @@ async def create_transcription(request: web.Request, key: AuthenticatedKey) -> w
         upload.encode(model),
         content_type=_FORM_TYPE,
         encode_for_model=upload.encode,
+        metered=meter.requested(upload.fields),
     )
     route, call, exchange = await start_call(request, key, upstream)
     return await observe_upstream(
-        exchange, functools.partial(_transcribe, route, call, exchange), translate_errors=False
+        exchange,
+        functools.partial(_transcribe, route, call, exchange, meter),
+        translate_errors=False,
     )
 
 
 async def _transcribe(
-    route: FallbackChain, call: UpstreamCall, exchange: Exchange
+    route: FallbackChain, call: UpstreamCall, exchange: Exchange, meter: metering.Meter
 ) -> web.StreamResponse:
     answer = await route.first_answer(
         call, lambda provider, c: provider.forward("/audio/transcriptions", c)
     )
     result = exchange.answered(answer)
     exchange.observation.retries = result.retries
+    document = _json_object(result.body) if "json" in result.content_type else None
+    if document is not None:
+        exchange.metered = meter.answered(document) or exchange.metered
     exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     # JSON or text/plain (response_format=text), as the provider answered.
     return web.Response(

@@ -34,7 +34,8 @@ from llmgw.accounting.estimate import (
     estimate_input_tokens,
     estimate_output_tokens,
 )
-from llmgw.accounting.prices import Price
+from llmgw.accounting.metering import Meter
+from llmgw.accounting.price import Metered, Price
 from llmgw.accounting.usage import Usage, UsageRecord, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
@@ -95,6 +96,7 @@ class Operation:
     )
     # False: the provider is sent another API's body (no stream_options, no capability checks).
     sends_chat: bool = True
+    meter: Meter | None = None  # a media call: billed by what it returns, not by tokens
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -122,6 +124,8 @@ class Exchange:
     finished: bool = False
     release_deployment: Callable[[float | None], None] = lambda _: None  # see Answer.done
     answered_at: float = 0.0  # perf_counter, as the observation's chunk times
+    # A media call's billed quantity: the request's (its worst case) until the answer says.
+    metered: Metered | None = None
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -193,6 +197,7 @@ class Exchange:
             provider_worked=self.provider_worked,
             estimate=self._estimate,
             price=self._price,
+            metered=self.metered,
         )
         # Partly estimated (an attempt that broke before reporting) is estimated.
         source = ESTIMATED if estimated else charged.source
@@ -228,6 +233,18 @@ class Exchange:
             total = Usage(
                 input_tokens=_plus(total.input_tokens, usage.input_tokens),
                 output_tokens=_plus(total.output_tokens, usage.output_tokens),
+                cache_read_input_tokens=_plus(
+                    total.cache_read_input_tokens, usage.cache_read_input_tokens
+                ),
+                cache_creation_input_tokens=_plus(
+                    total.cache_creation_input_tokens, usage.cache_creation_input_tokens
+                ),
+                cache_creation_1h_input_tokens=_plus(
+                    total.cache_creation_1h_input_tokens, usage.cache_creation_1h_input_tokens
+                ),
+                reasoning_output_tokens=_plus(
+                    total.reasoning_output_tokens, usage.reasoning_output_tokens
+                ),
                 # A cost only when every attempt reported one; else the price table's, for all.
                 cost_usd=None
                 if total.cost_usd is None or usage.cost_usd is None
@@ -290,6 +307,10 @@ class Exchange:
             error_type=error_type,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens,
+            cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
+            reasoning_output_tokens=usage.reasoning_output_tokens,
             cost_usd=usage.cost_usd,
             cost_diem=usage.cost_diem,
             duration_ms=round(finished.duration_s * 1000, 3),
@@ -340,6 +361,7 @@ async def proxy(
             sent,
             produces_output=operation.produces_output,
             reasoning_params=reasoning,
+            metered=None if operation.meter is None else operation.meter.requested(body),
         ),
     )
     translate_errors = codec is not None
@@ -372,6 +394,7 @@ class UpstreamRequest:
     encode_for_model: Callable[[str], bytes] | None = None  # for bodies that are not JSON
     produces_output: bool = True  # False: no output tokens to reserve
     reasoning_params: tuple[str, ...] = ()  # see UpstreamCall.reasoning_params
+    metered: Metered | None = None  # a media call: what it is billed by, at most
 
 
 async def start_call(
@@ -392,6 +415,7 @@ async def start_call(
         deployments=route.deployments,
         produces_output=upstream.produces_output,
         window_counted=app_keys.RATE_LIMIT in request,
+        metered=upstream.metered,
     )
     if admitted.window is not None:
         request[app_keys.RATE_LIMIT] = admitted.window
@@ -410,7 +434,9 @@ async def start_call(
             stream=upstream.stream,
             capture_content=telemetry.capture_content,
         )
-        exchange = Exchange(request, key, upstream.fields, admitted, observation)
+        exchange = Exchange(
+            request, key, upstream.fields, admitted, observation, metered=upstream.metered
+        )
         call = _upstream_call(request, upstream, exchange)
     except BaseException:
         limits.settle(admitted, None)  # nothing was used: give it back
@@ -575,6 +601,8 @@ async def _complete(
     observation.note_document(document)
     observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
     exchange.output_chars = _output_chars(document)
+    if operation.meter is not None:
+        exchange.metered = operation.meter.answered(document) or exchange.metered
     # Translated before the exchange finishes: an answer that cannot be translated is recorded as
     # the failure the caller gets (with the usage the provider reported), not as a success.
     if operation.codec is None:

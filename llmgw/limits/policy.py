@@ -29,12 +29,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import attrs
 
 from llmgw.accounting.estimate import estimate_input_tokens, worst_case_output_tokens
-from llmgw.accounting.prices import Price, PriceTable
+from llmgw.accounting.price import Metered
+from llmgw.accounting.prices import PriceTable
 from llmgw.accounting.usage import UsageRecord
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.background import cancel_and_wait
@@ -105,6 +107,10 @@ class Admitted:
 
 
 _NOTHING_RESERVED = Admitted()
+
+
+def _float(cost: Decimal | None) -> float | None:
+    return None if cost is None else float(cost)
 
 
 def _month(moment: datetime) -> date:
@@ -199,6 +205,7 @@ class LimitPolicy:
         deployments: Sequence[Deployment],
         produces_output: bool,
         window_counted: bool,
+        metered: Metered | None = None,
     ) -> Admitted:
         """Admit the request or raise the error it breaks; reserve its worst case if limits apply.
 
@@ -217,7 +224,12 @@ class LimitPolicy:
         budgeted = key.subject_id is not None and key.monthly_budget_usd is not None
         await self.prices.loaded()
         worst = self.worst_case(
-            body, deployments, produces_output=produces_output, priced=budgeted, model=model
+            body,
+            deployments,
+            produces_output=produces_output,
+            priced=budgeted,
+            model=model,
+            metered=metered,
         )
         now = datetime.fromtimestamp(self._clock(), UTC)
         reservations = self._reservations(key, worst, now)
@@ -255,8 +267,12 @@ class LimitPolicy:
         produces_output: bool,
         priced: bool,
         model: str,
+        metered: Metered | None = None,
     ) -> WorstCase:
-        """The most a request can use on any deployment of its route (the first that answers)."""
+        """The most a request can use on any deployment of its route (the first that answers).
+
+        ``metered``: a media call, priced by what it is billed by (at most ``metered``), not by
+        tokens."""
         prices = [self.prices.price(d.provider.name, d.model) for d in deployments]
         input_tokens = estimate_input_tokens(body)
         output_tokens = 0
@@ -269,15 +285,23 @@ class LimitPolicy:
             )
         if not priced:
             return WorstCase(input_tokens, output_tokens, None)
-        known: list[Price] = [p for p in prices if p is not None]
-        if len(known) < len(prices):
+        costs = [
+            None
+            if p is None
+            else p.worst_cost(input_tokens, output_tokens)
+            if metered is None
+            else _float(p.media_cost(metered))
+            for p in prices
+        ]
+        known = [cost for cost in costs if cost is not None]
+        if len(known) < len(costs):
+            unit = "" if metered is None else f" per {metered.unit.replace('_', ' ')}"
             raise PriceUnknown(
-                f"Model {model!r} has no known price, and this key's spending is capped by a "
-                "budget; the operator must price it (see docs/accounting.md, the price table).",
+                f"Model {model!r} has no known price{unit}, and this key's spending is capped by "
+                "a budget; the operator must price it (see docs/accounting.md, the price table).",
                 param="model",
             )
-        cost = max(p.cost(input_tokens, output_tokens) for p in known)
-        return WorstCase(input_tokens, output_tokens, cost)
+        return WorstCase(input_tokens, output_tokens, max(known))
 
     def _reservations(
         self, key: AuthenticatedKey, worst: WorstCase, now: datetime

@@ -147,6 +147,12 @@ api_key_token_windows = sa.Table(
     sa.CheckConstraint("tokens >= 0", name="tokens_non_negative"),
 )
 
+_PRICED_APART = (
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "cache_creation_1h_input_tokens",
+    "reasoning_output_tokens",
+)
 usage_events = sa.Table(
     "usage_events",
     metadata,
@@ -176,6 +182,9 @@ usage_events = sa.Table(
     sa.Column("cost_computed", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     # UsageRecord.event_id: a record written twice (a spool replayed) is stored once. NULL: older rows.
     sa.Column("event_id", UUID(as_uuid=True), nullable=True),
+    # The token kinds priced apart, each part of input_tokens or output_tokens. NULL: not
+    # reported (or older rows).
+    *(sa.Column(name, sa.Integer(), nullable=True) for name in _PRICED_APART),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -183,6 +192,7 @@ usage_events = sa.Table(
     sa.CheckConstraint("status BETWEEN 100 AND 599", name="status_http"),
     sa.CheckConstraint("input_tokens IS NULL OR input_tokens >= 0", name="input_tokens"),
     sa.CheckConstraint("output_tokens IS NULL OR output_tokens >= 0", name="output_tokens"),
+    *(sa.CheckConstraint(f"{name} IS NULL OR {name} >= 0", name=name) for name in _PRICED_APART),
     sa.CheckConstraint("cost_usd IS NULL OR cost_usd >= 0", name="cost_usd"),
     sa.CheckConstraint("cost_diem IS NULL OR cost_diem >= 0", name="cost_diem"),
     sa.CheckConstraint("duration_ms >= 0", name="duration"),

@@ -33,9 +33,10 @@ _INSERT = """
 INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
-    time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id
+    time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id, cache_read_input_tokens,
+    cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_output_tokens
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-          $21)
+          $21, $22, $23, $24, $25)
 ON CONFLICT (event_id) DO NOTHING
 """
 # Rows of the batch already stored (a replayed spool, or a batch retried after its commit was cut
@@ -97,7 +98,9 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
                 r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
                 r.input_tokens, r.output_tokens, cost_usd, _decimal(r.cost_diem),
                 r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
-                r.cost_computed, r.event_id,
+                r.cost_computed, r.event_id, r.cache_read_input_tokens,
+                r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
+                r.reasoning_output_tokens,
             )
         )  # fmt: skip
         if r.subject_id is not None and cost_usd:

@@ -96,8 +96,8 @@ class GatewayInstruments:
             unit="{stream}",
             description="Broken streams the gateway tried to finish on another attempt, by outcome",
         )
-        self.venice_cost = meter.create_counter(
-            sc.METRIC_VENICE_COST, unit="USD", description="Cost Venice reported, by model"
+        self.provider_cost = meter.create_counter(
+            sc.METRIC_PROVIDER_COST, unit="USD", description="Cost the provider reported, by model"
         )
         self.usage_ledger_dropped = meter.create_counter(
             sc.METRIC_USAGE_LEDGER_DROPPED,
@@ -389,7 +389,7 @@ class ChatObservation:
                 {**metric_attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT},
             )
         if usage.cost_usd is not None:
-            self.instruments.venice_cost.add(
+            self.instruments.provider_cost.add(
                 usage.cost_usd,
                 {sc.GEN_AI_REQUEST_MODEL: metric_attributes[sc.GEN_AI_REQUEST_MODEL]},
             )

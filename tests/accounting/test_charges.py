@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from llmgw.accounting.charges import charge
-from llmgw.accounting.prices import Price
+from llmgw.accounting.price import Metered, Price
 from llmgw.accounting.usage import Usage
 
 PRICE = Price(1.0, 2.0)
@@ -20,7 +18,7 @@ def test_reported_usage_and_cost_are_kept() -> None:
 def test_an_upstream_that_reports_no_usage_is_charged_an_estimate() -> None:
     charged = charge(None, provider_worked=True, estimate=lambda: (10, 20), price=lambda: PRICE)
     assert (charged.usage.input_tokens, charged.usage.output_tokens) == (10, 20)
-    assert charged.usage.cost_usd == pytest.approx(PRICE.cost(10, 20))
+    assert charged.usage.cost_usd == 50e-6
     assert (charged.source, charged.cost_computed) == ("estimated", True)
 
 
@@ -29,7 +27,7 @@ def test_tokens_without_a_cost_are_priced() -> None:
         Usage(input_tokens=1, output_tokens=1), provider_worked=True, estimate=lambda: (0, 0),
         price=lambda: PRICE,
     )  # fmt: skip
-    assert charged.usage.cost_usd == pytest.approx(3e-6)
+    assert charged.usage.cost_usd == 3e-6
     assert (charged.source, charged.cost_computed) == ("reported", True)
 
 
@@ -46,3 +44,21 @@ def test_impossible_token_counts_are_not_priced() -> None:
     reported = Usage(input_tokens=-5, output_tokens=2**40)
     charged = charge(reported, provider_worked=True, estimate=lambda: (0, 0), price=lambda: PRICE)
     assert (charged.usage, charged.cost_computed) == (reported, False)
+
+
+def test_a_media_call_is_priced_by_what_it_returned_not_by_tokens() -> None:
+    price = Price(1.0, 2.0, image_usd=0.04)
+    charged = charge(
+        None, provider_worked=True, estimate=lambda: (10, 0), price=lambda: price,
+        metered=Metered("image", 3),
+    )  # fmt: skip
+    assert charged.usage.cost_usd == 0.12
+    assert charged.cost_computed
+
+
+def test_a_media_call_without_its_price_has_no_cost() -> None:
+    charged = charge(
+        None, provider_worked=True, estimate=lambda: (10, 0), price=lambda: PRICE,
+        metered=Metered("audio_second", 3),
+    )  # fmt: skip
+    assert (charged.usage.cost_usd, charged.cost_computed) == (None, False)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from pathlib import Path
 
 import orjson
 import pytest
 import yaml
 
-from llmgw.accounting.prices import Price, PriceTable, parse_venice_models
+from llmgw.accounting.prices import Price, PriceRule, PriceTable, parse_venice_models
+from llmgw.accounting.usage import Usage
 from llmgw.providers.base import UpstreamHTTPError, UpstreamResponse
 
 RECORDED = Path(__file__).resolve().parents[2] / "../shared/venice/recorded/model_listing"
@@ -22,8 +24,17 @@ def test_a_venice_listing_gives_prices_and_output_limits() -> None:
     body = yaml.safe_load(path.read_text())["then"]["body"]
     prices = parse_venice_models(orjson.loads(body))
     flash = prices["gemini-3-6-flash"]
-    assert flash == Price(1.875, 9.375, cached_input_usd_per_mtok=0.1875, max_output_tokens=65536)
-    assert flash.cost(1_000_000, 0, cached_input_tokens=1_000_000) == pytest.approx(0.1875)
+    assert flash == Price(1.875, 9.375, cache_read_usd_per_mtok=0.1875, max_output_tokens=65536)
+    cached = Usage(input_tokens=1_000_000, output_tokens=0, cache_read_input_tokens=1_000_000)
+    assert flash.bill(cached) == Decimal("0.1875")
+
+
+def test_a_venice_listing_gives_cache_write_prices() -> None:
+    listing = {"data": [{"id": "claude", "model_spec": {"pricing": {"input": {"usd": 3},
+        "output": {"usd": 15}, "cache_input": {"usd": 0.3}, "cache_write": {"usd": 3.75}}}}]}  # fmt: skip
+    assert parse_venice_models(listing)["claude"] == Price(
+        3, 15, cache_read_usd_per_mtok=0.3, cache_write_usd_per_mtok=3.75
+    )
 
 
 def test_unpriced_or_malformed_models_are_skipped() -> None:
@@ -33,13 +44,39 @@ def test_unpriced_or_malformed_models_are_skipped() -> None:
 
 
 def test_configured_prices_win_and_cover_a_whole_provider() -> None:
-    table = PriceTable({("local", None): Price(1.0, 2.0), ("venice", "m"): Price(3.0, 4.0)})
+    table = PriceTable(
+        [PriceRule("local:*", Price(1.0, 2.0)), PriceRule("venice:m", Price(3.0, 4.0))]
+    )
     table.publish("venice", {"m": Price(9.0, 9.0), "n": Price(5.0, 6.0, max_output_tokens=7)})
     assert table.price("local", "anything") == Price(1.0, 2.0)
     assert table.price("venice", "m") == Price(3.0, 4.0)
     assert table.price("venice", "n") == Price(5.0, 6.0, max_output_tokens=7)
     assert table.price("venice", "unknown") is None
-    assert Price(1.0, 2.0).cost(1_000, 500) == pytest.approx(0.002)
+
+
+def test_the_most_specific_rule_wins_whatever_its_place() -> None:
+    table = PriceTable(
+        [
+            PriceRule("*:*", Price(1, 1)),
+            PriceRule("venice:claude-*", Price(2, 2)),
+            PriceRule("venice:claude-opus-*", Price(3, 3)),
+            PriceRule("venice:claude-opus-4", Price(4, 4)),
+            PriceRule("venice:*-opus-*", Price(5, 5)),  # as many literal characters: the first wins
+        ]
+    )
+    table.publish("venice", {"claude-opus-4": Price(9, 9, max_output_tokens=32000)})
+    assert table.price("venice", "claude-opus-4") == Price(4, 4, max_output_tokens=32000)
+    assert table.price("venice", "claude-opus-5") == Price(3, 3)
+    assert table.price("venice", "claude-haiku") == Price(2, 2)
+    assert table.price("local", "x") == Price(1, 1)
+
+
+def test_a_rule_replaces_the_published_price_whole() -> None:
+    table = PriceTable([PriceRule("venice:flux", Price(image_usd=0.01))])
+    table.publish("venice", {"flux": Price(1, 2, cache_read_usd_per_mtok=0.5)})
+    price = table.price("venice", "flux")
+    assert price == Price(image_usd=0.01)
+    assert price is not None and price.bill(Usage(input_tokens=10, output_tokens=0)) is None
 
 
 class UnlistedProvider:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from llmgw.accounting.prices import Price, PriceTable
+from llmgw.accounting.prices import Price, PriceRule, PriceTable
 from llmgw.api.models import ModelListCache
 from llmgw.config import Settings
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
@@ -103,7 +103,7 @@ async def test_a_reload_brings_the_new_files_prices(
         "output_usd_per_mtok = 2.0\n"
     )
     monkeypatch.setenv("LLMGW_CONFIG", str(config))
-    prices = PriceTable({("local", None): Price(9.0, 9.0)})
+    prices = PriceTable([PriceRule("local:*", Price(9.0, 9.0))])
     reloader = ConfigReloader(
         registry_of("local"),
         lambda _s: registry_of("local"),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.accounting.prices import Price, PriceTable
+from llmgw.accounting.prices import Price, PriceRule, PriceTable
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
 from llmgw.limits.memory import MemoryLimitStore
@@ -39,7 +39,7 @@ def key(**fields: Any) -> AuthenticatedKey:
 
 
 def policy(clock: Clock, **prices: Price) -> LimitPolicy:
-    table = PriceTable({("p", model): price for model, price in prices.items()})
+    table = PriceTable([PriceRule(f"p:{model}", price) for model, price in prices.items()])
     return LimitPolicy(MemoryLimitStore(clock=clock), table, lease_seconds=30, clock=clock)
 
 
@@ -83,7 +83,7 @@ async def test_budget_reserves_the_worst_case_and_prices_are_required() -> None:
     price = Price(input_usd_per_mtok=1_000.0, output_usd_per_mtok=10_000.0)
     limits = policy(clock, m=price)
     # Worst case: ceil(len('[{"role":"user","content":"hi"}]') / 4) = 8 input + 10 output tokens.
-    worst = price.cost(8, 10)
+    worst = price.worst_cost(8, 10)
     k = key(subject_id=uuid.uuid4(), monthly_budget_usd=worst * 3)
     for _ in range(3):
         await admit(limits, k)
@@ -103,10 +103,10 @@ async def test_a_subjects_reserved_spend_is_its_requests_in_flight() -> None:
     k = key(subject_id=subject, monthly_budget_usd=1.0)
     assert await limits.budget_reserved(subject) == 0
     first, _ = await admit(limits, k), await admit(limits, k)
-    assert await limits.budget_reserved(subject) == pytest.approx(2 * price.cost(8, 10))
+    assert await limits.budget_reserved(subject) == pytest.approx(2 * price.worst_cost(8, 10))
     limits.settle(first, _record(k))
     assert await limits.flush()
-    assert await limits.budget_reserved(subject) == pytest.approx(price.cost(8, 10))
+    assert await limits.budget_reserved(subject) == pytest.approx(price.worst_cost(8, 10))
     assert await limits.budget_reserved(uuid.uuid4()) == 0
 
 

@@ -94,7 +94,7 @@ def billing_fields() -> dict[str, Any]:
         cost_usd=0.00010471875,
         trace_id="0af7651916cd43dd8448eb211c80319c",
     )
-    return {"event": "venice.billing", **record.log_fields()}
+    return {"event": "llmgw.billing", **record.log_fields()}
 
 
 def exception(logger: logging.Logger) -> None:
@@ -457,7 +457,7 @@ def test_configure_logging_batches_json_lines_to_stderr(capsys: pytest.CaptureFi
     handler.flush()
     (line,) = capsys.readouterr().err.splitlines()
     assert orjson.loads(line)["worker"] == 2
-    assert orjson.loads(line)["event"] == "venice.billing"
+    assert orjson.loads(line)["event"] == "llmgw.billing"
 
 
 # ---------------------------------------------------------------------------------------------
