@@ -4,6 +4,7 @@ the price table (accounting.prices)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal
 from typing import Literal
@@ -134,5 +135,6 @@ class PriceRule:
         return "*" not in self.pattern, len(self.pattern.replace("*", ""))
 
 
+@functools.cache  # the configured patterns: few, compiled once
 def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))

@@ -106,17 +106,11 @@ class PriceTable:
     def _configure(self, configured: Sequence[PriceRule]) -> None:
         # sorted() is stable: among rules as specific, the first configured stays first.
         self._rules = sorted(configured, key=lambda rule: rule.specificity, reverse=True)
-        # The rule each deployment asked about matched (a glob is matched once per deployment).
-        self._matched: dict[tuple[str, str], Price | None] = {}
 
     def _configured(self, provider: str, model: str) -> Price | None:
-        key = (provider, model)
-        if key not in self._matched:
-            deployment = f"{provider}:{model}"
-            self._matched[key] = next(
-                (rule.price for rule in self._rules if rule.matches(deployment)), None
-            )
-        return self._matched[key]
+        # Not memoized per deployment: a caller's model names are unbounded, the rules are few.
+        deployment = f"{provider}:{model}"
+        return next((rule.price for rule in self._rules if rule.matches(deployment)), None)
 
     def price(self, provider: str, model: str) -> Price | None:
         published = self._published.get((provider, model))

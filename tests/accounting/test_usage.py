@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.accounting.usage import MAX_COST, MAX_TEXT_CHARS, MAX_TOKENS, UsageRecord, parse_usage
+from llmgw.accounting.usage import (
+    MAX_COST,
+    MAX_TEXT_CHARS,
+    MAX_TOKENS,
+    Usage,
+    UsageRecord,
+    anthropic_usage,
+    parse_usage,
+)
 from llmgw.storage.usage import write_batch
 from tests.usage_records import usage_record
 
@@ -144,3 +152,24 @@ def test_every_record_built_from_hostile_values_is_storable(
         assert all(isinstance(flag, str) and ":" in flag for flag in record.flags)
         orjson.dumps(record.log_fields(), default=str)  # the billing line, as logs.py writes it
     asyncio.run(_write(database_url, records))
+
+
+def test_cache_writes_are_read_from_chat_and_responses_usage() -> None:
+    chat = {"usage": {"prompt_tokens": 10, "completion_tokens": 1,
+                      "prompt_tokens_details": {"cache_creation_input_tokens": 4}}}  # fmt: skip
+    responses = {"usage": {"input_tokens": 10, "output_tokens": 1,
+                           "input_tokens_details": {"cache_write_tokens": 6}}}  # fmt: skip
+    assert parse_usage(chat, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=4)
+    assert parse_usage(responses, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=6)
+
+
+def test_anthropic_usage_counts_cache_reads_and_writes_as_input() -> None:
+    assert anthropic_usage({"input_tokens": 5, "output_tokens": 2}) == Usage(5, 2)
+    assert anthropic_usage(
+        {"input_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 30,
+         "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 20},
+         "output_tokens": 2}
+    ) == Usage(135, 2, cache_read_input_tokens=100, cache_creation_input_tokens=30,
+               cache_creation_1h_input_tokens=20)  # fmt: skip
+    # message_delta carries only the output count.
+    assert anthropic_usage({"output_tokens": 9}) == Usage(output_tokens=9)
