@@ -1,5 +1,6 @@
-"""The price table: USD per million tokens for each (provider, model), and each model's maximum
-output, from the configuration and from providers that publish them (Venice's ``/models``).
+"""The price table: each deployment's prices (accounting.price) and maximum output, from the
+configuration (``[[prices]]`` rules, providers' own prices) and from providers that publish them
+(Venice's ``/models``).
 
 Prices turn a request's worst case into the amount a budget reservation holds, and price the usage
 of providers that report tokens but no cost, so every ledger row has a cost.

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.accounting.price import Metered
 from llmgw.accounting.prices import Price, PriceRule, PriceTable
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
@@ -43,7 +44,9 @@ def policy(clock: Clock, **prices: Price) -> LimitPolicy:
     return LimitPolicy(MemoryLimitStore(clock=clock), table, lease_seconds=30, clock=clock)
 
 
-async def admit(limits: LimitPolicy, k: AuthenticatedKey, model: str = "m") -> Any:
+async def admit(
+    limits: LimitPolicy, k: AuthenticatedKey, model: str = "m", metered: Metered | None = None
+) -> Any:
     return await limits.admit(
         k,
         model=model,
@@ -51,6 +54,7 @@ async def admit(limits: LimitPolicy, k: AuthenticatedKey, model: str = "m") -> A
         deployments=[Deployment(_Provider(), model)],  # type: ignore[arg-type]
         produces_output=True,
         window_counted=False,
+        metered=metered,
     )
 
 
@@ -93,6 +97,18 @@ async def test_budget_reserves_the_worst_case_and_prices_are_required() -> None:
     assert refused.value.headers["Retry-After"] == str(31 * 86400 - 12 * 3600 - 30)
     with pytest.raises(PriceUnknown):
         await admit(limits, k, model="unpriced")
+
+
+async def test_a_media_call_reserves_its_media_price_not_tokens() -> None:
+    limits = policy(Clock(), image=Price(1_000.0, 10_000.0, image_usd=0.25), tokens=Price(1, 1))
+    subject = uuid.uuid4()
+    k = key(subject_id=subject, monthly_budget_usd=1.0)
+    await admit(limits, k, model="image", metered=Metered("image", 2))
+    assert await limits.budget_reserved(subject) == 0.5
+    with pytest.raises(RateLimited):  # 0.5 more fits; 0.75 does not
+        await admit(limits, k, model="image", metered=Metered("image", 3))
+    with pytest.raises(PriceUnknown, match="no known price per image"):
+        await admit(limits, k, model="tokens", metered=Metered("image", 1))
 
 
 async def test_a_subjects_reserved_spend_is_its_requests_in_flight() -> None:
