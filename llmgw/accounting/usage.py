@@ -128,11 +128,13 @@ def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
     cache_read = _int(prompt_details.get("cached_tokens"))
     if cache_read is None:
         cache_read = _int(usage.get("cache_read_input_tokens"))
-    # Venice names chat's cache writes cache_creation_input_tokens, OpenAI's Responses SDK
-    # cache_write_tokens.
+    # Venice names chat's cache writes cache_creation_input_tokens (in the details, and like its
+    # cache reads maybe beside them), OpenAI's Responses SDK cache_write_tokens.
     cache_write = _int(prompt_details.get("cache_creation_input_tokens"))
     if cache_write is None:
         cache_write = _int(prompt_details.get("cache_write_tokens"))
+    if cache_write is None:
+        cache_write = _int(usage.get("cache_creation_input_tokens"))
     return Usage(
         input_tokens=_int(usage.get("input_tokens" if responses else "prompt_tokens")),
         output_tokens=_int(usage.get("output_tokens" if responses else "completion_tokens")),

@@ -161,6 +161,9 @@ def test_cache_writes_are_read_from_chat_and_responses_usage() -> None:
                            "input_tokens_details": {"cache_write_tokens": 6}}}  # fmt: skip
     assert parse_usage(chat, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=4)
     assert parse_usage(responses, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=6)
+    beside = {"usage": {"prompt_tokens": 10, "completion_tokens": 1,
+                        "cache_creation_input_tokens": 3}}  # fmt: skip
+    assert parse_usage(beside, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=3)
 
 
 def test_anthropic_usage_counts_cache_reads_and_writes_as_input() -> None:
