@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmgw.accounting.charges import charge
+from llmgw.accounting.price import Price
 from llmgw.accounting.usage import (
     MAX_COST,
     MAX_TEXT_CHARS,
@@ -120,6 +122,10 @@ hostile_records = st.builds(
     status=st.none() | _any_int | st.integers(min_value=90, max_value=610),
     input_tokens=st.none() | _any_int,
     output_tokens=st.none() | _any_int,
+    cache_read_input_tokens=st.none() | _any_int,
+    cache_creation_input_tokens=st.none() | _any_int,
+    cache_creation_1h_input_tokens=st.none() | _any_int,
+    reasoning_output_tokens=st.none() | _any_int,
     cost_usd=st.none() | _any_number,
     cost_diem=st.none() | _any_number,
     duration_ms=st.floats(allow_nan=True, allow_infinity=True),
@@ -176,3 +182,37 @@ def test_anthropic_usage_counts_cache_reads_and_writes_as_input() -> None:
                cache_creation_1h_input_tokens=20)  # fmt: skip
     # message_delta carries only the output count.
     assert anthropic_usage({"output_tokens": 9}) == Usage(output_tokens=9)
+
+
+async def test_the_ledger_keeps_an_anthropic_answers_exact_bill_and_its_counts(
+    db: asyncpg.Connection,
+) -> None:
+    usage = anthropic_usage(
+        {"input_tokens": 1_234, "cache_read_input_tokens": 50_000,
+         "cache_creation_input_tokens": 7_000,
+         "cache_creation": {"ephemeral_5m_input_tokens": 3_000, "ephemeral_1h_input_tokens": 4_000},
+         "output_tokens": 789}
+    )  # fmt: skip
+    sonnet = Price(3, 15, cache_read_usd_per_mtok=0.3, cache_write_usd_per_mtok=3.75,
+                   cache_write_1h_usd_per_mtok=6)  # fmt: skip
+    charged = charge(usage, provider_worked=True, estimate=lambda: (0, 0), price=lambda: sonnet)
+    billed = charged.usage
+    record = usage_record(
+        input_tokens=billed.input_tokens, output_tokens=billed.output_tokens,
+        cache_read_input_tokens=billed.cache_read_input_tokens,
+        cache_creation_input_tokens=billed.cache_creation_input_tokens,
+        cache_creation_1h_input_tokens=billed.cache_creation_1h_input_tokens,
+        cost_usd=billed.cost_usd, cost_computed=charged.cost_computed,
+    )  # fmt: skip
+    await write_batch(db, [record])
+    row = await db.fetchrow("SELECT * FROM usage_events WHERE event_id = $1", record.event_id)
+    by_hand = (
+        1_234 * Decimal(3) + 50_000 * Decimal("0.3") + 3_000 * Decimal("3.75")
+        + 4_000 * Decimal(6) + 789 * Decimal(15)
+    ) / 1_000_000  # fmt: skip
+    assert row["cost_usd"] == by_hand
+    counts = (
+        row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"],
+        row["cache_creation_1h_input_tokens"], row["output_tokens"],
+    )  # fmt: skip
+    assert counts == (58_234, 50_000, 7_000, 4_000, 789)
