@@ -2,7 +2,7 @@
 
     [[providers]]
     name = "venice"                  # unique; used in "provider/model" names, deployments, telemetry
-    kind = "venice"                  # or "openai-compatible"
+    kind = "venice"                  # or "openai-compatible", "azure-openai"
     base_url = "https://api.venice.ai/api/v1"
     api_key_env = "VENICE_API_KEY"   # optional (a local Ollama needs none); the key stays in the env
     timeout_seconds = 30             # optional: one attempt; default REQUEST_TIMEOUT_SECONDS
@@ -14,6 +14,9 @@
     max_connections = 2048           # optional: calls in flight at once (a stream holds one for
                                      # its whole length); past it, a 503 after a short wait
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
+    api_version = "2024-10-21"       # azure-openai only, optional: Azure's classic API with
+                                     #   the model as the deployment in the URL; without it,
+                                     #   Azure's v1 API (llmgw.providers.azure_openai)
     responses = "native"             # optional: it serves POST /responses itself; default
                                      # "translate" (Responses requests become chat completions)
     reasoning = false                # optional: it accepts reasoning_effort (Claude Code's
@@ -73,7 +76,7 @@ __all__ = [
     "load_provider_config",
 ]
 
-ProviderKind = Literal["venice", "openai-compatible"]
+ProviderKind = Literal["venice", "openai-compatible", "azure-openai"]
 PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
 ResponsesMode = Literal["translate", "native"]
 RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
@@ -81,6 +84,8 @@ RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Azure's api-versions: "2024-10-21", "2025-04-01-preview" (shared/azure-openai.md Z1).
+_API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 
 
 class ProviderConfigError(ConfigError):
@@ -116,9 +121,12 @@ class Capabilities:
 # Prefill is off for both kinds: Venice does not document it, OpenAI and Azure answer a trailing
 # assistant message with a new turn, and vLLM and Ollama continue it only for some models or
 # templates (shared/provider-failures.md F3). Declare ``prefill = true`` for one that does.
+# Azure serves OpenAI's models with OpenAI's schema, so it refuses reasoning_effort for a
+# deployment of a model that does not reason, as OpenAI does (shared/azure-openai.md Z4).
 DEFAULT_CAPABILITIES: Mapping[ProviderKind, Capabilities] = {
     "venice": Capabilities(reasoning=True, prefill=False),
     "openai-compatible": Capabilities(reasoning=False, prefill=False),
+    "azure-openai": Capabilities(reasoning=False, prefill=False),
 }
 
 
@@ -163,6 +171,7 @@ class ProviderSpec:
     max_retries: int | None = None  # None: VENICE_MAX_RETRIES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    api_version: str | None = None  # azure-openai: the classic API's api-version; None: v1
     responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
     input_usd_per_mtok: float | None = None  # both or neither
     output_usd_per_mtok: float | None = None
@@ -351,6 +360,17 @@ class _Parser:
         for header, value in headers.items():
             if not isinstance(value, str):
                 self.fail(f"{where}.headers.{header}", "expected a string")
+        api_version = self.optional(table, where, "api_version", str)
+        if api_version is not None and kind != "azure-openai":
+            self.fail(
+                f"{where}.api_version",
+                f'applies only to kind = "azure-openai" (this provider is {_show(kind)})',
+            )
+        if api_version is not None and not _API_VERSION.fullmatch(api_version):
+            self.fail(
+                f"{where}.api_version",
+                f'expected an Azure api-version such as "2024-10-21", got {_show(api_version)}',
+            )
         responses = self.optional(table, where, "responses", str) or "translate"
         if responses not in RESPONSES_MODES:
             expected = " or ".join(_show(m) for m in RESPONSES_MODES)
@@ -373,6 +393,7 @@ class _Parser:
             max_retries=retries,
             max_connections=DEFAULT_MAX_CONNECTIONS if connections is None else connections,
             headers=dict(headers),
+            api_version=api_version,
             responses=cast(ResponsesMode, responses),
             input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
             output_usd_per_mtok=None if prices[1] is None else float(prices[1]),

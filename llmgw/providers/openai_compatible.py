@@ -204,8 +204,17 @@ class OpenAICompatibleProvider:
         self._timeouts = timeouts
         self._auth_headers: Mapping[str, str] = {
             **(headers or {}),
-            **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+            **(self._credentials(api_key) if api_key else {}),
         }
+
+    def _credentials(self, api_key: str) -> Mapping[str, str]:
+        """The headers carrying the gateway's key (an adapter whose API wants another one overrides)."""
+        return {"Authorization": f"Bearer {api_key}"}
+
+    def _url(self, path: str, model: str | None) -> str:
+        """Where an operation (``/chat/completions``) for ``model`` is sent: the API's path under
+        ``base_url`` (an adapter whose API puts the model in the URL overrides)."""
+        return self._base_url + path
 
     async def close(self) -> None:
         await self._session.close()
@@ -229,7 +238,7 @@ class OpenAICompatibleProvider:
         its decision, silence as UpstreamTimeout, a broken connection as UpstreamUnavailable.
         """
         loop = asyncio.get_running_loop()
-        url = self._base_url + path
+        url = self._url(path, call.model)
         headers = self._headers(call, accept)
         answer_by = call.deadline if call.answer_by is None else min(call.deadline, call.answer_by)
         retries = 0
@@ -377,7 +386,7 @@ class OpenAICompatibleProvider:
         try:
             with _transport_errors(self.name):
                 response = await self._session.get(
-                    self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
+                    self._url("/models", None), headers=dict(self._auth_headers), timeout=timeout
                 )
             answer = await self._read_answer(response, retries=0)
         finally:

@@ -8,11 +8,13 @@ never needs to know a provider's kind.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aiohttp
 
 from llmgw.config import DEFAULT_MAX_CONNECTIONS, Settings
 from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
+from llmgw.providers.azure_openai import AzureOpenAIProvider
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatibleProvider
@@ -27,6 +29,7 @@ __all__ = ["ADAPTERS", "ProviderRegistry", "build_registry", "new_client_session
 ADAPTERS: Mapping[ProviderKind, type[OpenAICompatibleProvider]] = {
     "venice": VeniceProvider,
     "openai-compatible": OpenAICompatibleProvider,
+    "azure-openai": AzureOpenAIProvider,
 }
 
 
@@ -127,6 +130,10 @@ def _venice_from_environment(settings: Settings) -> ProviderSpec:
 
 
 def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
+    # The one key of a single kind (provider_config refuses it for the others).
+    kind_options: dict[str, Any] = (
+        {"api_version": spec.api_version} if spec.kind == "azure-openai" else {}
+    )
     return ADAPTERS[spec.kind](
         name=spec.name,
         base_url=spec.base_url,
@@ -143,6 +150,7 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         speaks_responses=spec.responses == "native",
         capabilities=spec.capabilities,
         connections=ConnectionPool(spec.name, spec.max_connections),
+        **kind_options,
     )
 
 

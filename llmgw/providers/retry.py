@@ -13,12 +13,14 @@ backoff's randomness (``RetryPolicy.jitter``) come in as arguments.
     context window exceeded ........................... move on (a larger model may be next)
     content-policy refusal, any other 4xx ............. stop: the provider's answer is the caller's
 
-The provider's own hint wins over backoff: ``Retry-After`` (seconds or an HTTP date) or a rate-limit
-reset header (epoch seconds, epoch milliseconds, or a duration). No wait outlives the budget.
+The provider's own hint wins over backoff: ``retry-after-ms`` (milliseconds, Azure's, and the one
+the official SDKs read first), ``Retry-After`` (seconds or an HTTP date) or a rate-limit reset
+header (epoch seconds, epoch milliseconds, or a duration). No wait outlives the budget.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -99,6 +101,10 @@ def hinted_delay(
     Reset headers ride on every Venice answer, but they only explain a rate-limit refusal (429).
     """
     wall = time.time() if now is None else now
+    # Azure sends both (shared/azure-openai.md Z8); the official SDKs read the milliseconds first.
+    milliseconds = _milliseconds(headers.get("retry-after-ms"))
+    if milliseconds is not None:
+        return max(0.0, milliseconds / 1000.0)
     names = ("retry-after", *_RESET_HEADERS) if status == 429 else ("retry-after",)
     for name in names:
         value = headers.get(name)
@@ -107,6 +113,14 @@ def hinted_delay(
             if delay is not None:
                 return max(0.0, delay)
     return None
+
+
+def _milliseconds(value: str | None) -> float | None:
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 @attrs.frozen

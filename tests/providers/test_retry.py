@@ -86,6 +86,15 @@ def test_a_429_wait_longer_than_the_budget_moves_on_without_waiting() -> None:
     )
 
 
+def test_a_429_retry_after_ms_wins_over_its_whole_seconds() -> None:
+    # Azure's 429 says both (shared/azure-openai.md Z8); the milliseconds are read first, as the
+    # official SDKs read them.
+    azure = answered(429, **{"retry-after": "2", "retry-after-ms": "250"})
+    assert after(azure) == Decision("retry", "rate_limited", 0.25)
+    assert after(answered(429, **{"retry-after-ms": "30000"}), remaining=5.0).action == "move_on"
+    assert after(answered(429, **{"retry-after-ms": "soon", "retry-after": "1"})).wait == 1.0
+
+
 def test_a_429_without_a_hint_backs_off() -> None:
     assert after(answered(429)) == Decision("retry", "rate_limited", 0.2)
 
@@ -115,6 +124,19 @@ def test_a_429_that_waiting_cannot_fix_moves_on_at_once(error: object) -> None:
 
 
 # Context window and content policy ---------------------------------------------------------------
+
+# Azure's refusal of a prompt as the service sends it (shared/azure-openai.md Z7).
+AZURE_PROMPT_FILTERED = (
+    b'{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI\'s '
+    b"content management policy. Please modify your prompt and retry. To learn more about our "
+    b"content filtering policies please read our documentation: "
+    b'https://go.microsoft.com/fwlink/?linkid=2198766","type":null,"param":"prompt",'
+    b'"code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation",'
+    b'"content_filter_result":{"hate":{"filtered":false,"severity":"safe"},"jailbreak":'
+    b'{"filtered":true,"detected":true},"self_harm":{"filtered":false,"severity":"safe"},'
+    b'"sexual":{"filtered":false,"severity":"safe"},"violence":{"filtered":false,'
+    b'"severity":"safe"}}}}}'
+)
 
 
 @pytest.mark.parametrize(
@@ -178,8 +200,9 @@ def test_a_context_window_too_small_moves_on_and_is_never_retried(error: object)
                 }
             },
         ),
+        (400, orjson.loads(AZURE_PROMPT_FILTERED)),
     ],
-    ids=["venice", "openai", "azure"],
+    ids=["venice", "openai", "azure", "azure-as-sent"],
 )
 def test_a_content_policy_refusal_stops(status: int, error: object) -> None:
     assert after(answered(status, error)) == Decision("stop", "content_policy")

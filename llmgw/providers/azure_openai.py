@@ -1,0 +1,62 @@
+"""Azure OpenAI: OpenAI's API under another URL scheme and another key header.
+
+``base_url`` is the resource's endpoint (``https://<resource>.openai.azure.com``); the adapter adds
+the rest (shared/azure-openai.md Z0, Z10):
+
+    api_version set (classic)   {base_url}/openai/deployments/{model}/chat/completions?api-version=...
+                                (the model is the deployment's name; the body keeps its "model",
+                                as the official SDK sends it); operations not bound to a deployment
+                                (/models, /responses) go to {base_url}/openai/...?api-version=...
+    no api_version (v1)         {base_url}/openai/v1/chat/completions, the deployment in "model"
+
+The key goes in ``api-key``, which both schemes accept. Everything else is OpenAI's: the answers,
+their ``prompt_filter_results`` / ``content_filter_results`` (passed to the caller as they come),
+and the errors, which ``retry.decide`` reads (a ``content_filter`` refusal stops the route; a 429's
+``retry-after-ms`` is its wait). ``shared/azure-openai.md``'s sections are cited as Z0-Z12.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from llmgw.errors import InvalidRequest
+from llmgw.provider_config import DEFAULT_CAPABILITIES
+from llmgw.providers.base import UpstreamResponse
+from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+
+__all__ = ["AzureOpenAIProvider"]
+
+# The operations the classic scheme serves per deployment (the official SDK's list, Z10).
+_DEPLOYMENT_OPERATIONS = frozenset({"/chat/completions", "/completions", "/embeddings"})
+_DEPLOYMENT_PREFIXES = ("/audio/", "/images/")
+_NO_MODELS = UpstreamResponse(200, b'{"object":"list","data":[]}', "application/json")
+
+
+class AzureOpenAIProvider(OpenAICompatibleProvider):
+    def __init__(self, *, api_version: str | None = None, **options: Any) -> None:
+        options.setdefault("capabilities", DEFAULT_CAPABILITIES["azure-openai"])
+        super().__init__(**options)
+        self._query = "" if api_version is None else "?" + urlencode({"api-version": api_version})
+
+    def _credentials(self, api_key: str) -> Mapping[str, str]:
+        return {"api-key": api_key}
+
+    def _url(self, path: str, model: str | None) -> str:
+        if not self._query:
+            return f"{self._base_url}/openai/v1{path}"
+        if model is None or not (
+            path in _DEPLOYMENT_OPERATIONS or path.startswith(_DEPLOYMENT_PREFIXES)
+        ):
+            return f"{self._base_url}/openai{path}{self._query}"
+        if model in (".", ".."):
+            # One path segment, quoted below; these two would still move the path up a level.
+            raise InvalidRequest(f"{model!r} is not the name of an Azure deployment.")
+        return f"{self._base_url}/openai/deployments/{quote(model, safe='')}{path}{self._query}"
+
+    async def list_models(self, deadline: float) -> UpstreamResponse:
+        # Azure's /models lists the models the resource could deploy, not its deployments, the
+        # names requests must use (Z3), and an inference key cannot list those: callers reach
+        # an Azure provider through aliases and "provider/deployment" names, so it lists none.
+        return _NO_MODELS

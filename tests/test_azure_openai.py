@@ -1,0 +1,354 @@
+"""``kind = "azure-openai"`` end to end: the openai SDK through a gateway to the fake Azure resource
+(tests/fake_azure.py), over both URL schemes, and routes that mix Azure and Venice deployments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from llmgw.telemetry import semconv as sc
+from tests.conftest import Gateway
+from tests.fake_azure import (
+    FAKE_AZURE_KEY,
+    GA_API_VERSION,
+    OUTPUT_FILTERED,
+    PROMPT_FILTER_RESULTS,
+    PROMPT_FILTERED,
+    PROMPT_FILTERED_BODY,
+    FakeAzure,
+    RateLimited,
+)
+from tests.fake_openai import providers_settings
+from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.test_providers_routing import alias, chat_span, provider
+
+AZURE_TEXT = "Hello from fake Azure!"
+VENICE_TEXT = "Hello from fake Venice!"
+KEYS = {"AZURE_OPENAI_API_KEY": FAKE_AZURE_KEY, "VENICE_API_KEY": FAKE_VENICE_KEY}
+MESSAGES: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
+    },
+}
+# Where each scheme sends a chat completion for the deployment "prod-chat".
+CHAT_PATHS = {
+    "classic": f"/openai/deployments/prod-chat/chat/completions?api-version={GA_API_VERSION}",
+    "v1": "/openai/v1/chat/completions",
+}
+
+
+@pytest.fixture
+async def fake_azure() -> AsyncIterator[FakeAzure]:
+    async with FakeAzure() as fake:
+        yield fake
+
+
+def azure(fake: FakeAzure, scheme: str = "v1", name: str = "azure", **extra: Any) -> str:
+    if scheme == "classic":
+        extra["api_version"] = f'"{GA_API_VERSION}"'
+    return provider(name, "azure-openai", fake.endpoint, "AZURE_OPENAI_API_KEY", **extra)
+
+
+def venice(fake: FakeVenice, **extra: Any) -> str:
+    return provider("venice", "venice", fake.base_url, "VENICE_API_KEY", **extra)
+
+
+async def start(start_gateway: Any, tmp_path: Path, toml: str) -> tuple[Gateway, str]:
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+    return gateway, await gateway.create_key(name="azure")
+
+
+@pytest.fixture(params=["classic", "v1"])
+async def through(
+    request: pytest.FixtureRequest, start_gateway: Any, tmp_path: Path, fake_azure: FakeAzure
+) -> tuple[Gateway, openai.AsyncOpenAI, str]:
+    """A gateway whose first provider is the fake Azure resource, in one scheme or the other."""
+    scheme: str = request.param
+    gateway, key = await start(start_gateway, tmp_path, azure(fake_azure, scheme))
+    return gateway, gateway.client(key), scheme
+
+
+# The openai SDK through the gateway, both schemes ------------------------------------------------
+
+
+async def test_chat_reaches_the_deployment_with_api_key_and_keeps_the_filter_results(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure
+) -> None:
+    gateway, client, scheme = through
+    completion = await client.chat.completions.create(model="prod-chat", messages=MESSAGES)
+
+    assert completion.choices[0].message.content == AZURE_TEXT
+    assert completion.model == "gpt-4o-2024-11-20", "Azure names the model, not the deployment"
+    # Azure's filter verdicts reach the caller as Azure sent them.
+    assert (completion.model_extra or {})["prompt_filter_results"] == PROMPT_FILTER_RESULTS
+    assert completion.choices[0].model_extra["content_filter_results"]["hate"]["filtered"] is False
+    [sent] = fake_azure.received
+    assert sent.path == CHAT_PATHS[scheme]
+    assert sent.headers["api-key"] == FAKE_AZURE_KEY
+    assert "authorization" not in sent.headers, "the caller's key never reaches the provider"
+    assert sent.json["model"] == "prod-chat"
+    span = chat_span(gateway, "prod-chat")
+    assert span[sc.GEN_AI_PROVIDER_NAME] == "azure"
+    assert span[sc.SERVER_PORT] == fake_azure.port
+    assert span[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+
+
+async def test_stream_skips_nothing_and_counts_the_usage_chunk(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure
+) -> None:
+    gateway, client, scheme = through
+    stream = await client.chat.completions.create(model="prod-chat", messages=MESSAGES, stream=True)
+    chunks = [chunk async for chunk in stream]
+
+    # Azure's first chunk (no choices, a blank id, the prompt's verdicts) is relayed as it came.
+    assert chunks[0].choices == [] and chunks[0].id == ""
+    assert (chunks[0].model_extra or {})["prompt_filter_results"] == PROMPT_FILTER_RESULTS
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == AZURE_TEXT
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    [sent] = fake_azure.received
+    assert sent.path == CHAT_PATHS[scheme]
+    assert sent.json["stream_options"] == {"include_usage": True}, "the gateway asks for usage"
+    assert [c.usage for c in chunks if c.usage is not None] == [], "the caller did not ask for it"
+    assert chat_span(gateway, "prod-chat")[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_tools_over_two_turns(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure, stream: bool
+) -> None:
+    _, client, scheme = through
+    messages: list[Any] = [{"role": "user", "content": "What is 4 + 6?"}]
+    if stream:
+        chunks = await client.chat.completions.create(
+            model="prod-chat", messages=messages, tools=[ADD_TOOL], stream=True
+        )
+        calls: dict[str, str] = {}
+        call_id = ""
+        async for chunk in chunks:
+            for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                call_id = delta_call.id or call_id
+                arguments = delta_call.function.arguments if delta_call.function else ""
+                calls[call_id] = calls.get(call_id, "") + (arguments or "")
+        [(call_id, arguments)] = calls.items()
+    else:
+        first = await client.chat.completions.create(
+            model="prod-chat", messages=messages, tools=[ADD_TOOL]
+        )
+        assert first.choices[0].finish_reason == "tool_calls"
+        [tool_call] = first.choices[0].message.tool_calls or []
+        call_id, arguments = tool_call.id, tool_call.function.arguments  # type: ignore[union-attr]
+    assert json.loads(arguments) == {"a": 4, "b": 6}
+    messages += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "add", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "10"},
+    ]
+    second = await client.chat.completions.create(
+        model="prod-chat", messages=messages, tools=[ADD_TOOL]
+    )
+    assert second.choices[0].message.content == AZURE_TEXT
+    assert [r.path for r in fake_azure.received] == [CHAT_PATHS[scheme]] * 2
+    assert fake_azure.received[1].json["messages"][-1] == messages[-1]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_responses_are_translated_to_chat_for_azure(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure, stream: bool
+) -> None:
+    _, client, scheme = through
+    if stream:
+        events = await client.responses.create(
+            model="prod-chat", input="What is the capital of France?", stream=True
+        )
+        done = [e async for e in events if e.type == "response.completed"]
+        response = done[0].response
+    else:
+        response = await client.responses.create(
+            model="prod-chat", input="What is the capital of France?"
+        )
+    assert response.output_text == AZURE_TEXT
+    assert response.status == "completed"
+    assert response.usage is not None and response.usage.output_tokens == 4
+    [sent] = fake_azure.received
+    assert sent.path == CHAT_PATHS[scheme]
+    assert sent.json["messages"][-1] == {
+        "role": "user",
+        "content": "What is the capital of France?",
+    }
+
+
+async def test_embeddings_go_to_the_deployment(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure
+) -> None:
+    _, client, scheme = through
+    result = await client.embeddings.create(model="embed-small", input=["one", "two"])
+    assert len(result.data) == 2
+    path = {
+        "classic": f"/openai/deployments/embed-small/embeddings?api-version={GA_API_VERSION}",
+        "v1": "/openai/v1/embeddings",
+    }
+    assert [r.path for r in fake_azure.received] == [path[scheme]]
+
+
+# Content filtering -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_filtered_prompt_reaches_the_caller_after_one_attempt(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_azure: FakeAzure,
+    fake_venice: FakeVenice,
+    stream: bool,
+) -> None:
+    # A second deployment, of another kind, that must not be asked: a refusal is the answer.
+    toml = azure(fake_azure, "classic") + venice(fake_venice)
+    toml += alias("safe", "azure:prod-chat", "venice:qwen3-5-9b")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    fake_azure.fail_next(PROMPT_FILTERED)
+    venice_calls = len(fake_venice.received)
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        await gateway.client(key).chat.completions.create(
+            model="safe", messages=MESSAGES, stream=stream
+        )
+
+    assert refused.value.status_code == 400
+    assert refused.value.code == "content_filter"
+    assert refused.value.param == "prompt"
+    assert refused.value.body == PROMPT_FILTERED_BODY["error"], "Azure's reason, as it sent it"
+    assert len(fake_azure.received) == 1, "never retried"
+    assert len(fake_venice.received) == venice_calls, "never sent to another model"
+
+
+async def test_a_filtered_answer_keeps_its_finish_reason_and_verdicts(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure
+) -> None:
+    _, client, _ = through
+    fake_azure.fail_next(OUTPUT_FILTERED, OUTPUT_FILTERED)
+    completion = await client.chat.completions.create(model="prod-chat", messages=MESSAGES)
+    assert completion.choices[0].finish_reason == "content_filter"
+    verdicts = completion.choices[0].model_extra["content_filter_results"]
+    assert verdicts["violence"] == {"filtered": True, "severity": "high"}
+
+    stream = await client.chat.completions.create(model="prod-chat", messages=MESSAGES, stream=True)
+    finishes = [c.choices[0].finish_reason async for c in stream if c.choices]
+    assert finishes[-1] == "content_filter"
+    assert len(fake_azure.received) == 2, "a filtered answer is an answer: not asked again"
+
+
+async def test_a_filtered_prompt_reaches_a_messages_caller_in_anthropic_shape(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure
+) -> None:
+    gateway, client, _ = through
+    fake_azure.fail_next(PROMPT_FILTERED)
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/messages"),
+            json={"model": "prod-chat", "max_tokens": 64, "messages": MESSAGES},
+            headers={"x-api-key": client.api_key, "anthropic-version": "2023-06-01"},
+        )
+        body = await response.json()
+    assert response.status == 400
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "content management policy" in body["error"]["message"]
+    assert len(fake_azure.received) == 1
+
+
+# Rate limits -------------------------------------------------------------------------------------
+
+
+async def test_a_429_is_retried_after_its_retry_after_ms(
+    start_gateway: Any, tmp_path: Path, fake_azure: FakeAzure
+) -> None:
+    gateway, key = await start(start_gateway, tmp_path, azure(fake_azure, "classic"))
+    # retry-after says 2 s (whole seconds), retry-after-ms 1.1 s: the finer one is waited.
+    fake_azure.fail_next(RateLimited(retry_after_ms=1100))
+
+    completion = await gateway.client(key).chat.completions.create(
+        model="prod-chat", messages=MESSAGES
+    )
+
+    assert completion.choices[0].message.content == AZURE_TEXT
+    first, second = fake_azure.received
+    assert second.headers["api-key"] == FAKE_AZURE_KEY
+    assert 1.1 <= second.at - first.at < 2.0, "waited retry-after-ms, not retry-after"
+
+
+# Routes across kinds -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_an_alias_of_azure_and_venice_deployments_falls_back_across_kinds(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_azure: FakeAzure,
+    fake_venice: FakeVenice,
+    stream: bool,
+) -> None:
+    toml = azure(fake_azure, "classic", max_retries=0) + azure(fake_azure, "v1", name="azure-v1")
+    toml += venice(fake_venice, max_retries=0)
+    toml += alias("mixed", "azure:prod-chat", "venice:qwen3-5-9b", "azure-v1:backup-chat")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    client = gateway.client(key)
+
+    async def answer() -> str:
+        if not stream:
+            completion = await client.chat.completions.create(model="mixed", messages=MESSAGES)
+            return completion.choices[0].message.content or ""
+        chunks = await client.chat.completions.create(model="mixed", messages=MESSAGES, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    # Azure (classic) overloaded: Venice answers.
+    fake_azure.fail_next(503)
+    assert await answer() == VENICE_TEXT
+    assert chat_span(gateway, "mixed")[sc.LLMGW_DEPLOYMENT] == "venice:qwen3-5-9b"
+    # Both down: the last deployment, Azure over v1 with another deployment, answers.
+    gateway.telemetry.spans.clear()
+    fake_azure.fail_next(503)
+    fake_venice.enqueue(Behaviour(status=503))
+    assert await answer() == AZURE_TEXT
+    span = chat_span(gateway, "mixed")
+    assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == (
+        "azure-v1:backup-chat",
+        3,
+    )
+    assert span[sc.GEN_AI_PROVIDER_NAME] == "azure-v1"
+    assert [r.path.partition("?")[0] for r in fake_azure.received] == [
+        "/openai/deployments/prod-chat/chat/completions",
+        "/openai/deployments/prod-chat/chat/completions",
+        "/openai/v1/chat/completions",
+    ]
+    assert fake_azure.received[-1].json["model"] == "backup-chat"
+
+
+async def test_models_lists_no_azure_ids_only_the_aliases_and_asks_azure_nothing(
+    start_gateway: Any, tmp_path: Path, fake_azure: FakeAzure, fake_venice: FakeVenice
+) -> None:
+    toml = venice(fake_venice) + azure(fake_azure) + alias("gpt", "azure:prod-chat")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    ids = {model.id for model in (await gateway.client(key).models.list()).data}
+    assert "gpt" in ids and "qwen3-5-9b" in ids
+    assert not any(i.startswith("azure/") for i in ids)
+    assert fake_azure.received == []
