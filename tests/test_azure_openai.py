@@ -12,6 +12,12 @@ import aiohttp
 import openai
 import pytest
 
+from llmgw.provider_config import (
+    DEFAULT_CAPABILITIES,
+    ProviderConfigError,
+    ProviderSpec,
+    load_provider_config,
+)
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
 from tests.fake_azure import (
@@ -352,3 +358,47 @@ async def test_models_lists_no_azure_ids_only_the_aliases_and_asks_azure_nothing
     assert "gpt" in ids and "qwen3-5-9b" in ids
     assert not any(i.startswith("azure/") for i in ids)
     assert fake_azure.received == []
+
+
+# The provider's keys ------------------------------------------------------------------------------
+
+
+def load(tmp_path: Path, toml: str) -> ProviderSpec:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(toml)
+    (spec,) = load_provider_config(path, KEYS).providers
+    return spec
+
+
+def test_api_version_is_read_for_azure_and_v1_is_the_default(tmp_path: Path) -> None:
+    endpoint = "https://example-resource.openai.azure.com"
+    toml = provider("azure", "azure-openai", endpoint, "AZURE_OPENAI_API_KEY")
+    assert load(tmp_path, toml).api_version is None
+    spec = load(tmp_path, toml + 'api_version = "2025-04-01-preview"\n')
+    assert (spec.kind, spec.api_version) == ("azure-openai", "2025-04-01-preview")
+    assert spec.capabilities == DEFAULT_CAPABILITIES["azure-openai"]
+    assert load(tmp_path, toml + "reasoning = true\n").capabilities.reasoning is True
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "problem"),
+    [
+        (
+            "openai-compatible",
+            '"2024-10-21"',
+            'providers[0].api_version: applies only to kind = "azure-openai" '
+            '(this provider is "openai-compatible")',
+        ),
+        ("venice", '"2024-10-21"', 'applies only to kind = "azure-openai"'),
+        ("azure-openai", '"2024-10-21&x=1"', 'expected an Azure api-version such as "2024-10-21"'),
+        ("azure-openai", '""', "expected an Azure api-version"),
+        ("azure-openai", "20241021", "providers[0].api_version: expected a string"),
+    ],
+)
+def test_a_misplaced_or_malformed_api_version_is_refused_naming_the_entry(
+    tmp_path: Path, kind: str, value: str, problem: str
+) -> None:
+    toml = provider("p", kind, "https://example.test", "AZURE_OPENAI_API_KEY")
+    with pytest.raises(ProviderConfigError) as refused:
+        load(tmp_path, toml + f"api_version = {value}\n")
+    assert problem in str(refused.value)
