@@ -308,6 +308,8 @@ def test_native_request_folds_in_history_and_instructions_in_venice_shapes() -> 
     check_golden("native_request", translation.native_request(body, history))
 
 
+AZURE_SAFE = {"filtered": False, "severity": "safe"}
+AZURE_NOT_DETECTED = {"filtered": False, "detected": False}
 COMPLETIONS: dict[str, dict[str, Any]] = {
     "text": {
         "id": "chatcmpl-1",
@@ -375,6 +377,31 @@ COMPLETIONS: dict[str, dict[str, Any]] = {
         ],
         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
     },
+    # Azure's (shared/azure-openai.md Z5): filter verdicts on the prompt and the choice, the
+    # answer cut by its output filter, and the model's name rather than the deployment's.
+    "azure_output_filtered": {
+        "id": "chatcmpl-BD5yZBfhSLLcuDtRtF48KwOywtED5",
+        "object": "chat.completion",
+        "created": 1_742_460_935,
+        "model": "gpt-4o-2024-11-20",
+        "system_fingerprint": "fp_ded0d14823",
+        "prompt_filter_results": [
+            {"prompt_index": 0, "content_filter_results": {"jailbreak": AZURE_NOT_DETECTED}}
+        ],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "content_filter",
+                "logprobs": None,
+                "content_filter_results": {
+                    "hate": AZURE_SAFE,
+                    "violence": {"filtered": True, "severity": "high"},
+                },
+                "message": {"role": "assistant", "content": None, "refusal": None},
+            }
+        ],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 0, "total_tokens": 14},
+    },
     "content_filter": {
         "id": "chatcmpl-4",
         "model": "m",
@@ -420,6 +447,15 @@ def chunk(
         "choices": choices,
         **extra,
     }
+
+
+def azure_chunk(
+    delta: dict[str, Any], finish: str | None, results: dict[str, Any]
+) -> dict[str, Any]:
+    """A chunk as Azure sends it: each choice with its filter verdicts and ``logprobs``."""
+    streamed = chunk(delta, finish)
+    streamed["choices"][0] |= {"content_filter_results": results, "logprobs": None}
+    return streamed
 
 
 def parse_events(raw: bytes) -> list[dict[str, Any]]:
@@ -474,6 +510,25 @@ STREAMS: dict[str, list[dict[str, Any]]] = {
             }
         ),
         chunk({}, "tool_calls", usage=USAGE),
+    ],
+    # Azure's (shared/azure-openai.md Z11): a first chunk with no choices and a blank identity
+    # holding the prompt's verdicts, verdicts on every choice, usage after the finish.
+    "azure_filter_results": [
+        {
+            "choices": [],
+            "created": 0,
+            "id": "",
+            "model": "",
+            "object": "",
+            "prompt_filter_results": [
+                {"prompt_index": 0, "content_filter_results": {"jailbreak": AZURE_NOT_DETECTED}}
+            ],
+        },
+        azure_chunk({"role": "assistant", "content": "", "refusal": None}, None, {}),
+        azure_chunk({"content": "Par"}, None, {"hate": AZURE_SAFE}),
+        azure_chunk({"content": "is"}, None, {"hate": AZURE_SAFE}),
+        azure_chunk({}, "stop", {}),
+        chunk(None, usage=USAGE),
     ],
     "length_without_usage": [
         chunk({"role": "assistant", "content": "Once"}),
