@@ -37,6 +37,10 @@ NOT_SETTINGS = {
     "SHUT_WR": "the socket API's",
     "SO_REUSEPORT": "the socket API's",
     "SUBJECT_UUID": "a placeholder in a command line",
+    "AZURE_OPENAI_API_KEY": "a provider's key, named by its api_key_env",
+    "GEMINI_API_KEY": "a provider's key, named by its api_key_env",
+    "GROQ_API_KEY": "a provider's key, named by its api_key_env",
+    "VLLM_API_KEY": "a provider's key, named by its api_key_env",
 }
 SETTING_NAME = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
 
