@@ -282,6 +282,46 @@ async def test_a_filtered_prompt_reaches_a_messages_caller_in_anthropic_shape(
     assert len(fake_azure.received) == 1
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_on_your_data_is_refused_before_azure_is_asked(
+    through: tuple[Gateway, openai.AsyncOpenAI, str], fake_azure: FakeAzure, stream: bool
+) -> None:
+    _, client, _ = through
+    # Azure would query this index with the resource's own identity: the operator's data.
+    data_sources = [
+        {
+            "type": "azure_search",
+            "parameters": {
+                "endpoint": "https://search.example.net",
+                "index_name": "hr-records",
+                "authentication": {"type": "system_assigned_managed_identity"},
+            },
+        }
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model="prod-chat",
+            messages=MESSAGES,
+            stream=stream,
+            extra_body={"data_sources": data_sources},
+        )
+    assert refused.value.param == "data_sources"
+    assert fake_azure.received == []
+    # The name elsewhere in the body (a tool's parameter) is no data source.
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {"type": "object", "properties": {"data_sources": {"type": "array"}}},
+        },
+    }
+    completion = await client.chat.completions.create(
+        model="prod-chat", messages=MESSAGES, tools=[tool]
+    )
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert len(fake_azure.received) == 1
+
+
 # Rate limits -------------------------------------------------------------------------------------
 
 

@@ -21,9 +21,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import aiohttp
+import orjson
+
 from llmgw.errors import InvalidRequest
 from llmgw.provider_config import DEFAULT_CAPABILITIES
-from llmgw.providers.base import UpstreamResponse
+from llmgw.providers.base import UpstreamCall, UpstreamResponse
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 
 __all__ = ["AzureOpenAIProvider"]
@@ -32,6 +35,22 @@ __all__ = ["AzureOpenAIProvider"]
 _DEPLOYMENT_OPERATIONS = frozenset({"/chat/completions", "/completions", "/embeddings"})
 _DEPLOYMENT_PREFIXES = ("/audio/", "/images/")
 _NO_MODELS = UpstreamResponse(200, b'{"object":"list","data":[]}', "application/json")
+# Azure's "On Your Data": Azure queries the search indexes or databases the request names, with
+# credentials it may take from the resource itself (its managed identity), so a caller could
+# read the operator's data through it (Z4). Refused rather than dropped: the caller is told.
+_DATA_SOURCES = "data_sources"
+
+
+def _refuse_data_sources(call: UpstreamCall) -> None:
+    # The byte search first: a body without the word is not parsed again.
+    if f'"{_DATA_SOURCES}"'.encode() not in call.body:
+        return
+    document = orjson.loads(call.body)
+    if isinstance(document, dict) and _DATA_SOURCES in document:
+        raise InvalidRequest(
+            "data_sources (Azure On Your Data) is not forwarded to Azure by this gateway.",
+            param=_DATA_SOURCES,
+        )
 
 
 class AzureOpenAIProvider(OpenAICompatibleProvider):
@@ -54,6 +73,13 @@ class AzureOpenAIProvider(OpenAICompatibleProvider):
             # One path segment, quoted below; these two would still move the path up a level.
             raise InvalidRequest(f"{model!r} is not the name of an Azure deployment.")
         return f"{self._base_url}/openai/deployments/{quote(model, safe='')}{path}{self._query}"
+
+    async def _post(
+        self, path: str, call: UpstreamCall, *, accept: str, streaming: bool
+    ) -> tuple[aiohttp.ClientResponse, int, bytes]:
+        if path == "/chat/completions":
+            _refuse_data_sources(call)
+        return await super()._post(path, call, accept=accept, streaming=streaming)
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         # Azure's /models lists the models the resource could deploy, not its deployments, the
