@@ -32,6 +32,7 @@ from tests.fake_azure import (
 )
 from tests.fake_openai import providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.secrets_scan import SecretScanner
 from tests.test_providers_routing import alias, chat_span, provider
 
 AZURE_TEXT = "Hello from fake Azure!"
@@ -51,6 +52,12 @@ CHAT_PATHS = {
     "classic": f"/openai/deployments/prod-chat/chat/completions?api-version={GA_API_VERSION}",
     "v1": "/openai/v1/chat/completions",
 }
+
+
+@pytest.fixture(autouse=True)
+def azure_key_is_a_secret(secret_scanner: SecretScanner) -> None:
+    """The suite's scan fails a test in which the Azure key shows up in a log, span or answer."""
+    secret_scanner.register(FAKE_AZURE_KEY, "the fake Azure key")
 
 
 @pytest.fixture
