@@ -17,8 +17,9 @@ With ``tools`` it calls the first one unless the last message is a tool result (
 
 Tests script the next answers with :meth:`FakeAzure.fail_next` (``PROMPT_FILTERED``, the 400
 ``content_filter`` refusal; ``OUTPUT_FILTERED``, a 200 ending ``finish_reason: content_filter``;
-:class:`RateLimited`, a 429 with ``retry-after``, ``retry-after-ms`` and ``x-ratelimit-*``; any
-other status) and read ``received`` (``path`` includes the query).
+``STREAM_DROPPED``, a stream cut after two content chunks; :class:`RateLimited`, a 429 with
+``retry-after``, ``retry-after-ms`` and ``x-ratelimit-*``; any other status) and read
+``received`` (``path`` includes the query).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tests.fake_openai import _event, _tool_call
 from tests.fake_venice import (
     ReceivedRequest,
     _embeddings_body,
+    _hang_up,
     count_prompt_tokens,
     split_reply,
 )
@@ -69,6 +71,11 @@ V1_API_VERSIONS = frozenset({"v1", "preview"})
 
 PROMPT_FILTERED = "prompt_filtered"
 OUTPUT_FILTERED = "output_filtered"
+# A stream whose connection is cut after its first two content chunks (no finish, no [DONE]).
+STREAM_DROPPED = "stream_dropped"
+_DROPPED_AFTER_CONTENT_CHUNKS = 2
+# Outcomes that shape a 200 answer rather than replace it.
+_ANSWER_OUTCOMES = frozenset({OUTPUT_FILTERED, STREAM_DROPPED})
 
 
 @attrs.frozen
@@ -213,8 +220,8 @@ class FakeAzure:
         return refusal if refusal is not None else (body, model)
 
     def _refusal(self, version: str) -> web.Response | None:
-        if not self._outcomes or self._outcomes[0] == OUTPUT_FILTERED:
-            return None  # an answer, filtered while it is written
+        if not self._outcomes or self._outcomes[0] in _ANSWER_OUTCOMES:
+            return None  # an answer, filtered or cut while it is written
         outcome = self._outcomes.popleft()
         if outcome == PROMPT_FILTERED:
             return web.json_response(PROMPT_FILTERED_BODY, status=400)
@@ -248,7 +255,8 @@ class FakeAzure:
         if isinstance(admitted, web.Response):
             return admitted
         body, model = admitted
-        filtered = bool(self._outcomes) and self._outcomes.popleft() == OUTPUT_FILTERED
+        shaped = self._outcomes.popleft() if self._outcomes else None
+        filtered = shaped == OUTPUT_FILTERED
         base = {
             "id": "chatcmpl-" + os.urandom(12).hex(),
             "created": int(time.time()),
@@ -311,7 +319,10 @@ class FakeAzure:
                 ({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}, OUTPUT_VERDICTS)
                 for p in pieces
             ]
-        for delta, results in deltas:
+        for sent, (delta, results) in enumerate(deltas):
+            if shaped == STREAM_DROPPED and sent > _DROPPED_AFTER_CONTENT_CHUNKS:
+                _hang_up(request)
+                return response
             await response.write(_event({**chunk, "choices": [_delta(delta, results, None)]}))
         finish = _delta({}, FILTERED_OUTPUT_VERDICTS if filtered else {}, finish_reason)
         await response.write(_event({**chunk, "choices": [finish]}))

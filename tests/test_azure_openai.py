@@ -27,6 +27,7 @@ from tests.fake_azure import (
     PROMPT_FILTER_RESULTS,
     PROMPT_FILTERED,
     PROMPT_FILTERED_BODY,
+    STREAM_DROPPED,
     FakeAzure,
     RateLimited,
 )
@@ -394,6 +395,37 @@ async def test_an_alias_of_azure_and_venice_deployments_falls_back_across_kinds(
         "/openai/v1/chat/completions",
     ]
     assert fake_azure.received[-1].json["model"] == "backup-chat"
+
+
+@pytest.mark.parametrize("finisher", ["venice", "azure"])
+async def test_an_azure_stream_cut_mid_answer_is_finished_by_the_next_deployment(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_azure: FakeAzure,
+    fake_venice: FakeVenice,
+    finisher: str,
+) -> None:
+    # Venice's answer begins as Azure's did ("Hello from f"), so its restart extends the text
+    # already relayed; with Azure alone, Azure itself is asked again.
+    toml = azure(fake_azure, "classic") + venice(fake_venice)
+    toml += alias("mixed", "azure:prod-chat", "venice:qwen3-5-9b")
+    toml += alias("azure-only", "azure:prod-chat")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    model = "mixed" if finisher == "venice" else "azure-only"
+    fake_azure.fail_next(STREAM_DROPPED)
+
+    stream = await gateway.client(key).chat.completions.create(
+        model=model, messages=MESSAGES, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == {"venice": VENICE_TEXT, "azure": AZURE_TEXT}[finisher]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert [f for f in finishes if f is not None] == ["stop"], "one answer, one finish"
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.role) == 1
+    assert [c.id for c in chunks if not c.choices] == [""], "Azure's opening chunk, once"
+    assert len(fake_azure.received) == (1 if finisher == "venice" else 2)
 
 
 async def test_models_lists_no_azure_ids_only_the_aliases_and_asks_azure_nothing(

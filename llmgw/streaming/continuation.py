@@ -36,6 +36,9 @@ MODE_RESTART = "restart"
 # Delta fields a continuation must not repeat: the caller has the role and (when the break came
 # after it) the reasoning already; a restarted answer reasons again, which is not part of the text.
 _DROPPED_FIELDS = frozenset({"role", "reasoning_content", "reasoning"})
+# What a stream's opening chunk without choices holds (Azure's; shared/azure-openai.md Z5 names
+# both spellings).
+_HEADER_FIELDS = frozenset({"prompt_filter_results", "prompt_annotations"})
 
 
 class ContinuationMismatch(UpstreamUnavailable):
@@ -131,7 +134,10 @@ class Splice:
         """The chunk as the caller gets it, or None when nothing of it is new."""
         choices = document.get("choices")
         if choices.__class__ is not list or not choices:
-            return document  # usage, or anything else without choices: passed on
+            # Usage, or anything else without choices, is passed on; but not a second header:
+            # Azure opens every stream with the prompt's filter results in a chunk of their own,
+            # which the caller already has from the stream this one continues.
+            return None if _HEADER_FIELDS & document.keys() else document
         kept = [choice for choice in map(self._choice, choices) if choice is not None]
         return {**document, "choices": kept} if kept else None
 

@@ -55,6 +55,17 @@ def test_a_prefilled_continuation_is_relayed_without_a_second_role_or_reasoning(
     assert splice.chunk(usage) == usage
 
 
+def test_a_continuation_does_not_repeat_azures_opening_chunk() -> None:
+    # Azure's streams open with the prompt's filter verdicts in a chunk without choices.
+    verdicts = [{"prompt_index": 0, "content_filter_results": {}}]
+    opening = {"choices": [], "id": "", "model": "", "prompt_filter_results": verdicts}
+    splice = Splice("Hello, ", prefilled=True)
+    assert splice.chunk(opening) is None
+    older = {"choices": [], "id": "", "prompt_annotations": verdicts}  # a documented variant
+    assert splice.chunk(older) is None
+    assert splice.chunk(delta(content="world")) == delta(content="world")
+
+
 def test_a_restart_is_relayed_from_where_the_caller_is_however_its_chunks_fall() -> None:
     splice = Splice("Hello, wor", prefilled=False)
     rest = [splice.chunk(delta(content=part)) for part in ("Hel", "lo, w", "orld", "!")]
