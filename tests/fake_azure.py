@@ -142,6 +142,9 @@ class FakeAzure:
     def __init__(self, *, reply: str = "Hello from fake Azure!", chunks: int = 4) -> None:
         self.reply = reply
         self.chunks = chunks
+        # Reported instead of the fake's own count (cached and reasoning tokens, as Azure
+        # reports them in OpenAI's shape, Z5), when set.
+        self.usage: dict[str, Any] | None = None
         self.received: list[ReceivedRequest] = []
         self._outcomes: collections.deque[Outcome] = collections.deque()
         self._runner: web.AppRunner | None = None
@@ -268,7 +271,7 @@ class FakeAzure:
         reply = self.reply if call is None else call["function"]["arguments"]
         pieces = split_reply(reply, self.chunks)[: 1 if filtered else None]
         prompt = count_prompt_tokens(body.get("messages"))
-        usage = {
+        usage = self.usage or {
             "completion_tokens": len(pieces),
             "prompt_tokens": prompt,
             "total_tokens": prompt + len(pieces),

@@ -1,10 +1,12 @@
 """``kind = "azure-openai"`` end to end: the openai SDK through a gateway to the fake Azure resource
-(tests/fake_azure.py), over both URL schemes, and routes that mix Azure and Venice deployments."""
+(tests/fake_azure.py), over both URL schemes; content filtering, rate limits, exact cost, and routes
+that mix Azure and Venice deployments (issue #20, acceptance 2 and 3 for Azure)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import aiohttp
 import openai
 import pytest
 
+from llmgw import app_keys
+from llmgw.config import load_settings
 from llmgw.provider_config import (
     DEFAULT_CAPABILITIES,
     ProviderConfigError,
@@ -348,6 +352,58 @@ async def test_a_429_is_retried_after_its_retry_after_ms(
     first, second = fake_azure.received
     assert second.headers["api-key"] == FAKE_AZURE_KEY
     assert 1.1 <= second.at - first.at < 2.0, "waited retry-after-ms, not retry-after"
+
+
+# Cost --------------------------------------------------------------------------------------------
+
+# As Azure reports an o-series answer's usage (Z5): cached input and reasoning inside the totals.
+AZURE_USAGE = {
+    "completion_tokens": 6_789,
+    "completion_tokens_details": {"reasoning_tokens": 5_003},
+    "prompt_tokens": 123_457,
+    "prompt_tokens_details": {"cached_tokens": 100_003},
+    "total_tokens": 130_246,
+}
+AZURE_PRICES = """
+[[prices]]
+model = "azure:prod-*"
+input_usd_per_mtok = 1.1
+output_usd_per_mtok = 4.4
+cache_read_usd_per_mtok = 0.275
+reasoning_usd_per_mtok = 8.8
+"""
+AZURE_BILL = (
+    (123_457 - 100_003) * Decimal("1.1")
+    + 100_003 * Decimal("0.275")
+    + (6_789 - 5_003) * Decimal("4.4")
+    + 5_003 * Decimal("8.8")
+) / 1_000_000
+
+
+async def test_azure_answers_are_billed_at_their_configured_prices_exactly(
+    start_gateway: Any, tmp_path: Path, fake_azure: FakeAzure
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(azure(fake_azure, "classic") + AZURE_PRICES)
+    settings = load_settings({"LLMGW_CONFIG": str(path), **KEYS})
+    gateway: Gateway = await start_gateway(
+        providers=settings.providers, model_aliases=settings.model_aliases, prices=settings.prices
+    )
+    client = gateway.client(await gateway.create_key(name="priced"))
+    fake_azure.usage = AZURE_USAGE
+
+    await client.chat.completions.create(model="prod-chat", messages=MESSAGES)
+    stream = await client.chat.completions.create(model="prod-chat", messages=MESSAGES, stream=True)
+    _ = [chunk async for chunk in stream]
+    await client.responses.create(model="prod-chat", input="hi")
+
+    assert await gateway.server.app[app_keys.LEDGER].flush()
+    rows = await gateway.db.fetch("SELECT * FROM usage_events ORDER BY id")
+    assert [row["cost_usd"] for row in rows] == [AZURE_BILL] * 3
+    assert {(row["provider"], row["cache_read_input_tokens"]) for row in rows} == {
+        ("azure", 100_003)
+    }
+    assert {row["reasoning_output_tokens"] for row in rows} == {5_003}
 
 
 # Routes across kinds -----------------------------------------------------------------------------
