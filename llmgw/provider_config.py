@@ -42,7 +42,8 @@
 
 Every problem raises :class:`ProviderConfigError`, one line naming the file and the entry, e.g.
 ``LLMGW_CONFIG /etc/llmgw.toml: providers[1].kind: expected "venice" or "openai-compatible" or
-"azure-openai", got "foo"``. Entries are counted from 0. Key values and header values are never echoed.
+"azure-openai", got "foo"``. Entries are counted from 0. Key values and header values are never
+echoed.
 """
 
 from __future__ import annotations

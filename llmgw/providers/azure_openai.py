@@ -5,8 +5,8 @@ the rest (shared/azure-openai.md Z0, Z10):
 
     api_version set (classic)   {base_url}/openai/deployments/{model}/chat/completions?api-version=...
                                 (the model is the deployment's name; the body keeps its "model",
-                                as the official SDK sends it); operations not bound to a deployment
-                                (/models, /responses) go to {base_url}/openai/...?api-version=...
+                                as the official SDK sends it); an operation not bound to a
+                                deployment (/responses) goes to {base_url}/openai/...?api-version=...
     no api_version (v1)         {base_url}/openai/v1/chat/completions, the deployment in "model"
 
 The key goes in ``api-key``, which both schemes accept. Everything else is OpenAI's: the answers,

@@ -116,11 +116,13 @@ def hinted_delay(
 
 
 def _milliseconds(value: str | None) -> float | None:
+    if not value:
+        return None
     try:
-        number = float(value) if value else None
+        number = float(value)
     except ValueError:
         return None
-    return number if number is not None and math.isfinite(number) else None
+    return number if math.isfinite(number) else None
 
 
 @attrs.frozen
