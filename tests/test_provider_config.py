@@ -11,9 +11,9 @@ from llmgw.provider_config import (
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_STALL_TIMEOUT,
     ProviderConfigError,
-    Timeouts,
     load_provider_config,
 )
+from llmgw.providers.plugin import Timeouts
 
 PROVIDER = (
     '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9"\n'

@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
 from llmgw.limits.memory import MemoryLimitStore
-from llmgw.provider_config import Capabilities
+from llmgw.providers.plugin import Capabilities
 from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
@@ -32,7 +32,7 @@ class Stub:
     server_address: str = "stub"
     server_port: int = 443
     reports_cost: bool = False
-    speaks_responses: bool = False
+    publishes_prices: bool = False
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         self.calls += 1
