@@ -27,7 +27,6 @@ from typing import Generic, TypeVar
 import attrs
 
 from llmgw.errors import RateLimited, UpstreamTimeout, UpstreamUnavailable
-from llmgw.providers.plugin import Capabilities
 from llmgw.providers.base import (
     ChatStream,
     Deployment,
@@ -37,6 +36,7 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
+from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import ORDERED, Strategy
