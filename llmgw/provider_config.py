@@ -186,7 +186,7 @@ class ProviderSpec:
 
 
 # What the file gives, not what is derived from it: the key comes from the environment, the
-# capabilities and options from keys of their own.
+# capabilities from keys of their own (the options, structured first, are passed in as they are).
 CONVERTER.register_structure_hook(
     ProviderSpec,
     make_dict_structure_fn(
@@ -194,7 +194,6 @@ CONVERTER.register_structure_hook(
         CONVERTER,
         api_key=override(omit=True),
         capabilities=override(omit=True),
-        options=override(omit=True),
     ),
 )
 _PROVIDER_KEYS = tuple(
@@ -342,9 +341,10 @@ class _Parser:
                 raise ConfigProblem(
                     f"{where}.{key}", f"unknown key; expected one of {', '.join(known)}"
                 )
-        spec = structure(_only(table, _PROVIDER_KEYS), ProviderSpec, where)
-        declared = structure(_only(table, _CAPABILITY_KEYS), _CapabilityKeys, where)
         options = structure(_only(table, option_keys), plugin.options, where)
+        # The options in, not their default: a kind's options may have keys that are required.
+        spec = structure({**_only(table, _PROVIDER_KEYS), "options": options}, ProviderSpec, where)
+        declared = structure(_only(table, _CAPABILITY_KEYS), _CapabilityKeys, where)
         if (spec.input_usd_per_mtok is None) != (spec.output_usd_per_mtok is None):
             raise ConfigProblem(
                 f"{where}.input_usd_per_mtok",
@@ -354,7 +354,6 @@ class _Parser:
             spec,
             api_key=self.api_key(spec, where),
             capabilities=declared.over(plugin.capabilities),
-            options=options,
         )
 
     def api_key(self, spec: ProviderSpec, where: str) -> str | None:

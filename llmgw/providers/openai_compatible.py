@@ -442,5 +442,5 @@ class OpenAICompatibleProvider:
 PLUGIN: ProviderPlugin[NoOptions] = ProviderPlugin(
     factory=OpenAICompatibleProvider.from_setup,
     capabilities=OPENAI_COMPATIBLE_CAPABILITIES,
-    summary="any OpenAI-compatible chat API: OpenAI, vLLM, Ollama, LM Studio, Groq, Gemini's",
+    summary="any OpenAI-compatible API: OpenAI, Gemini's OpenAI endpoint, vLLM, Ollama, Groq",
 )
