@@ -11,12 +11,14 @@ import pytest
 from llmgw.provider_config import ProviderConfigError, load_provider_config
 from llmgw.providers.kinds import installed_kinds, load_kind
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
+from tests.providers.installed import install
 
 # A plugin module: kind "regional", with a required key of its own and one with a checked range.
 REGIONAL = """
 import attrs
 from llmgw.config_converter import check
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
+from tests.providers.installed import install
 
 @attrs.frozen
 class Options:
@@ -29,18 +31,6 @@ PLUGIN = ProviderPlugin(
     capabilities=Capabilities(reasoning=True, native_messages=True),
 )
 """
-
-
-def install(site: Path, distribution: str, kinds: dict[str, str], modules: dict[str, str]) -> None:
-    """What ``pip install`` leaves in site-packages: the modules and a dist-info with the entry
-    points, which importlib.metadata reads from sys.path."""
-    info = site / f"{distribution.replace('-', '_')}-1.2.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.2\n")
-    lines = "".join(f"{kind} = {target}\n" for kind, target in kinds.items())
-    (info / "entry_points.txt").write_text(f"[llmgw.providers]\n{lines}")
-    for name, source in modules.items():
-        (site / f"{name}.py").write_text(source)
 
 
 @pytest.fixture
