@@ -4,6 +4,7 @@ to it, plain and streamed, through the OpenAI SDK; what it does not serve is a c
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,22 +34,25 @@ deployments = ["parrot:any"]
 """
 
 
-def install_example(site: Path) -> None:
-    """``pip install --target`` from the example's directory; its dependency, llmgw, is this one."""
+def install_example(work: Path) -> Path:
+    """``pip install --target`` from a copy of the example's directory (a build leaves files
+    beside the sources); its dependency, llmgw, is this one. Returns the site-packages."""
+    source, site = work / "llmgw-echo-provider", work / "site-packages"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, EXAMPLE],
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, source],
         check=True,
         env=outside_env(),
-        cwd=site.parent,
+        cwd=work,
     )
+    return site
 
 
 @pytest.mark.slow
 async def test_the_example_plugin_is_listed_and_serves_chat(
     tmp_path: Path, database_url: str, db: asyncpg.Connection, gateway_processes: Any
 ) -> None:
-    site = tmp_path / "site-packages"
-    install_example(site)
+    site = install_example(tmp_path)
     config = tmp_path / "llmgw.toml"
     config.write_text(CONFIG)
     env = gateway_env(database_url, NO_VENICE_URL, LLMGW_CONFIG=str(config), PYTHONPATH=str(site))

@@ -12,7 +12,7 @@ from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import Decision
 
 if TYPE_CHECKING:
-    from llmgw.accounting.prices import Price
+    from llmgw.accounting.price import Price
 
 __all__ = [
     "REASONING_PARAMS",

@@ -32,7 +32,7 @@ from llmgw.providers.pool import ConnectionPool, Slot
 from llmgw.providers.retry import Failure, RetryPolicy, decide
 
 if TYPE_CHECKING:
-    from llmgw.accounting.prices import Price
+    from llmgw.accounting.price import Price
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import orjson
 
-from llmgw.accounting.prices import Price, parse_venice_models
+from llmgw.accounting.price import Price
+from llmgw.accounting.prices import parse_venice_models
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
 
