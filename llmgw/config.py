@@ -11,15 +11,14 @@ import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
+from typing import TypeVar
 
 import attrs
 import platformdirs
 
-if TYPE_CHECKING:
-    from llmgw.accounting.price import PriceRule
-    from llmgw.provider_config import ModelAlias, ProviderSpec
+from llmgw.accounting.price import PriceRule
+from llmgw.config_common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
+from llmgw.provider_config import ModelAlias, ProviderSpec, load_provider_config
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -36,27 +35,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# Calls in flight to one provider at once (VENICE_MAX_CONNECTIONS, a provider's max_connections).
-# Agent streams hold a connection for minutes, and one process serves 2,000 of them in about
-# 120 MiB and 10% of a core, so the default is generous; each open stream also costs about 2 file
-# descriptors (see lifecycle.open_files).
-DEFAULT_MAX_CONNECTIONS = 2048
-MOST_CONNECTIONS = 100_000
-
-
-class ConfigError(Exception):
-    """A configuration value is missing or malformed; the message is one line for the operator."""
-
-    def __init__(self, variable: str, value: str | None, expected: str, *, secret: bool = False):
-        self.variable = variable
-        if value is None:
-            shown = "is not set"
-        elif secret:
-            shown = "has an invalid value (hidden: it is a secret)"
-        else:
-            shown = f"has invalid value {value!r}"
-        super().__init__(f"{variable} {shown}; expected {expected}")
 
 
 @attrs.frozen
@@ -84,7 +62,16 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         None,
         "TOML file of providers and model aliases; unset = one provider venice from VENICE_*",
     ),
-    EnvVar("VENICE_MAX_RETRIES", "2", "retries of a failed upstream call (0-10)"),
+    EnvVar(
+        "UPSTREAM_MAX_RETRIES",
+        "2",
+        "retries of a failed upstream call (0-10); a provider's max_retries in LLMGW_CONFIG wins",
+    ),
+    EnvVar(
+        "VENICE_MAX_RETRIES",
+        None,
+        "deprecated: UPSTREAM_MAX_RETRIES's old name, read only when that is unset",
+    ),
     EnvVar(
         "VENICE_MAX_CONNECTIONS",
         "2048",
@@ -206,7 +193,7 @@ class Settings:
     database_url: str | None = attrs.field(default=None, repr=False)
     venice_api_key: str | None = attrs.field(default=None, repr=False)
     venice_base_url: str = "https://api.venice.ai/api/v1"
-    venice_max_retries: int = 2
+    upstream_max_retries: int = 2
     venice_max_connections: int = DEFAULT_MAX_CONNECTIONS
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
@@ -265,7 +252,7 @@ def load_settings(
         "RATE_LIMIT_BACKEND", _parse_choice("postgres", "redis"), "postgres or redis"
     )
     redis_url = reader.optional(
-        "REDIS_URL", _parse_url("redis", "rediss", "unix"), "redis://host:port/db"
+        "REDIS_URL", parse_url("redis", "rediss", "unix"), "redis://host:port/db"
     )
     if backend == "redis" and redis_url is None:
         raise ConfigError("REDIS_URL", None, "redis://host:port/db when RATE_LIMIT_BACKEND=redis")
@@ -279,8 +266,6 @@ def load_settings(
     model_aliases: tuple[ModelAlias, ...] = ()
     prices: tuple[PriceRule, ...] = ()
     if config_path is not None:
-        from llmgw.provider_config import load_provider_config  # it imports this module
-
         providers_config = load_provider_config(config_path, env)
         providers, model_aliases = providers_config.providers, providers_config.model_aliases
         prices = providers_config.prices
@@ -289,14 +274,12 @@ def load_settings(
         bind_port=port,
         database_url=reader.optional(
             "DATABASE_URL",
-            _parse_url("postgresql", "postgres"),
+            parse_url("postgresql", "postgres"),
             "postgresql://user:password@host:5432/dbname",
         ),
         venice_api_key=venice_key,
-        venice_base_url=reader.get(
-            "VENICE_BASE_URL", _parse_url("http", "https"), "an http(s) URL"
-        ),
-        venice_max_retries=reader.get("VENICE_MAX_RETRIES", _parse_int(0, 10), "an integer 0-10"),
+        venice_base_url=reader.get("VENICE_BASE_URL", parse_url("http", "https"), "an http(s) URL"),
+        upstream_max_retries=_max_retries(reader),
         venice_max_connections=reader.get(
             "VENICE_MAX_CONNECTIONS",
             _parse_int(1, MOST_CONNECTIONS),
@@ -328,7 +311,7 @@ def load_settings(
         ),
         otel_service_name=reader.get("OTEL_SERVICE_NAME", _parse_non_empty, "a non-empty name"),
         otel_exporter_otlp_endpoint=reader.optional(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", _parse_url("http", "https"), "an http(s) URL"
+            "OTEL_EXPORTER_OTLP_ENDPOINT", parse_url("http", "https"), "an http(s) URL"
         ),
         capture_genai_content=reader.get("CAPTURE_GENAI_CONTENT", parse_bool, "true or false"),
         data_dir=data_dir if data_dir is not None else default_data_dir(),
@@ -365,6 +348,14 @@ def load_settings(
         model_aliases=model_aliases,
         prices=prices,
     )
+
+
+def _max_retries(reader: _Reader) -> int:
+    # The deprecated name is still honoured: a deployment set up before the rename keeps its value.
+    name = "UPSTREAM_MAX_RETRIES"
+    if not reader.env.get(name, "").strip() and reader.env.get("VENICE_MAX_RETRIES", "").strip():
+        name = "VENICE_MAX_RETRIES"
+    return reader.get(name, _parse_int(0, 10), "an integer 0-10")
 
 
 def load_bind_addr(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
@@ -479,19 +470,5 @@ def _parse_choice(*choices: str) -> Callable[[str], str]:
             if raw.lower() == choice.lower():
                 return choice
         raise ValueError(raw)
-
-    return parse
-
-
-def _parse_url(*schemes: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        parts = urlsplit(raw)
-        if parts.scheme not in schemes:
-            raise ValueError(raw)
-        if not parts.netloc and not (parts.query or parts.path):
-            raise ValueError(raw)
-        if parts.scheme in ("http", "https") and not parts.hostname:
-            raise ValueError(raw)
-        return raw.rstrip("/") if parts.scheme in ("http", "https") else raw
 
     return parse

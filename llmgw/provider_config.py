@@ -2,7 +2,8 @@
 
     [[providers]]
     name = "venice"                  # unique; used in "provider/model" names, deployments, telemetry
-    kind = "venice"                  # or "openai-compatible", "azure-openai"
+    kind = "venice"                  # an installed kind: "venice", "openai-compatible" or a
+                                     #   plugin's (llmgw providers lists them)
     base_url = "https://api.venice.ai/api/v1"
     api_key_env = "VENICE_API_KEY"   # optional (a local Ollama needs none); the key stays in the env
     timeout_seconds = 30             # optional: one attempt; default REQUEST_TIMEOUT_SECONDS
@@ -10,20 +11,15 @@
     first_token_timeout_seconds = 60 # optional: to the first answer byte (a JSON answer's
                                      #   headers, a stream's first event); default 60
     stall_timeout_seconds = 60       # optional: longest silence inside a stream; default 60
-    max_retries = 1                  # optional; default VENICE_MAX_RETRIES
+    max_retries = 1                  # optional; default UPSTREAM_MAX_RETRIES
     max_connections = 2048           # optional: calls in flight at once (a stream holds one for
                                      # its whole length); past it, a 503 after a short wait
     headers = { "OpenAI-Organization" = "org-..." }   # optional; sent on every call
-    api_version = "2024-10-21"       # azure-openai only, optional: Azure's classic API with
-                                     #   the model as the deployment in the URL; without it,
-                                     #   Azure's v1 API (llmgw.providers.azure_openai)
-    responses = "native"             # optional: it serves POST /responses itself; default
-                                     # "translate" (Responses requests become chat completions)
-    reasoning = false                # optional: it accepts reasoning_effort (Claude Code's
-                                     # thinking, Codex's reasoning); default per kind, see
-                                     # DEFAULT_CAPABILITIES
-    prefill = false                  # optional: it continues a trailing assistant message
-                                     # (a broken stream is finished that way); default false
+    responses = "native"             # optional capabilities, each defaulting to the kind's own
+    messages = "translate"           #   (ProviderPlugin.capabilities): it serves POST /responses,
+    reasoning = false                #   POST /messages itself ("native") or they become chat;
+    prefill = false                  #   it accepts reasoning_effort; it continues a trailing
+                                     #   assistant message (a broken stream is finished that way)
     circuit_cooldown_seconds = 30    # optional: how long a deployment that keeps failing is
                                      #   skipped (doubles while it keeps failing, up to 300 s)
     rpm = 500                        # optional: the account's requests per minute, and
@@ -40,53 +36,49 @@
     weights = [3, 1]                 #   "weighted" (with one weight per deployment),
                                      #   "least-busy" or "least-latency" (llmgw.routing.strategy)
 
+    # kind-specific keys: those of the kind's options spec (llmgw.providers.plugin)
+
+The tables are structured into attrs specs by the strict converter of ``llmgw.config_converter``.
 Every problem raises :class:`ProviderConfigError`, one line naming the file and the entry, e.g.
-``LLMGW_CONFIG /etc/llmgw.toml: providers[1].kind: expected "venice" or "openai-compatible" or
-"azure-openai", got "foo"``. Entries are counted from 0. Key values and header values are never
-echoed.
+``LLMGW_CONFIG /etc/llmgw.toml: providers[1].max_retries: expected an integer 0-10, got 99``.
+Entries are counted from 0. Key values and header values are never echoed.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeAlias, cast, get_args
+from typing import Any, Literal, NoReturn
 
 import attrs
+from cattrs.gen import make_dict_structure_fn, override
 
 from llmgw.accounting.price import PriceRule
 from llmgw.accounting.price_config import parse_prices
-from llmgw.config import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, _parse_url
-from llmgw.routing.strategy import ORDERED, STRATEGIES, Strategy, StrategyName
+from llmgw.config_common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
+from llmgw.config_converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
+from llmgw.providers.kinds import InstalledKind, KindError, installed_kinds, load_kind
+from llmgw.providers.plugin import Capabilities, Timeouts
+from llmgw.routing.strategy import ORDERED, Strategy, StrategyName
 
 __all__ = [
-    "DEFAULT_CAPABILITIES",
-    "PROVIDER_KINDS",
-    "Capabilities",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_FIRST_TOKEN_TIMEOUT",
+    "DEFAULT_STALL_TIMEOUT",
+    "TOP_LEVEL_TABLES",
     "DeploymentSpec",
     "ModelAlias",
     "ProviderConfigError",
-    "ProviderKind",
     "ProviderSpec",
     "ProvidersConfig",
-    "ResponsesMode",
-    "Timeouts",
     "load_provider_config",
 ]
-
-ProviderKind = Literal["venice", "openai-compatible", "azure-openai"]
-PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
-ResponsesMode = Literal["translate", "native"]
-RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
 
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Azure's api-versions: "2024-10-21", "2025-04-01-preview" (shared/azure-openai.md Z1).
-_API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 
 
 class ProviderConfigError(ConfigError):
@@ -98,56 +90,6 @@ class ProviderConfigError(ConfigError):
         self.variable = "LLMGW_CONFIG"
 
 
-@attrs.frozen
-class Capabilities:
-    """What a provider's deployments accept beyond plain chat completions. The gateway sends a
-    feature only to a deployment declared to have it (and says what it left out), because an
-    upstream that refuses a parameter fails every request that carries it."""
-
-    reasoning: bool  # reasoning_effort / reasoning: chat's effort, Anthropic's thinking mapped
-    # A trailing assistant message is continued, not answered with a new turn: a stream broken
-    # mid-answer is finished by sending the text already relayed as that message.
-    prefill: bool = False
-
-    @classmethod
-    def common_to(cls, every: Iterable[Capabilities]) -> Capabilities:
-        """What all of ``every`` accept (a route that may fall back to any of them)."""
-        every = tuple(every)
-        return cls(reasoning=all(c.reasoning for c in every), prefill=all(c.prefill for c in every))
-
-
-# Venice documents reasoning_effort on every chat model (non-reasoning ones ignore it). An
-# openai-compatible server may not: OpenAI refuses it for non-reasoning models, vLLM and
-# LiteLLM for many, with a 400 on every request; so it is sent there only when declared.
-# Prefill is off for both kinds: Venice does not document it, OpenAI and Azure answer a trailing
-# assistant message with a new turn, and vLLM and Ollama continue it only for some models or
-# templates (shared/provider-failures.md F3). Declare ``prefill = true`` for one that does.
-# Azure serves OpenAI's models with OpenAI's schema, so it refuses reasoning_effort for a
-# deployment of a model that does not reason, as OpenAI does (shared/azure-openai.md Z4).
-DEFAULT_CAPABILITIES: Mapping[ProviderKind, Capabilities] = {
-    "venice": Capabilities(reasoning=True, prefill=False),
-    "openai-compatible": Capabilities(reasoning=False, prefill=False),
-    "azure-openai": Capabilities(reasoning=False, prefill=False),
-}
-
-
-def _default_capabilities(spec: ProviderSpec) -> Capabilities:
-    return DEFAULT_CAPABILITIES[spec.kind]
-
-
-@attrs.frozen
-class Timeouts:
-    """How long one attempt on a provider may take, and may stay silent, phase by phase (seconds).
-
-    A silent provider is given up at the first phase it overruns, and the route moves on.
-    """
-
-    attempt: float  # one attempt: a JSON answer whole, a stream up to its first event
-    connect: float  # TCP (and TLS) connection
-    first_token: float  # to the first answer byte: a JSON answer's headers, a stream's first event
-    stall: float  # between two reads of a stream
-
-
 # Production defaults. A healthy API connects in well under a second; most models start to answer
 # within seconds, but a long non-streamed answer sends its headers only when it is whole, and a
 # reasoning model may think in silence after its first (role-only) event: a minute for both.
@@ -155,33 +97,77 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_FIRST_TOKEN_TIMEOUT = 60.0
 DEFAULT_STALL_TIMEOUT = 60.0
 
+_seconds = check(lambda n: 0 < n < float("inf"), "a positive number")
+_price = check(lambda n: 0 <= n < float("inf"), "a number >= 0")
+_per_minute = check(lambda n: n >= 1, "a whole number per minute, at least 1")
+
+
+def _http_url(value: str) -> str:
+    try:
+        return parse_url("http", "https")(value)
+    except ValueError:
+        raise Invalid("base_url", f"expected an http(s) URL, got {show(value)}") from None
+
+
+def _kind_capabilities(spec: ProviderSpec) -> Capabilities:
+    return load_kind(spec.kind).capabilities
+
+
+def _kind_options(spec: ProviderSpec) -> Any:
+    return load_kind(spec.kind).options()
+
 
 @attrs.frozen
 class ProviderSpec:
-    """One upstream API. ``api_key`` is read from the environment variable ``api_key_env``."""
+    """One upstream API: a ``[[providers]]`` entry. ``api_key`` is read from the environment
+    variable ``api_key_env``; ``capabilities`` are the kind's defaults with the entry's overrides;
+    ``options`` are the kind's own keys, as its plugin's options spec."""
 
-    name: str
-    kind: ProviderKind
-    base_url: str
-    api_key_env: str | None = None
-    api_key: str | None = attrs.field(default=None, repr=False)
-    timeout_seconds: float | None = None  # None: REQUEST_TIMEOUT_SECONDS
-    connect_timeout_seconds: float | None = None  # None: DEFAULT_CONNECT_TIMEOUT
-    first_token_timeout_seconds: float | None = None  # None: DEFAULT_FIRST_TOKEN_TIMEOUT
-    stall_timeout_seconds: float | None = None  # None: DEFAULT_STALL_TIMEOUT
-    max_retries: int | None = None  # None: VENICE_MAX_RETRIES
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
-    api_version: str | None = None  # azure-openai: the classic API's api-version; None: v1
-    responses: ResponsesMode = "translate"  # how POST /v1/responses reaches it
-    input_usd_per_mtok: float | None = None  # both or neither
-    output_usd_per_mtok: float | None = None
-    circuit_cooldown_seconds: float = 30.0  # a deployment that keeps failing is skipped this long
-    rpm: int | None = None  # the account's requests per minute, across replicas; None: no cap
-    tpm: int | None = None  # its tokens per minute (a request's worst case); None: no cap
-    capabilities: Capabilities = attrs.field(
-        default=attrs.Factory(_default_capabilities, takes_self=True)
+    name: str = attrs.field(
+        validator=check(
+            lambda name: _NAME.fullmatch(name) is not None,
+            "letters, digits, '.', '_' or '-' (no '/' or ':')",
+        )
     )
+    kind: str
+    base_url: str = attrs.field(converter=_http_url)
+    api_key_env: str | None = attrs.field(
+        default=None,
+        validator=check(
+            lambda name: _ENV_NAME.fullmatch(name) is not None,
+            "the name of an environment variable",
+        ),
+    )
+    api_key: str | None = attrs.field(default=None, repr=False)
+    timeout_seconds: float | None = attrs.field(default=None, validator=_seconds)
+    connect_timeout_seconds: float | None = attrs.field(default=None, validator=_seconds)
+    first_token_timeout_seconds: float | None = attrs.field(default=None, validator=_seconds)
+    stall_timeout_seconds: float | None = attrs.field(default=None, validator=_seconds)
+    max_retries: int | None = attrs.field(  # None: UPSTREAM_MAX_RETRIES
+        default=None, validator=check(lambda n: 0 <= n <= 10, "an integer 0-10")
+    )
+    max_connections: int = attrs.field(
+        default=DEFAULT_MAX_CONNECTIONS,
+        validator=check(lambda n: 1 <= n <= MOST_CONNECTIONS, f"an integer 1-{MOST_CONNECTIONS}"),
+    )
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    input_usd_per_mtok: float | None = attrs.field(
+        default=None, validator=_price
+    )  # both or neither
+    output_usd_per_mtok: float | None = attrs.field(default=None, validator=_price)
+    # A deployment that keeps failing is skipped this long.
+    circuit_cooldown_seconds: float = attrs.field(
+        default=30.0,
+        validator=check(
+            lambda n: 0 < n <= 86400, "a number of seconds, more than 0 and at most 86400"
+        ),
+    )
+    rpm: int | None = attrs.field(default=None, validator=_per_minute)  # requests per minute
+    tpm: int | None = attrs.field(default=None, validator=_per_minute)  # tokens (worst case)
+    capabilities: Capabilities = attrs.field(
+        default=attrs.Factory(_kind_capabilities, takes_self=True)
+    )
+    options: Any = attrs.field(default=attrs.Factory(_kind_options, takes_self=True))
 
     def timeouts(self, request_timeout: float) -> Timeouts:
         """This provider's timeouts; none is longer than one attempt (``request_timeout`` unless
@@ -197,6 +183,50 @@ class ProviderSpec:
             first_token=phase(self.first_token_timeout_seconds, DEFAULT_FIRST_TOKEN_TIMEOUT),
             stall=phase(self.stall_timeout_seconds, DEFAULT_STALL_TIMEOUT),
         )
+
+
+# What the file gives, not what is derived from it: the key comes from the environment, the
+# capabilities from keys of their own (the options, structured first, are passed in as they are).
+CONVERTER.register_structure_hook(
+    ProviderSpec,
+    make_dict_structure_fn(
+        ProviderSpec,
+        CONVERTER,
+        api_key=override(omit=True),
+        capabilities=override(omit=True),
+    ),
+)
+_PROVIDER_KEYS = tuple(
+    field
+    for field in attrs.fields_dict(ProviderSpec)
+    if field not in ("api_key", "capabilities", "options")
+)
+
+NativeOrTranslate = Literal["translate", "native"]
+
+
+@attrs.frozen
+class _CapabilityKeys:
+    """A ``[[providers]]`` entry's capability overrides; unset keys keep the kind's defaults."""
+
+    reasoning: bool | None = None
+    prefill: bool | None = None
+    responses: NativeOrTranslate | None = None  # kept from before capabilities had a class
+    messages: NativeOrTranslate | None = None
+
+    def over(self, defaults: Capabilities) -> Capabilities:
+        declared = {
+            "reasoning": self.reasoning,
+            "prefill": self.prefill,
+            "native_responses": None if self.responses is None else self.responses == "native",
+            "native_messages": None if self.messages is None else self.messages == "native",
+        }
+        return attrs.evolve(
+            defaults, **{key: value for key, value in declared.items() if value is not None}
+        )
+
+
+_CAPABILITY_KEYS = tuple(attrs.fields_dict(_CapabilityKeys))
 
 
 @attrs.frozen
@@ -218,6 +248,22 @@ class ModelAlias:
     strategy: Strategy = ORDERED
 
 
+def _strip(name: str) -> str:
+    return name.strip()
+
+
+@attrs.frozen
+class _ModelTable:
+    """A ``[[models]]`` entry as the file has it."""
+
+    alias: str = attrs.field(converter=_strip, validator=check(bool, "a non-empty model name"))
+    deployments: tuple[str, ...] = attrs.field(
+        validator=check(bool, 'at least one "provider:model"')
+    )
+    strategy: StrategyName = "ordered"
+    weights: tuple[float, ...] | None = None
+
+
 @attrs.frozen
 class ProvidersConfig:
     providers: tuple[ProviderSpec, ...]
@@ -225,42 +271,17 @@ class ProvidersConfig:
     prices: tuple[PriceRule, ...] = ()  # [[prices]] (llmgw.accounting.price_config)
 
 
+# A new top-level table: its key here, a field in ProvidersConfig, one line in _Parser.parse.
+TOP_LEVEL_TABLES = ("providers", "models", "prices")
+
+
 def load_provider_config(path: Path, environ: Mapping[str, str]) -> ProvidersConfig:
     """Read and validate the file; provider keys come from ``environ``. Raises ProviderConfigError."""
-    return _Parser(path, environ).parse()
-
-
-def _show(value: object) -> str:
-    """A value from the file, quoted like TOML would write it, on one line."""
+    parser = _Parser(path, environ)
     try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return type(value).__name__
-
-
-# The file's keys are the spec's fields, but the key itself (it comes from the environment);
-# each capability is a key of its own next to them.
-_CAPABILITY_KEYS = tuple(attrs.fields_dict(Capabilities))
-_PROVIDER_KEYS = (
-    *(
-        field
-        for field in attrs.fields_dict(ProviderSpec)
-        if field not in ("api_key", "capabilities")
-    ),
-    *_CAPABILITY_KEYS,
-)
-_MODEL_KEYS = ("alias", "deployments", "strategy", "weights")
-
-_Kind: TypeAlias = type | tuple[type, ...]
-_NUMBER = (int, float)
-_KIND_NAMES: dict[_Kind, str] = {
-    str: "a string",
-    int: "an integer",
-    _NUMBER: "a number",
-    bool: "true or false",
-    list: "an array",
-    dict: "a table",
-}
+        return parser.parse()
+    except ConfigProblem as problem:
+        raise ProviderConfigError(path, problem.where, problem.problem) from None
 
 
 @attrs.frozen
@@ -268,252 +289,167 @@ class _Parser:
     path: Path
     environ: Mapping[str, str]
 
-    def fail(self, where: str, problem: str) -> NoReturn:
-        raise ProviderConfigError(self.path, where, problem)
-
     def parse(self) -> ProvidersConfig:
-        try:
-            document = tomllib.loads(self.path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            self.fail("file", f"cannot be read ({exc.strerror or type(exc).__name__})")
-        except UnicodeDecodeError:
-            self.fail("file", "is not UTF-8 text")
-        except tomllib.TOMLDecodeError as exc:
-            self.fail("file", f"is not valid TOML: {exc}")
-        self.reject_unknown_keys(document, "", ("providers", "models", "prices"))
+        document = self.read()
+        for key in document:
+            if key not in TOP_LEVEL_TABLES:
+                raise ConfigProblem(
+                    key, f"unknown key; expected one of {', '.join(TOP_LEVEL_TABLES)}"
+                )
         provider_tables = self.tables(document, "providers")
         if not provider_tables:
-            self.fail("providers", "at least one [[providers]] entry is required")
+            raise ConfigProblem("providers", "at least one [[providers]] entry is required")
         providers = tuple(
             self.provider(table, f"providers[{index}]")
             for index, table in enumerate(provider_tables)
         )
-        self.check_unique([p.name for p in providers], "providers", "name")
+        _check_unique([p.name for p in providers], "providers", "name")
         aliases = tuple(
-            self.model_alias(table, f"models[{index}]", providers)
+            _model_alias(table, f"models[{index}]", providers)
             for index, table in enumerate(self.tables(document, "models"))
         )
-        self.check_unique([a.alias for a in aliases], "models", "alias")
-        prices = parse_prices(
-            self.tables(document, "prices"), self.fail, [p.name for p in providers]
-        )
+        _check_unique([a.alias for a in aliases], "models", "alias")
+        prices = parse_prices(self.tables(document, "prices"), _fail, [p.name for p in providers])
         return ProvidersConfig(providers, aliases, prices)
 
-    # Entries ---------------------------------------------------------------------------------
+    def read(self) -> dict[str, Any]:
+        try:
+            return tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigProblem(
+                "file", f"cannot be read ({exc.strerror or type(exc).__name__})"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigProblem("file", "is not UTF-8 text") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigProblem("file", f"is not valid TOML: {exc}") from None
 
     def provider(self, table: dict[str, Any], where: str) -> ProviderSpec:
-        self.reject_unknown_keys(table, where + ".", _PROVIDER_KEYS)
-        name = self.name(table, where, "name")
-        kind = self.required(table, where, "kind", str)
-        if kind not in PROVIDER_KINDS:
-            expected = " or ".join(_show(k) for k in PROVIDER_KINDS)
-            self.fail(f"{where}.kind", f"expected {expected}, got {_show(kind)}")
-        base_url = self.required(table, where, "base_url", str)
+        # Read first: the kind says which other keys the entry may have.
+        kind = table.get("kind")
+        if not isinstance(kind, str):
+            problem = "is required" if kind is None else f"expected a string, got {show(kind)}"
+            raise ConfigProblem(f"{where}.kind", problem)
         try:
-            base_url = _parse_url("http", "https")(base_url)
-        except ValueError:
-            self.fail(f"{where}.base_url", f"expected an http(s) URL, got {_show(base_url)}")
-        api_key_env = self.optional(table, where, "api_key_env", str)
-        api_key = None
-        if api_key_env is not None:
-            if not _ENV_NAME.fullmatch(api_key_env):
-                self.fail(
-                    f"{where}.api_key_env",
-                    f"expected the name of an environment variable, got {_show(api_key_env)}",
-                )
-            api_key = self.environ.get(api_key_env, "").strip() or None
-            if api_key is None:
-                self.fail(
-                    f"{where}.api_key_env",
-                    f"environment variable {api_key_env} is not set (it holds {name}'s API key)",
-                )
-        timeout = self.seconds(table, where, "timeout_seconds")
-        connect = self.seconds(table, where, "connect_timeout_seconds")
-        first_token = self.seconds(table, where, "first_token_timeout_seconds")
-        stall = self.seconds(table, where, "stall_timeout_seconds")
-        retries = self.optional(table, where, "max_retries", int)
-        if retries is not None and not 0 <= retries <= 10:
-            self.fail(f"{where}.max_retries", f"expected an integer 0-10, got {_show(retries)}")
-        connections = self.optional(table, where, "max_connections", int)
-        if connections is not None and not 1 <= connections <= MOST_CONNECTIONS:
-            self.fail(
-                f"{where}.max_connections",
-                f"expected an integer 1-{MOST_CONNECTIONS}, got {_show(connections)}",
-            )
-        price_keys = ("input_usd_per_mtok", "output_usd_per_mtok")
-        prices = [self.optional(table, where, price_key, _NUMBER) for price_key in price_keys]
-        for price_key, value in zip(price_keys, prices, strict=True):
-            if value is not None and not 0 <= value < float("inf"):
-                self.fail(f"{where}.{price_key}", f"expected a number >= 0, got {_show(value)}")
-        if (prices[0] is None) != (prices[1] is None):
-            self.fail(
+            plugin = load_kind(kind)
+        except KindError as exc:
+            raise ConfigProblem(f"{where}.kind", str(exc)) from None
+        option_keys = tuple(attrs.fields_dict(plugin.options))
+        known = (*_PROVIDER_KEYS, *_CAPABILITY_KEYS, *option_keys)
+        for key in table:
+            if key not in known:
+                raise ConfigProblem(f"{where}.{key}", _unknown_key(key, kind, known))
+        options = structure(_only(table, option_keys), plugin.options, where)
+        # The options in, not their default: a kind's options may have keys that are required.
+        spec = structure({**_only(table, _PROVIDER_KEYS), "options": options}, ProviderSpec, where)
+        declared = structure(_only(table, _CAPABILITY_KEYS), _CapabilityKeys, where)
+        if (spec.input_usd_per_mtok is None) != (spec.output_usd_per_mtok is None):
+            raise ConfigProblem(
                 f"{where}.input_usd_per_mtok",
                 "input_usd_per_mtok and output_usd_per_mtok go together; set both or neither",
             )
-        cooldown = self.optional(table, where, "circuit_cooldown_seconds", _NUMBER)
-        if cooldown is not None and not 0 < cooldown <= 86400:
-            self.fail(
-                f"{where}.circuit_cooldown_seconds",
-                f"expected a number of seconds, more than 0 and at most 86400, got {_show(cooldown)}",
-            )
-        rpm, tpm = (self.per_minute(table, where, key) for key in ("rpm", "tpm"))
-        headers = self.optional(table, where, "headers", dict) or {}
-        for header, value in headers.items():
-            if not isinstance(value, str):
-                self.fail(f"{where}.headers.{header}", "expected a string")
-        api_version = self.optional(table, where, "api_version", str)
-        if api_version is not None and kind != "azure-openai":
-            self.fail(
-                f"{where}.api_version",
-                f'applies only to kind = "azure-openai" (this provider is {_show(kind)})',
-            )
-        if api_version is not None and not _API_VERSION.fullmatch(api_version):
-            self.fail(
-                f"{where}.api_version",
-                f'expected an Azure api-version such as "2024-10-21", got {_show(api_version)}',
-            )
-        responses = self.optional(table, where, "responses", str) or "translate"
-        if responses not in RESPONSES_MODES:
-            expected = " or ".join(_show(m) for m in RESPONSES_MODES)
-            self.fail(f"{where}.responses", f"expected {expected}, got {_show(responses)}")
-        defaults = DEFAULT_CAPABILITIES[cast(ProviderKind, kind)]
-        declared = {key: self.optional(table, where, key, bool) for key in _CAPABILITY_KEYS}
-        capabilities = attrs.evolve(
-            defaults, **{key: value for key, value in declared.items() if value is not None}
-        )
-        return ProviderSpec(
-            name=name,
-            kind=cast(ProviderKind, kind),
-            base_url=base_url,
-            api_key_env=api_key_env,
-            api_key=api_key,
-            timeout_seconds=timeout,
-            connect_timeout_seconds=connect,
-            first_token_timeout_seconds=first_token,
-            stall_timeout_seconds=stall,
-            max_retries=retries,
-            max_connections=DEFAULT_MAX_CONNECTIONS if connections is None else connections,
-            headers=dict(headers),
-            api_version=api_version,
-            responses=cast(ResponsesMode, responses),
-            input_usd_per_mtok=None if prices[0] is None else float(prices[0]),
-            output_usd_per_mtok=None if prices[1] is None else float(prices[1]),
-            circuit_cooldown_seconds=30.0 if cooldown is None else float(cooldown),
-            rpm=rpm,
-            tpm=tpm,
-            capabilities=capabilities,
+        return attrs.evolve(
+            spec,
+            api_key=self.api_key(spec, where),
+            capabilities=declared.over(plugin.capabilities),
         )
 
-    def model_alias(
-        self, table: dict[str, Any], where: str, providers: tuple[ProviderSpec, ...]
-    ) -> ModelAlias:
-        self.reject_unknown_keys(table, where + ".", _MODEL_KEYS)
-        alias = self.required(table, where, "alias", str).strip()
-        if not alias:
-            self.fail(f"{where}.alias", "expected a non-empty model name")
-        entries = self.required(table, where, "deployments", list)
-        if not entries:
-            self.fail(f"{where}.deployments", 'expected at least one "provider:model"')
-        known = [p.name for p in providers]
-        deployments = []
-        for index, entry in enumerate(entries):
-            at = f"{where}.deployments[{index}]"
-            provider, sep, model = entry.partition(":") if isinstance(entry, str) else ("", "", "")
-            if not sep or not provider or not model.strip():
-                self.fail(at, f'expected "provider:model", got {_show(entry)}')
-            if provider not in known:
-                self.fail(
-                    at,
-                    f"unknown provider {_show(provider)} in {_show(entry)}; "
-                    f"providers are {', '.join(_show(k) for k in known)}",
-                )
-            deployments.append(DeploymentSpec(provider, model.strip()))
-        return ModelAlias(alias, tuple(deployments), self.strategy(table, where, len(deployments)))
-
-    def strategy(self, table: dict[str, Any], where: str, deployments: int) -> Strategy:
-        name = self.optional(table, where, "strategy", str) or "ordered"
-        if name not in STRATEGIES:
-            expected = ", ".join(_show(s) for s in STRATEGIES)
-            self.fail(f"{where}.strategy", f"expected one of {expected}, got {_show(name)}")
-        weights = self.optional(table, where, "weights", list)
-        if name != "weighted":
-            if weights is not None:
-                self.fail(f"{where}.weights", 'weights go with strategy = "weighted"')
-            return Strategy(cast(StrategyName, name))
-        if weights is None:
-            self.fail(f"{where}.weights", 'strategy = "weighted" needs one weight per deployment')
-        if len(weights) != deployments or not all(
-            isinstance(w, _NUMBER) and not isinstance(w, bool) and 0 <= w < float("inf")
-            for w in weights
-        ):
-            self.fail(
-                f"{where}.weights",
-                f"expected {deployments} numbers >= 0 (one per deployment), got {_show(weights)}",
+    def api_key(self, spec: ProviderSpec, where: str) -> str | None:
+        if spec.api_key_env is None:
+            return None
+        api_key = self.environ.get(spec.api_key_env, "").strip() or None
+        if api_key is None:
+            raise ConfigProblem(
+                f"{where}.api_key_env",
+                f"environment variable {spec.api_key_env} is not set "
+                f"(it holds {spec.name}'s API key)",
             )
-        if not any(weights):
-            self.fail(f"{where}.weights", "at least one weight must be more than 0")
-        return Strategy("weighted", tuple(float(w) for w in weights))
+        return api_key
 
-    # Values ----------------------------------------------------------------------------------
-
-    def seconds(self, table: dict[str, Any], where: str, key: str) -> float | None:
-        value = self.optional(table, where, key, _NUMBER)
-        if value is not None and not 0 < value < float("inf"):
-            self.fail(f"{where}.{key}", f"expected a positive number, got {_show(value)}")
-        return None if value is None else float(value)
-
-    def per_minute(self, table: dict[str, Any], where: str, key: str) -> int | None:
-        value: int | None = self.optional(table, where, key, int)
-        if value is not None and value < 1:
-            self.fail(
-                f"{where}.{key}",
-                f"expected a whole number per minute, at least 1, got {_show(value)}",
-            )
-        return value
-
-    def name(self, table: dict[str, Any], where: str, key: str) -> str:
-        value: str = self.required(table, where, key, str)
-        if not _NAME.fullmatch(value):
-            self.fail(
-                f"{where}.{key}",
-                f"expected letters, digits, '.', '_' or '-' (no '/' or ':'), got {_show(value)}",
-            )
-        return value
-
-    def required(self, table: dict[str, Any], where: str, key: str, kind: _Kind) -> Any:
-        value = self.optional(table, where, key, kind)
-        if value is None:
-            self.fail(f"{where}.{key}", "is required")
-        return value
-
-    def optional(self, table: dict[str, Any], where: str, key: str, kind: _Kind) -> Any:
-        value = table.get(key)
-        # bool is an int to Python, not to TOML: true is no number, 1 no boolean.
-        if value is not None and (
-            isinstance(value, bool) != (kind is bool) or not isinstance(value, kind)
-        ):
-            self.fail(f"{where}.{key}", f"expected {_KIND_NAMES[kind]}, got {_show(value)}")
-        return value
-
-    def tables(self, document: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    @staticmethod
+    def tables(document: dict[str, Any], key: str) -> list[dict[str, Any]]:
         value = document.get(key, [])
         if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-            self.fail(key, f"expected [[{key}]] tables")
+            raise ConfigProblem(key, f"expected [[{key}]] tables")
         return value
 
-    def reject_unknown_keys(
-        self, table: dict[str, Any], prefix: str, known: tuple[str, ...]
-    ) -> None:
-        for key in table:
-            if key not in known:
-                self.fail(f"{prefix}{key}", f"unknown key; expected one of {', '.join(known)}")
 
-    def check_unique(self, values: list[str], section: str, key: str) -> None:
-        first_seen: dict[str, int] = {}
-        for index, value in enumerate(values):
-            if value in first_seen:
-                self.fail(
-                    f"{section}[{index}].{key}",
-                    f"{_show(value)} is already used by {section}[{first_seen[value]}]",
-                )
-            first_seen[value] = index
+def _unknown_key(key: str, kind: str, known: tuple[str, ...]) -> str:
+    # A key of another kind's options (azure-openai's api_version on a venice entry) is named as
+    # such: the entry is more likely of the wrong kind than the key misspelt.
+    owners = [
+        f'kind = "{installed.name}"'
+        for installed in installed_kinds()
+        if installed.name != kind and key in _option_keys(installed)
+    ]
+    if owners:
+        return f"applies only to {' or '.join(owners)} (this provider is {show(kind)})"
+    return f"unknown key; expected one of {', '.join(known)}"
+
+
+def _option_keys(installed: InstalledKind) -> tuple[str, ...]:
+    try:
+        return tuple(attrs.fields_dict(installed.load().options))
+    except KindError:  # a broken plugin owns no key; it is refused where an entry names it
+        return ()
+
+
+def _fail(where: str, problem: str) -> NoReturn:
+    raise ConfigProblem(where, problem)
+
+
+def _only(table: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: value for key, value in table.items() if key in keys}
+
+
+def _model_alias(
+    table: dict[str, Any], where: str, providers: tuple[ProviderSpec, ...]
+) -> ModelAlias:
+    entry = structure(table, _ModelTable, where)
+    known = [p.name for p in providers]
+    deployments = []
+    for index, deployment in enumerate(entry.deployments):
+        at = f"{where}.deployments[{index}]"
+        provider, sep, model = deployment.partition(":")
+        if not sep or not provider or not model.strip():
+            raise ConfigProblem(at, f'expected "provider:model", got {show(deployment)}')
+        if provider not in known:
+            raise ConfigProblem(
+                at,
+                f"unknown provider {show(provider)} in {show(deployment)}; "
+                f"providers are {', '.join(show(k) for k in known)}",
+            )
+        deployments.append(DeploymentSpec(provider, model.strip()))
+    return ModelAlias(entry.alias, tuple(deployments), _strategy(entry, table, where))
+
+
+def _strategy(entry: _ModelTable, table: dict[str, Any], where: str) -> Strategy:
+    weights = entry.weights
+    if entry.strategy != "weighted":
+        if weights is not None:
+            raise ConfigProblem(f"{where}.weights", 'weights go with strategy = "weighted"')
+        return Strategy(entry.strategy)
+    if weights is None:
+        raise ConfigProblem(
+            f"{where}.weights", 'strategy = "weighted" needs one weight per deployment'
+        )
+    count = len(entry.deployments)
+    if len(weights) != count or not all(0 <= w < float("inf") for w in weights):
+        raise ConfigProblem(
+            f"{where}.weights",
+            f"expected {count} numbers >= 0 (one per deployment), got {show(table['weights'])}",
+        )
+    if not any(weights):
+        raise ConfigProblem(f"{where}.weights", "at least one weight must be more than 0")
+    return Strategy("weighted", weights)
+
+
+def _check_unique(values: list[str], section: str, key: str) -> None:
+    first_seen: dict[str, int] = {}
+    for index, value in enumerate(values):
+        if value in first_seen:
+            raise ConfigProblem(
+                f"{section}[{index}].{key}",
+                f"{show(value)} is already used by {section}[{first_seen[value]}]",
+            )
+        first_seen[value] = index

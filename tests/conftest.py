@@ -170,7 +170,7 @@ def make_settings(fake: FakeVenice, database_url: str, **overrides: Any) -> Sett
         "venice_api_key": FAKE_VENICE_KEY,
         "venice_base_url": fake.base_url,
         "request_timeout_seconds": 5.0,
-        "venice_max_retries": 2,
+        "upstream_max_retries": 2,
     }
     values.update(overrides)
     return Settings(**values)
@@ -247,7 +247,7 @@ async def eventually(condition: Callable[[], bool], *, within: float = 2.5) -> N
 async def start_gateway(
     fake_venice: FakeVenice, database_url: str, db: asyncpg.Connection
 ) -> AsyncIterator[Any]:
-    """Start a gateway with settings overrides: ``gateway = await start_gateway(venice_max_retries=0)``."""
+    """Start a gateway with settings overrides: ``gateway = await start_gateway(upstream_max_retries=0)``."""
     servers: list[TestServer] = []
 
     async def start(**overrides: Any) -> Gateway:

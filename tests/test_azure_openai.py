@@ -16,12 +16,8 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.config import load_settings
-from llmgw.provider_config import (
-    DEFAULT_CAPABILITIES,
-    ProviderConfigError,
-    ProviderSpec,
-    load_provider_config,
-)
+from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
+from llmgw.providers.azure_openai import PLUGIN, AzureOptions
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway
 from tests.fake_azure import (
@@ -508,10 +504,10 @@ def load(tmp_path: Path, toml: str) -> ProviderSpec:
 def test_api_version_is_read_for_azure_and_v1_is_the_default(tmp_path: Path) -> None:
     endpoint = "https://example-resource.openai.azure.com"
     toml = provider("azure", "azure-openai", endpoint, "AZURE_OPENAI_API_KEY")
-    assert load(tmp_path, toml).api_version is None
+    assert load(tmp_path, toml).options == AzureOptions(api_version=None)
     spec = load(tmp_path, toml + 'api_version = "2025-04-01-preview"\n')
-    assert (spec.kind, spec.api_version) == ("azure-openai", "2025-04-01-preview")
-    assert spec.capabilities == DEFAULT_CAPABILITIES["azure-openai"]
+    assert (spec.kind, spec.options) == ("azure-openai", AzureOptions("2025-04-01-preview"))
+    assert spec.capabilities == PLUGIN.capabilities
     assert load(tmp_path, toml + "reasoning = true\n").capabilities.reasoning is True
 
 

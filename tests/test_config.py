@@ -17,6 +17,8 @@ BAD_VALUES = [
     ("BIND_ADDR", "0.0.0.0:99999"),
     ("DATABASE_URL", "mysql://user:secret-password@db/x"),
     ("VENICE_BASE_URL", "ftp://example.com"),
+    ("UPSTREAM_MAX_RETRIES", "-1"),
+    ("UPSTREAM_MAX_RETRIES", "many"),
     ("VENICE_MAX_RETRIES", "-1"),
     ("VENICE_MAX_RETRIES", "many"),
     ("VENICE_MAX_CONNECTIONS", "0"),
@@ -56,7 +58,7 @@ def test_defaults_match_the_reference_design() -> None:
     assert settings.request_timeout_seconds == 120
     assert settings.request_body_limit_bytes == 1_048_576
     assert settings.upstream_max_response_bytes == 32 * 1024 * 1024
-    assert settings.venice_max_retries == 2
+    assert settings.upstream_max_retries == 2
     assert settings.capture_genai_content is False
     assert settings.auto_migrate is False
     assert settings.workers == 1
@@ -134,3 +136,10 @@ def test_workers_flag_refuses_a_bad_count_with_exit_2(tmp_path: Path) -> None:
     result = run_llmgw("serve", "--workers", "0", env=base_env(tmp_path))
     assert result.returncode == 2
     assert "--workers" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_retry_count_has_a_generic_name_and_the_deprecated_one_is_still_read() -> None:
+    assert load_settings({"UPSTREAM_MAX_RETRIES": "5"}).upstream_max_retries == 5
+    assert load_settings({"VENICE_MAX_RETRIES": "4"}).upstream_max_retries == 4
+    both = {"UPSTREAM_MAX_RETRIES": "1", "VENICE_MAX_RETRIES": "4"}
+    assert load_settings(both).upstream_max_retries == 1

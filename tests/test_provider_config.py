@@ -1,4 +1,5 @@
-"""LLMGW_CONFIG's per-provider timeouts: read, validated, defaulted, never longer than an attempt."""
+"""LLMGW_CONFIG's providers: timeouts read, validated, defaulted, never longer than an attempt;
+capabilities declared per provider; bad keys named, secret values never shown."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from llmgw.provider_config import (
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_STALL_TIMEOUT,
     ProviderConfigError,
-    Timeouts,
     load_provider_config,
 )
+from llmgw.providers.plugin import Capabilities, Timeouts
 
 PROVIDER = (
     '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9"\n'
@@ -66,3 +67,47 @@ def test_a_timeout_that_is_no_positive_number_names_the_entry(
     with pytest.raises(ProviderConfigError) as error:
         timeouts(tmp_path, f"{key} = {value}\n")
     assert f"providers[0].{key}: expected a" in str(error.value)
+
+
+def capabilities(tmp_path: Path, extra: str) -> Capabilities:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(PROVIDER + extra)
+    (spec,) = load_provider_config(path, {}).providers
+    return spec.capabilities
+
+
+def test_native_responses_and_messages_are_capabilities_declared_per_provider(
+    tmp_path: Path,
+) -> None:
+    assert capabilities(tmp_path, "") == Capabilities()
+    declared = 'responses = "native"\nmessages = "native"\nprefill = true\n'
+    assert capabilities(tmp_path, declared) == Capabilities(
+        prefill=True, native_responses=True, native_messages=True
+    )
+    assert capabilities(tmp_path, 'messages = "translate"\n') == Capabilities()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('messages = "sometimes"\n', 'providers[0].messages: expected "translate" or "native", got "sometimes"'),
+        ('headers = { "X-Secret" = 12345 }\n', "providers[0].headers.X-Secret: expected a string"),
+        ('name = "a/b"\n', "providers[0].name: expected letters, digits"),
+        ('options = "x"\n', "providers[0].options: unknown key"),
+        ("api_key = 'sk-in-the-file'\n", "providers[0].api_key: unknown key"),
+    ],
+)  # fmt: skip
+def test_a_bad_key_is_named_and_a_header_value_never_shown(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        PROVIDER.replace('name = "local"\n', "")
+        + ("" if "name =" in extra else 'name = "local"\n')
+        + extra
+    )
+    with pytest.raises(ProviderConfigError) as error:
+        load_provider_config(path, {})
+    assert message in str(error.value)
+    assert "12345" not in str(error.value)
+    assert "sk-in-the-file" not in str(error.value)

@@ -17,6 +17,7 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
+from llmgw.providers.plugin import Capabilities
 from tests.conftest import Gateway, eventually
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI
 from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, Behaviour, FakeVenice
@@ -74,7 +75,7 @@ async def upstream(
             kind="venice",
             base_url=fake_venice.base_url,
             api_key=FAKE_VENICE_KEY,
-            responses="native",
+            capabilities=Capabilities(reasoning=True, native_responses=True),
         )
     else:
         spec = chat_only(fake_openai)
@@ -399,7 +400,7 @@ def test_the_responses_mode_of_a_provider_is_validated(tmp_path: Path) -> None:
 
     path = tmp_path / "llmgw.toml"
     path.write_text(spec('"native"'))
-    assert load_provider_config(path, {}).providers[0].responses == "native"
+    assert load_provider_config(path, {}).providers[0].capabilities.native_responses
     path.write_text(spec('"sometimes"'))
     with pytest.raises(ProviderConfigError) as caught:
         load_provider_config(path, {})

@@ -160,7 +160,9 @@ async def test_client_disconnect_cancels_the_upstream_stream(
 
 
 async def test_venice_unreachable_is_502(start_gateway, api_key_for) -> None:
-    gateway = await start_gateway(venice_base_url="http://127.0.0.1:9/api/v1", venice_max_retries=1)
+    gateway = await start_gateway(
+        venice_base_url="http://127.0.0.1:9/api/v1", upstream_max_retries=1
+    )
     key = await api_key_for(gateway)
     with pytest.raises(openai.APIStatusError) as caught:
         await gateway.client(key).chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)
@@ -182,7 +184,7 @@ async def test_no_answer_within_the_timeout_is_504(start_gateway, api_key_for) -
 async def test_garbage_or_truncated_body_is_502(
     start_gateway, api_key_for, behaviour: Behaviour
 ) -> None:
-    gateway = await start_gateway(venice_max_retries=0)
+    gateway = await start_gateway(upstream_max_retries=0)
     key = await api_key_for(gateway)
     gateway.fake.enqueue(behaviour)
     with pytest.raises(openai.APIStatusError) as caught:

@@ -22,7 +22,6 @@ from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
 from llmgw.errors import GatewayError
 from llmgw.providers.base import Provider, UpstreamHTTPError
-from llmgw.providers.venice import VeniceProvider
 
 __all__ = [
     "Price",
@@ -82,8 +81,8 @@ def configured_prices(settings: Settings) -> tuple[PriceRule, ...]:
 
 
 def publishers(providers: Sequence[Provider]) -> tuple[Provider, ...]:
-    """The providers whose model listings carry prices (Venice's ``model_spec.pricing``)."""
-    return tuple(p for p in providers if isinstance(p, VeniceProvider))
+    """The providers that publish their models' prices (``Provider.publishes_prices``)."""
+    return tuple(p for p in providers if p.publishes_prices)
 
 
 class PriceTable:
@@ -134,8 +133,7 @@ class PriceTable:
         for provider in self._publishers:
             deadline = asyncio.get_running_loop().time() + timeout
             try:
-                answer = await provider.list_models(deadline)
-                prices = parse_venice_models(orjson.loads(answer.body))
+                prices = await provider.published_prices(deadline)
             except (GatewayError, UpstreamHTTPError, orjson.JSONDecodeError) as exc:
                 self._listing_failed(provider.name, exc)
                 continue

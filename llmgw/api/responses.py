@@ -256,7 +256,7 @@ async def create_response(request: web.Request, key: AuthenticatedKey) -> web.St
     history = await _history(request, key, body, body_size)
     save = _Saver(store, key, body, history)
     ids = translation.ResponseIds()
-    if request.app[app_keys.PROVIDERS].resolve(model).speaks_responses:
+    if request.app[app_keys.PROVIDERS].resolve(model).capabilities.native_responses:
         operation = attrs.evolve(_NATIVE, codec=NativeResponses(history, save, ids))
     else:
         _state_omitted_tools(request, translation.chat_tools(body.get("tools")).omitted)

@@ -17,19 +17,28 @@ and the errors, which ``retry.decide`` reads (a ``content_filter`` refusal stops
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
+import attrs
 import orjson
 
+from llmgw.config_converter import check
 from llmgw.errors import InvalidRequest
-from llmgw.provider_config import DEFAULT_CAPABILITIES
 from llmgw.providers.base import UpstreamCall, UpstreamResponse
-from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+from llmgw.providers.openai_compatible import (
+    OPENAI_COMPATIBLE_CAPABILITIES,
+    OpenAICompatibleProvider,
+)
+from llmgw.providers.plugin import ProviderPlugin, ProviderSetup
 
-__all__ = ["AzureOpenAIProvider"]
+__all__ = ["PLUGIN", "AzureOpenAIProvider", "AzureOptions"]
+
+# Azure's api-versions: "2024-10-21", "2025-04-01-preview" (Z1).
+_API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 
 # The operations the classic scheme serves per deployment (the official SDK's list, Z10).
 _DEPLOYMENT_OPERATIONS = frozenset({"/chat/completions", "/completions", "/embeddings"})
@@ -55,7 +64,6 @@ def _refuse_data_sources(call: UpstreamCall) -> None:
 
 class AzureOpenAIProvider(OpenAICompatibleProvider):
     def __init__(self, *, api_version: str | None = None, **options: Any) -> None:
-        options.setdefault("capabilities", DEFAULT_CAPABILITIES["azure-openai"])
         super().__init__(**options)
         self._query = "" if api_version is None else "?" + urlencode({"api-version": api_version})
 
@@ -86,3 +94,32 @@ class AzureOpenAIProvider(OpenAICompatibleProvider):
         # names requests must use (Z3), and an inference key cannot list those: callers reach
         # an Azure provider through aliases and "provider/deployment" names, so it lists none.
         return _NO_MODELS
+
+
+@attrs.frozen
+class AzureOptions:
+    """The keys of a ``kind = "azure-openai"`` entry beyond every provider's."""
+
+    # The classic API's api-version, with the model as the deployment in the URL; None: the v1 API.
+    api_version: str | None = attrs.field(
+        default=None,
+        validator=check(
+            lambda version: _API_VERSION.fullmatch(version) is not None,
+            'an Azure api-version such as "2024-10-21"',
+        ),
+    )
+
+
+def _from_setup(setup: ProviderSetup[AzureOptions]) -> AzureOpenAIProvider:
+    return AzureOpenAIProvider.from_setup(setup, api_version=setup.options.api_version)
+
+
+# Azure serves OpenAI's models with OpenAI's schema, so it refuses reasoning_effort for a
+# deployment of a model that does not reason, as OpenAI does (Z4), and answers a trailing
+# assistant message with a new turn: an OpenAI-compatible API's defaults.
+PLUGIN: ProviderPlugin[AzureOptions] = ProviderPlugin(
+    factory=_from_setup,
+    options=AzureOptions,
+    capabilities=OPENAI_COMPATIBLE_CAPABILITIES,
+    summary="Azure OpenAI (classic deployments with api_version, or the v1 API)",
+)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import orjson
 
-from llmgw.provider_config import Capabilities
+from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import Decision
+
+if TYPE_CHECKING:
+    from llmgw.accounting.price import Price
 
 __all__ = [
     "REASONING_PARAMS",
@@ -114,12 +117,14 @@ class UpstreamStream(ChatStream, Protocol):
 
 
 class Provider(Protocol):
-    name: str
-    server_address: str
+    """What a provider kind's factory returns (docs/plugins.md is the guide for plugin authors)."""
+
+    name: str  # the [[providers]] entry's name
+    server_address: str  # host and port, for telemetry (server.address, server.port)
     server_port: int
-    reports_cost: bool
-    speaks_responses: bool  # serves POST /responses itself (else it is translated to chat)
-    capabilities: Capabilities  # what its chat completions accept beyond the plain ones
+    reports_cost: bool  # its answers' usage carries their cost (Venice's ``cost.usd``)
+    publishes_prices: bool  # published_prices gives its models' prices
+    capabilities: Capabilities  # what it accepts beyond plain chat (ProviderSetup.capabilities)
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         """A non-streamed completion. Raises UpstreamHTTPError for a non-2xx answer after retries."""
@@ -142,6 +147,11 @@ class Provider(Protocol):
         ...
 
     async def list_models(self, deadline: float) -> UpstreamResponse: ...
+
+    async def published_prices(self, deadline: float) -> Mapping[str, Price]:
+        """Its models' prices by model id, read from the provider (asked only when
+        ``publishes_prices``; refreshed every PRICE_REFRESH_SECONDS). Raises as the calls do."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -27,7 +27,6 @@ from typing import Generic, TypeVar
 import attrs
 
 from llmgw.errors import RateLimited, UpstreamTimeout, UpstreamUnavailable
-from llmgw.provider_config import Capabilities
 from llmgw.providers.base import (
     ChatStream,
     Deployment,
@@ -37,6 +36,7 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
+from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import ORDERED, Strategy
@@ -82,9 +82,8 @@ class FallbackChain:
         self.server_address = first.server_address
         self.server_port = first.server_port
         self.reports_cost = first.reports_cost
-        # Native only when every deployment is: a fallback must be able to take the same body.
-        self.speaks_responses = all(d.provider.speaks_responses for d in self.deployments)
-        # Each deployment is sent only what it accepts (``UpstreamCall.for_deployment``).
+        # Each deployment is sent only what it accepts (``UpstreamCall.for_deployment``); native
+        # Responses or Messages only when every deployment is: a fallback must take the same body.
         self.capabilities = Capabilities.common_to(
             d.provider.capabilities for d in self.deployments
         )

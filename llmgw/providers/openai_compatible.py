@@ -18,19 +18,30 @@ import logging
 import math
 import time
 from collections.abc import AsyncGenerator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import hdrs
 
-from llmgw.config import DEFAULT_MAX_CONNECTIONS
+from llmgw.config_common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
-from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities, Timeouts
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin, ProviderSetup, Timeouts
 from llmgw.providers.pool import ConnectionPool, Slot
 from llmgw.providers.retry import Failure, RetryPolicy, decide
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "EXACT_TIMEOUTS", "OpenAICompatibleProvider"]
+if TYPE_CHECKING:
+    from llmgw.accounting.price import Price
+
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "EXACT_TIMEOUTS",
+    "OPENAI_COMPATIBLE_CAPABILITIES",
+    "PLUGIN",
+    "OpenAICompatibleProvider",
+    "new_client_session",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,29 @@ _READ_CHUNK = 64 * 1024
 # aiohttp rounds timeouts of 5 s and more up to the next whole second of loop time (uvloop's clock
 # is in whole milliseconds, so 5.0 s left is exactly 5.0): a 5 s deadline became 6 s. No rounding.
 EXACT_TIMEOUTS = math.inf
+
+# An OpenAI-compatible server may not take reasoning_effort: OpenAI refuses it for non-reasoning
+# models, vLLM and LiteLLM for many, with a 400 on every request; so it is sent only when declared.
+# Prefill is off: OpenAI and Azure answer a trailing assistant message with a new turn, and vLLM
+# and Ollama continue it only for some models or templates (shared/provider-failures.md F3).
+OPENAI_COMPATIBLE_CAPABILITIES = Capabilities(reasoning=False, prefill=False)
+
+
+def new_client_session(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> aiohttp.ClientSession:
+    """The one shared session of a provider: pooled keep-alive connections, no cookie jar.
+
+    Its limit is the provider's ``ConnectionPool``'s, whose slots every call holds first, so
+    the connector never queues a request itself (where the wait would be silent and unbounded).
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=max_connections,
+            ttl_dns_cache=300,
+            enable_cleanup_closed=True,
+            timeout_ceil_threshold=EXACT_TIMEOUTS,
+        ),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
 
 
 @contextlib.contextmanager
@@ -172,6 +206,7 @@ class _AiohttpChatStream:
 
 class OpenAICompatibleProvider:
     reports_cost = False
+    publishes_prices = False
 
     def __init__(
         self,
@@ -184,14 +219,12 @@ class OpenAICompatibleProvider:
         timeouts: Timeouts,
         headers: Mapping[str, str] | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        speaks_responses: bool = False,
-        capabilities: Capabilities = DEFAULT_CAPABILITIES["openai-compatible"],
+        capabilities: Capabilities = OPENAI_COMPATIBLE_CAPABILITIES,
         connections: ConnectionPool | None = None,
     ) -> None:
         self.name = name
         # Every call holds a slot for as long as its connection (see providers.pool).
         self.connections = connections or ConnectionPool(name, DEFAULT_MAX_CONNECTIONS)
-        self.speaks_responses = speaks_responses
         self.capabilities = capabilities
         self._max_response_bytes = max_response_bytes
         self._has_key = bool(api_key)
@@ -216,8 +249,29 @@ class OpenAICompatibleProvider:
         ``base_url`` (an adapter whose API puts the model in the URL overrides)."""
         return self._base_url + path
 
+    @classmethod
+    def from_setup(cls, setup: ProviderSetup[Any], **kind_options: Any) -> Self:
+        """The provider of a ``[[providers]]`` entry: the factory of its kind's plugin (a kind with
+        keys of its own passes them on as ``kind_options``, its class's extra arguments)."""
+        return cls(
+            name=setup.name,
+            base_url=setup.base_url,
+            api_key=setup.api_key,
+            session=new_client_session(setup.max_connections),
+            retry=setup.retry,
+            timeouts=setup.timeouts,
+            headers=setup.headers,
+            max_response_bytes=setup.max_response_bytes,
+            capabilities=setup.capabilities,
+            connections=ConnectionPool(setup.name, setup.max_connections),
+            **kind_options,
+        )
+
     async def close(self) -> None:
         await self._session.close()
+
+    async def published_prices(self, deadline: float) -> Mapping[str, Price]:
+        return {}  # an OpenAI-compatible listing has no prices (publishes_prices is False)
 
     def _headers(self, call: UpstreamCall, accept: str) -> dict[str, str]:
         # Built afresh: nothing the client sent (its Authorization above all) is forwarded.
@@ -394,3 +448,10 @@ class OpenAICompatibleProvider:
         if answer.status >= 300:
             raise UpstreamHTTPError(answer)
         return answer
+
+
+PLUGIN: ProviderPlugin[NoOptions] = ProviderPlugin(
+    factory=OpenAICompatibleProvider.from_setup,
+    capabilities=OPENAI_COMPATIBLE_CAPABILITIES,
+    summary="any OpenAI-compatible API: OpenAI, Gemini's OpenAI endpoint, vLLM, Ollama, Groq",
+)

@@ -8,29 +8,20 @@ never needs to know a provider's kind.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-import aiohttp
-
-from llmgw.config import DEFAULT_MAX_CONNECTIONS, Settings
-from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
-from llmgw.providers.azure_openai import AzureOpenAIProvider
+from llmgw.config import Settings
+from llmgw.provider_config import ModelAlias, ProviderSpec
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
-from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatibleProvider
+from llmgw.providers.kinds import load_kind
+from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
-from llmgw.providers.venice import VeniceProvider
 from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
-__all__ = ["ADAPTERS", "ProviderRegistry", "build_registry", "new_client_session"]
-
-ADAPTERS: Mapping[ProviderKind, type[OpenAICompatibleProvider]] = {
-    "venice": VeniceProvider,
-    "openai-compatible": OpenAICompatibleProvider,
-    "azure-openai": AzureOpenAIProvider,
-}
+__all__ = ["ProviderRegistry", "build_registry"]
 
 
 class ProviderRegistry:
@@ -100,23 +91,6 @@ class ProviderRegistry:
             await provider.close()
 
 
-def new_client_session(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> aiohttp.ClientSession:
-    """The one shared session of a provider: pooled keep-alive connections, no cookie jar.
-
-    Its limit is the provider's ``ConnectionPool``'s, whose slots every call holds first, so
-    the connector never queues a request itself (where the wait would be silent and unbounded).
-    """
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=max_connections,
-            ttl_dns_cache=300,
-            enable_cleanup_closed=True,
-            timeout_ceil_threshold=EXACT_TIMEOUTS,
-        ),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
-
-
 def _venice_from_environment(settings: Settings) -> ProviderSpec:
     """Without LLMGW_CONFIG: one provider ``venice`` from the VENICE_* variables."""
     return ProviderSpec(
@@ -130,28 +104,21 @@ def _venice_from_environment(settings: Settings) -> ProviderSpec:
 
 
 def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
-    # The one key of a single kind (provider_config refuses it for the others).
-    kind_options: dict[str, Any] = (
-        {"api_version": spec.api_version} if spec.kind == "azure-openai" else {}
-    )
-    return ADAPTERS[spec.kind](
+    """The provider of ``spec``, made by its kind's plugin (built in or installed)."""
+    retries = settings.upstream_max_retries if spec.max_retries is None else spec.max_retries
+    setup = ProviderSetup(
         name=spec.name,
         base_url=spec.base_url,
         api_key=spec.api_key,
-        session=new_client_session(spec.max_connections),
-        retry=RetryPolicy(
-            max_retries=settings.venice_max_retries
-            if spec.max_retries is None
-            else spec.max_retries
-        ),
-        timeouts=spec.timeouts(settings.request_timeout_seconds),
         headers=spec.headers,
-        max_response_bytes=settings.upstream_max_response_bytes,
-        speaks_responses=spec.responses == "native",
+        options=spec.options,
         capabilities=spec.capabilities,
-        connections=ConnectionPool(spec.name, spec.max_connections),
-        **kind_options,
+        timeouts=spec.timeouts(settings.request_timeout_seconds),
+        retry=RetryPolicy(max_retries=retries),
+        max_connections=spec.max_connections,
+        max_response_bytes=settings.upstream_max_response_bytes,
     )
+    return load_kind(spec.kind).factory(setup)
 
 
 def build_registry(settings: Settings) -> ProviderRegistry:

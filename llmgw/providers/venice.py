@@ -1,11 +1,33 @@
-"""Venice AI: an OpenAI-compatible API that also reports each request's cost (``cost.usd/diem``)."""
+"""Venice AI: an OpenAI-compatible API that also reports each request's cost (``cost.usd/diem``)
+and publishes its models' prices in its ``/models`` listing."""
 
 from __future__ import annotations
 
-from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+from collections.abc import Mapping
 
-__all__ = ["VeniceProvider"]
+import orjson
+
+from llmgw.accounting.price import Price
+from llmgw.accounting.prices import parse_venice_models
+from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
+
+__all__ = ["PLUGIN", "VeniceProvider"]
 
 
 class VeniceProvider(OpenAICompatibleProvider):
     reports_cost = True
+    publishes_prices = True
+
+    async def published_prices(self, deadline: float) -> Mapping[str, Price]:
+        answer = await self.list_models(deadline)
+        return parse_venice_models(orjson.loads(answer.body))
+
+
+# Venice documents reasoning_effort on every chat model (non-reasoning ones ignore it); it does not
+# document prefill.
+PLUGIN: ProviderPlugin[NoOptions] = ProviderPlugin(
+    factory=VeniceProvider.from_setup,
+    capabilities=Capabilities(reasoning=True, prefill=False),
+    summary="Venice AI (reports each answer's cost, publishes its models' prices)",
+)

@@ -83,14 +83,15 @@ class UnlistedProvider:
     """A publisher whose listing fails (an OpenAI-compatible server with no ``/models``)."""
 
     name = "venice"
+    publishes_prices = True
 
     def __init__(self, listing: bytes | None = None) -> None:
         self.listing = listing
 
-    async def list_models(self, deadline: float) -> UpstreamResponse:
+    async def published_prices(self, deadline: float) -> dict[str, Price]:
         if self.listing is None:
             raise UpstreamHTTPError(UpstreamResponse(404, b"Not Found", "text/plain"))
-        return UpstreamResponse(200, self.listing, "application/json")
+        return parse_venice_models(orjson.loads(self.listing))
 
 
 PRICED_LISTING = orjson.dumps({"data": [{"id": "m", "model_spec": {"pricing": {

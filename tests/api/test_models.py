@@ -23,6 +23,7 @@ class ListingProvider:
     server_address = "127.0.0.1"
     server_port = 1
     reports_cost = False
+    publishes_prices = False
 
     def __init__(self) -> None:
         self.calls = 0

@@ -18,6 +18,8 @@ from llmgw.providers.registry import ProviderRegistry
 
 
 class StubProvider:
+    publishes_prices = False
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.closed = False

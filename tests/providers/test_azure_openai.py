@@ -12,10 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw.errors import InvalidRequest
-from llmgw.provider_config import DEFAULT_CAPABILITIES, Timeouts
-from llmgw.providers.azure_openai import AzureOpenAIProvider
+from llmgw.providers.azure_openai import PLUGIN, AzureOpenAIProvider
 from llmgw.providers.base import UpstreamCall
-from llmgw.providers.registry import new_client_session
+from llmgw.providers.openai_compatible import new_client_session
+from llmgw.providers.plugin import Timeouts
 from llmgw.providers.retry import RetryPolicy
 
 KEY = "azure-secret-key"
@@ -143,5 +143,5 @@ async def test_models_lists_none_without_asking_azure(recorder: Recorder) -> Non
 
 
 def test_the_kind_reasons_only_when_declared_and_never_prefills() -> None:
-    capabilities = DEFAULT_CAPABILITIES["azure-openai"]
+    capabilities = PLUGIN.capabilities
     assert (capabilities.reasoning, capabilities.prefill) == (False, False)

@@ -13,10 +13,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
-from llmgw.provider_config import Timeouts
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
-from llmgw.providers.openai_compatible import OpenAICompatibleProvider
-from llmgw.providers.registry import new_client_session
+from llmgw.providers.openai_compatible import OpenAICompatibleProvider, new_client_session
+from llmgw.providers.plugin import Timeouts
 from llmgw.providers.retry import RetryPolicy
 
 LIMIT = 1024 * 1024

@@ -1,0 +1,27 @@
+"""``llmgw providers`` lists every installed kind with where it comes from and its default
+capabilities; a plugin that cannot be loaded is listed with the reason, not a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.processes import clean_env, run_llmgw
+from tests.providers.installed import install
+
+
+def test_the_installed_kinds_are_listed_with_a_broken_one_s_reason(tmp_path: Path) -> None:
+    install(
+        tmp_path,
+        "llmgw-half-done",
+        {"half": "llmgw_half_done:PLUGIN"},
+        {"llmgw_half_done": "raise RuntimeError('not finished')\n"},
+    )
+    run = run_llmgw("providers", env=clean_env(PYTHONPATH=str(tmp_path)))
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    rows = [line.split(maxsplit=3) for line in run.stdout.splitlines()]
+    assert rows[0] == ["KIND", "FROM", "DEFAULT", "CAPABILITIES"]
+    assert [row[0] for row in rows[1:]] == ["azure-openai", "half", "openai-compatible", "venice"]
+    assert rows[2][1:3] == ["llmgw-half-done", "1.2"]
+    assert "failed to load: RuntimeError: not finished" in rows[2][3]
+    assert rows[-1][1] == "llmgw" and rows[-1][3].startswith("reasoning ")

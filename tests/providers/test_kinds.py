@@ -1,0 +1,131 @@
+"""Provider kinds come from entry points (group llmgw.providers): llmgw's own, and any installed
+package's, whose kind-specific keys its options spec declares and the providers file's converter
+validates. A kind that is missing or does not load is one configuration error naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.provider_config import ProviderConfigError, load_provider_config
+from llmgw.providers.kinds import installed_kinds, load_kind
+from llmgw.providers.plugin import Capabilities, ProviderPlugin
+from tests.providers.installed import install
+
+# A plugin module: kind "regional", with a required key of its own and one with a checked range.
+REGIONAL = """
+import attrs
+from llmgw.config_converter import check
+from llmgw.providers.plugin import Capabilities, ProviderPlugin
+from tests.providers.installed import install
+
+@attrs.frozen
+class Options:
+    region: str
+    replicas: int = attrs.field(default=1, validator=check(lambda n: 1 <= n <= 9, "an integer 1-9"))
+
+PLUGIN = ProviderPlugin(
+    factory=lambda setup: setup,
+    options=Options,
+    capabilities=Capabilities(reasoning=True, native_messages=True),
+)
+"""
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "site-packages"
+    path.mkdir()
+    monkeypatch.syspath_prepend(str(path))
+    install(
+        path,
+        "llmgw-test-plugins",
+        {
+            "regional": "llmgw_test_regional:PLUGIN",
+            "broken": "llmgw_test_broken:PLUGIN",
+            "not-a-plugin": "llmgw_test_regional:Options",
+        },
+        {
+            "llmgw_test_regional": REGIONAL,
+            "llmgw_test_broken": "import llmgw_no_such_module\n",
+        },
+    )
+    return path
+
+
+def load(tmp_path: Path, kind: str, extra: str = "") -> object:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        f'[[providers]]\nname = "p"\nkind = "{kind}"\nbase_url = "http://127.0.0.1:9"\n{extra}'
+    )
+    return load_provider_config(path, {}).providers[0]
+
+
+def problem(tmp_path: Path, kind: str, extra: str = "") -> str:
+    with pytest.raises(ProviderConfigError) as raised:
+        load(tmp_path, kind, extra)
+    return str(raised.value).split(": ", 1)[1]
+
+
+def test_the_built_in_kinds_are_entry_points_of_llmgw() -> None:
+    found = {kind.name: kind.source for kind in installed_kinds()}
+    assert found["venice"].startswith("llmgw ")
+    assert found["openai-compatible"].startswith("llmgw ")
+    assert isinstance(load_kind("venice"), ProviderPlugin)
+
+
+def test_a_plugin_kind_is_configured_with_its_own_keys(tmp_path: Path, site: Path) -> None:
+    spec = load(tmp_path, "regional", 'region = "eu"\nreplicas = 3\nreasoning = false\n')
+    assert spec.options.region == "eu"  # type: ignore[attr-defined]
+    assert spec.options.replicas == 3  # type: ignore[attr-defined]
+    # The kind's defaults, but for what the entry overrides.
+    assert spec.capabilities == Capabilities(reasoning=False, native_messages=True)  # type: ignore[attr-defined]
+    assert {kind.name: kind.source for kind in installed_kinds()}["regional"] == (
+        "llmgw-test-plugins 1.2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("", "providers[0].region: is required"),
+        (
+            'region = "eu"\nreplicas = 10\n',
+            "providers[0].replicas: expected an integer 1-9, got 10",
+        ),
+        ('region = "eu"\nreplicas = "2"\n', 'providers[0].replicas: expected an integer, got "2"'),
+        (
+            'region = "eu"\nzone = "b"\n',
+            "providers[0].zone: unknown key; expected one of name, kind",
+        ),
+    ],
+)
+def test_a_plugin_key_is_validated_like_the_others(
+    tmp_path: Path, site: Path, extra: str, message: str
+) -> None:
+    assert problem(tmp_path, "regional", extra).startswith(message)
+
+
+def test_an_unknown_key_lists_the_kind_s_own_keys_too(tmp_path: Path, site: Path) -> None:
+    assert problem(tmp_path, "regional", 'region = "eu"\nzone = "b"\n').endswith(
+        "reasoning, prefill, responses, messages, region, replicas"
+    )
+
+
+def test_an_unknown_kind_lists_the_installed_ones(tmp_path: Path, site: Path) -> None:
+    assert problem(tmp_path, "foo") == (
+        'providers[0].kind: no provider kind "foo" is installed; installed kinds: '
+        '"azure-openai", "broken", "not-a-plugin", "openai-compatible", "regional", "venice"'
+    )
+
+
+def test_a_plugin_that_fails_to_load_is_named_in_one_line(tmp_path: Path, site: Path) -> None:
+    assert problem(tmp_path, "broken") == (
+        'providers[0].kind: the plugin of kind "broken" (llmgw_test_broken:PLUGIN, from '
+        "llmgw-test-plugins 1.2) failed to load: ModuleNotFoundError: No module named "
+        "'llmgw_no_such_module'"
+    )
+    assert problem(tmp_path, "not-a-plugin").endswith(
+        "is a type, not an llmgw.providers.plugin.ProviderPlugin"
+    )
