@@ -2,7 +2,7 @@
 
     [[providers]]
     name = "venice"                  # unique; used in "provider/model" names, deployments, telemetry
-    kind = "venice"                  # or "openai-compatible"
+    kind = "venice"                  # or "openai-compatible", "anthropic"
     base_url = "https://api.venice.ai/api/v1"
     api_key_env = "VENICE_API_KEY"   # optional (a local Ollama needs none); the key stays in the env
     timeout_seconds = 30             # optional: one attempt; default REQUEST_TIMEOUT_SECONDS
@@ -73,7 +73,7 @@ __all__ = [
     "load_provider_config",
 ]
 
-ProviderKind = Literal["venice", "openai-compatible"]
+ProviderKind = Literal["venice", "openai-compatible", "anthropic"]
 PROVIDER_KINDS: tuple[ProviderKind, ...] = get_args(ProviderKind)
 ResponsesMode = Literal["translate", "native"]
 RESPONSES_MODES: tuple[ResponsesMode, ...] = get_args(ResponsesMode)
@@ -102,12 +102,19 @@ class Capabilities:
     # A trailing assistant message is continued, not answered with a new turn: a stream broken
     # mid-answer is finished by sending the text already relayed as that message.
     prefill: bool = False
+    # POST /messages (the Anthropic Messages API) is served natively: a /v1/messages request
+    # routed only to such deployments is forwarded as the caller sent it, not translated to chat.
+    messages: bool = False
 
     @classmethod
     def common_to(cls, every: Iterable[Capabilities]) -> Capabilities:
         """What all of ``every`` accept (a route that may fall back to any of them)."""
         every = tuple(every)
-        return cls(reasoning=all(c.reasoning for c in every), prefill=all(c.prefill for c in every))
+        return cls(
+            reasoning=all(c.reasoning for c in every),
+            prefill=all(c.prefill for c in every),
+            messages=all(c.messages for c in every),
+        )
 
 
 # Venice documents reasoning_effort on every chat model (non-reasoning ones ignore it). An
@@ -119,6 +126,9 @@ class Capabilities:
 DEFAULT_CAPABILITIES: Mapping[ProviderKind, Capabilities] = {
     "venice": Capabilities(reasoning=True, prefill=False),
     "openai-compatible": Capabilities(reasoning=False, prefill=False),
+    # Every current Claude model thinks and continues a trailing assistant message
+    # (shared/provider-failures.md F3), and Messages is the API itself.
+    "anthropic": Capabilities(reasoning=True, prefill=True, messages=True),
 }
 
 

@@ -26,7 +26,7 @@ from aiohttp import hdrs
 from llmgw.config import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
 from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities, Timeouts
-from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.pool import ConnectionPool, Slot
 from llmgw.providers.retry import Failure, RetryPolicy, decide
 
@@ -172,6 +172,7 @@ class _AiohttpChatStream:
 
 class OpenAICompatibleProvider:
     reports_cost = False
+    _models_path = "/models"  # the model listing, under base_url
 
     def __init__(
         self,
@@ -204,8 +205,12 @@ class OpenAICompatibleProvider:
         self._timeouts = timeouts
         self._auth_headers: Mapping[str, str] = {
             **(headers or {}),
-            **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+            **(self._key_headers(api_key) if api_key else {}),
         }
+
+    def _key_headers(self, api_key: str) -> dict[str, str]:
+        """How the provider's API takes the gateway's key."""
+        return {"Authorization": f"Bearer {api_key}"}
 
     async def close(self) -> None:
         await self._session.close()
@@ -349,7 +354,7 @@ class OpenAICompatibleProvider:
     async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
         return await self._complete(path, call)
 
-    async def stream_chat_completion(self, call: UpstreamCall) -> _AiohttpChatStream:
+    async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
         return await self.forward_stream("/chat/completions", call, accept="text/event-stream")
 
     async def forward_stream(
@@ -377,7 +382,9 @@ class OpenAICompatibleProvider:
         try:
             with _transport_errors(self.name):
                 response = await self._session.get(
-                    self._base_url + "/models", headers=dict(self._auth_headers), timeout=timeout
+                    self._base_url + self._models_path,
+                    headers=dict(self._auth_headers),
+                    timeout=timeout,
                 )
             answer = await self._read_answer(response, retries=0)
         finally:

@@ -13,6 +13,7 @@ import aiohttp
 
 from llmgw.config import DEFAULT_MAX_CONNECTIONS, Settings
 from llmgw.provider_config import ModelAlias, ProviderKind, ProviderSpec
+from llmgw.providers.anthropic import AnthropicProvider
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.openai_compatible import EXACT_TIMEOUTS, OpenAICompatibleProvider
@@ -27,6 +28,7 @@ __all__ = ["ADAPTERS", "ProviderRegistry", "build_registry", "new_client_session
 ADAPTERS: Mapping[ProviderKind, type[OpenAICompatibleProvider]] = {
     "venice": VeniceProvider,
     "openai-compatible": OpenAICompatibleProvider,
+    "anthropic": AnthropicProvider,
 }
 
 
