@@ -78,8 +78,7 @@ def _thinking(body: dict[str, Any], request: dict[str, Any]) -> None:
 
 
 def _turns(messages: list[Any]) -> tuple[str | list[dict[str, Any]] | None, list[dict[str, Any]]]:
-    """The system prompt (system and developer messages, wherever they are) and the turns, with
-    consecutive turns of one role merged as Messages wants them."""
+    """The system prompt (system and developer messages, wherever they are) and the turns."""
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
@@ -110,13 +109,25 @@ def _turns(messages: list[Any]) -> tuple[str | list[dict[str, Any]] | None, list
 
 
 def _append(turns: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:
+    """Tool results go in the user turn right after the calls: consecutive tool messages, and a
+    user message after them, become one turn. Other turns stay as they came (Anthropic reads two
+    turns of one role as one)."""
     if not content:
         return  # Anthropic refuses empty content
-    if turns and turns[-1]["role"] == role:
-        previous = turns[-1]
-        previous["content"] = _as_blocks(previous["content"]) + _as_blocks(content)
+    previous = turns[-1] if turns else None
+    if previous is not None and role == "user" and _ends_with_tool_result(previous):
+        previous["content"] = previous["content"] + _as_blocks(content)
         return
     turns.append({"role": role, "content": content})
+
+
+def _ends_with_tool_result(turn: dict[str, Any]) -> bool:
+    content = turn["content"]
+    return (
+        turn["role"] == "user"
+        and isinstance(content, list)
+        and content[-1].get("type") == "tool_result"
+    )
 
 
 def _as_blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
