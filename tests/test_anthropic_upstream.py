@@ -439,3 +439,23 @@ async def test_an_alias_falls_back_from_anthropic_to_venice(
     assert message.content[0].text == "Hello from fake Venice!"  # type: ignore[union-attr]
     assert len(fake_anthropic.calls("/v1/messages")) == 1
     assert fake_venice.received[-1].json["model"] == VENICE
+
+
+async def test_a_broken_venice_stream_is_finished_by_anthropic_continuing_the_text(
+    gateway: Gateway, fake_anthropic: FakeAnthropic, fake_venice: FakeVenice
+) -> None:
+    # Five chunks of two words each: the text relayed before the break ends in a space, which
+    # Anthropic refuses in a prefill; it is trimmed, and the continuation's own space dropped.
+    fake_anthropic.reply = fake_venice.reply = "one two six ten red tan fox owl cat dog."
+    fake_venice.enqueue(Behaviour(drop_after_chunks=3))
+    client = gateway.client(await gateway.create_key(name="continuation"))
+    chunks = await client.chat.completions.create(
+        model="venice-then-claude", messages=HELLO, stream=True  # type: ignore[arg-type]
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    assert text == fake_venice.reply
+    continued = fake_anthropic.received[-1].json["messages"]
+    assert continued[:-1] == HELLO
+    prefill = continued[-1]
+    assert prefill["role"] == "assistant" and fake_venice.reply.startswith(prefill["content"])
+    assert prefill["content"].endswith(("two", "ten", "tan", "owl"))

@@ -30,7 +30,7 @@ from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.streaming.sse import SSEScanner, event_data
-from llmgw.translation.chat_to_messages import chat_to_messages
+from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.messages_to_chat import ChatChunks, chat_error_body, completion_from_message
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
@@ -94,9 +94,12 @@ class AnthropicProvider(OpenAICompatibleProvider):
             stream = await self.forward_stream(
                 "/messages", _as_messages(call, body), accept=_EVENT_STREAM
             )
-        return _ChatStream(
-            stream, ChatChunks(created=int(time.time()), include_usage=include_usage)
+        translator = ChatChunks(
+            created=int(time.time()),
+            include_usage=include_usage,
+            trimmed_prefill=trims_prefill(body),
         )
+        return _ChatStream(stream, translator)
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         """Anthropic's listing in OpenAI's shape (the gateway's ``/v1/models`` merges them)."""

@@ -13,7 +13,7 @@ from typing import Any, Final
 from llmgw.errors import InvalidRequest
 from llmgw.translation.anthropic import is_one_of, tool_input
 
-__all__ = ["DEFAULT_MAX_TOKENS", "THINKING_BUDGETS", "chat_to_messages"]
+__all__ = ["DEFAULT_MAX_TOKENS", "THINKING_BUDGETS", "chat_to_messages", "trims_prefill"]
 
 # Messages requires max_tokens; chat does not. 4096 is what every Claude model can produce.
 DEFAULT_MAX_TOKENS: Final = 4096
@@ -142,6 +142,19 @@ def _trim_prefill(turn: dict[str, Any]) -> None:
         turn["content"] = content.rstrip()
     elif content and content[-1].get("type") == "text":
         content[-1] = {**content[-1], "text": content[-1]["text"].rstrip()}
+
+
+def trims_prefill(body: dict[str, Any]) -> bool:
+    """Whether the chat request ends with an assistant text that ends in whitespace, which the
+    Messages request is sent without (see _trim_prefill)."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return False
+    content = last.get("content")
+    if isinstance(content, list) and content and isinstance(content[-1], dict):
+        content = content[-1].get("text")
+    return isinstance(content, str) and content != content.rstrip()
 
 
 def _text_blocks(content: Any, where: str) -> list[dict[str, Any]]:

@@ -113,9 +113,12 @@ class ChatChunks:
     updates the counts ``message_start`` gave rather than adding to them.
     """
 
-    def __init__(self, *, created: int, include_usage: bool) -> None:
+    def __init__(self, *, created: int, include_usage: bool, trimmed_prefill: bool = False) -> None:
         self._created = created
         self._include_usage = include_usage
+        # The request continued an assistant text whose trailing whitespace had to be trimmed
+        # (chat_to_messages): the caller has that whitespace, so the continuation's is dropped.
+        self._strip_leading_space = trimmed_prefill
         self._id: Any = None
         self._model: Any = None
         self._usage = MessagesUsage()
@@ -170,7 +173,11 @@ class ChatChunks:
             return []
         kind = delta.get("type")
         if kind == "text_delta":
-            return [self._chunk({"content": delta.get("text")})]
+            text = delta.get("text")
+            if self._strip_leading_space and isinstance(text, str):
+                text = text.lstrip()
+                self._strip_leading_space = not text
+            return [self._chunk({"content": text})] if text != "" else []
         if kind == "thinking_delta":
             return [self._chunk({"reasoning_content": delta.get("thinking")})]
         if kind == "input_json_delta" and event.get("index") in self._tool_index:
