@@ -450,7 +450,9 @@ async def test_a_broken_venice_stream_is_finished_by_anthropic_continuing_the_te
     fake_venice.enqueue(Behaviour(drop_after_chunks=3))
     client = gateway.client(await gateway.create_key(name="continuation"))
     chunks = await client.chat.completions.create(
-        model="venice-then-claude", messages=HELLO, stream=True  # type: ignore[arg-type]
+        model="venice-then-claude",
+        messages=HELLO,
+        stream=True,  # type: ignore[arg-type]
     )
     text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
     assert text == fake_venice.reply
