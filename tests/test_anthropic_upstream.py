@@ -70,6 +70,10 @@ api_key_env = "VENICE_API_KEY"
 max_retries = 0
 
 [[models]]
+alias = "sonnet"
+deployments = ["claude:{CLAUDE}"]
+
+[[models]]
 alias = "venice-then-claude"
 deployments = ["venice:{VENICE}", "claude:{CLAUDE}"]
 
@@ -202,6 +206,18 @@ async def test_stream_events_come_back_unchanged_with_thinking_and_tools_over_tu
         == input_tokens(fake_anthropic.received[-1].json) + CACHE_READ + CACHE_CREATION
     )
     assert rows[-1]["stream"] is True and rows[-1]["status"] == 200
+
+
+async def test_an_alias_for_another_model_id_changes_only_the_model(
+    gateway: Gateway, fake_anthropic: FakeAnthropic
+) -> None:
+    client, sent = recording_client(gateway, await gateway.create_key(name="alias"))
+    await client.messages.create(
+        model="sonnet", max_tokens=64, messages=HELLO, metadata={"user_id": "u-1"}
+    )
+    received = fake_anthropic.received[-1].json
+    assert received == {**json.loads(sent.bodies[-1]), "model": CLAUDE}
+    assert list(received) == list(json.loads(sent.bodies[-1]))  # in the caller's order
 
 
 async def test_recorded_claude_code_request_is_forwarded_as_sent(
