@@ -31,19 +31,11 @@ from tests.fake_anthropic import (
 )
 from tests.fake_openai import providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.test_messages import ADD_TOOL
 
 CLAUDE = "claude-sonnet-4-5"
 VENICE = "qwen3-5-9b"
 HELLO = [{"role": "user", "content": "Say hello"}]
-ADD_TOOL = {
-    "name": "add",
-    "description": "Add two integers.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
-    },
-}
 RECORDED = json.loads((Path(__file__).parent / "data" / "claude_code_request.json").read_text())
 
 
@@ -269,6 +261,11 @@ async def test_overloaded_is_retried_and_an_anthropic_error_keeps_its_shape(
         await gateway.client(key).chat.completions.create(model=CLAUDE, messages=HELLO)  # type: ignore[arg-type]
     assert "per-minute rate limit" in chat_refused.value.message
     assert chat_refused.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+    # What Anthropic's API has not: refused before anything is sent, in the caller's shape.
+    with pytest.raises(openai.BadRequestError) as no_embeddings:
+        await gateway.client(key).embeddings.create(model=CLAUDE, input="hi")
+    assert "Anthropic's Messages API, which has no /embeddings" in no_embeddings.value.message
+    assert not fake_anthropic.calls("/v1/embeddings")
 
 
 # Chat and Responses callers, translated -----------------------------------------------------------

@@ -25,9 +25,15 @@ from typing import Any, Final
 import attrs
 import orjson
 
-from llmgw.errors import UpstreamUnavailable
+from llmgw.errors import InvalidRequest, UpstreamUnavailable
 from llmgw.provider_config import DEFAULT_CAPABILITIES, Capabilities
-from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.base import (
+    ChatStream,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+    UpstreamStream,
+)
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.streaming.sse import SSEScanner, event_data
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
@@ -39,6 +45,8 @@ __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 ANTHROPIC_VERSION: Final = "2023-06-01"
 # The caller's headers passed on with a forwarded body: they say how to read it.
 PASSED_HEADERS: Final = ("anthropic-version", "anthropic-beta")
+# What Anthropic's API serves under /v1 for the gateway's routes (models apart).
+_MESSAGES_PATHS: Final = frozenset({"/messages", "/messages/count_tokens"})
 _JSON: Final = "application/json"
 _EVENT_STREAM: Final = "text/event-stream"
 
@@ -100,6 +108,28 @@ class AnthropicProvider(OpenAICompatibleProvider):
             trimmed_prefill=trims_prefill(body),
         )
         return _ChatStream(stream, translator)
+
+    async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
+        raise self._not_offered("/embeddings")
+
+    async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        if path not in _MESSAGES_PATHS:
+            raise self._not_offered(path)
+        return await super().forward(path, call)
+
+    async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
+        if path not in _MESSAGES_PATHS:
+            raise self._not_offered(path)
+        return await super().forward_stream(path, call, accept=accept)
+
+    def _not_offered(self, path: str) -> InvalidRequest:
+        """Said before anything is sent: Anthropic would answer a 404 in its own shape, which a
+        caller of another API could not read."""
+        return InvalidRequest(
+            f"The model's provider {self.name} speaks Anthropic's Messages API, which has no "
+            f"{path}.",
+            param="model",
+        )
 
     async def list_models(self, deadline: float) -> UpstreamResponse:
         """Anthropic's listing in OpenAI's shape (the gateway's ``/v1/models`` merges them)."""
