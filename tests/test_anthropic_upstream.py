@@ -22,6 +22,7 @@ from llmgw import app_keys
 from tests.conftest import Gateway, eventually
 from tests.fake_anthropic import (
     CACHE_CREATION,
+    CACHE_CREATION_1H,
     CACHE_READ,
     FAKE_ANTHROPIC_KEY,
     THINKING,
@@ -149,6 +150,9 @@ async def test_sdk_message_reaches_anthropic_byte_for_byte_and_comes_back_unchan
     all_input = input_tokens(received.json) + CACHE_READ + CACHE_CREATION
     assert (row["provider"], row["input_tokens"]) == ("claude", all_input)
     assert row["output_tokens"] == message.usage.output_tokens
+    counts = ("cache_read_input_tokens", "cache_creation_input_tokens")
+    assert [row[c] for c in counts] == [CACHE_READ, CACHE_CREATION]
+    assert row["cache_creation_1h_input_tokens"] == CACHE_CREATION_1H
     attributes = gateway.telemetry.span(f"chat {CLAUDE}").attributes
     assert attributes["gen_ai.usage.cache_read.input_tokens"] == CACHE_READ
     assert attributes["gen_ai.usage.cache_creation.input_tokens"] == CACHE_CREATION
@@ -193,10 +197,10 @@ async def test_stream_events_come_back_unchanged_with_thinking_and_tools_over_tu
         relayed = await response.read()
     assert relayed == fake_anthropic.streamed[-1]
     rows = await ledger_rows(gateway, 3)
-    assert (
-        rows[-1]["input_tokens"]
-        == input_tokens(fake_anthropic.received[-1].json) + CACHE_READ + CACHE_CREATION
-    )
+    all_input = input_tokens(fake_anthropic.received[-1].json) + CACHE_READ + CACHE_CREATION
+    four = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    assert [rows[-1][c] for c in four] == [all_input, CACHE_READ, CACHE_CREATION]
+    assert rows[-1]["cache_creation_1h_input_tokens"] == CACHE_CREATION_1H
     assert rows[-1]["stream"] is True and rows[-1]["status"] == 200
 
 
@@ -309,6 +313,8 @@ async def test_openai_sdk_chat_plain_and_stream_reach_anthropic_translated(
     )
     rows = await ledger_rows(gateway, 2)
     assert rows[-1]["input_tokens"] == chunks[-1].usage.prompt_tokens
+    # The 1-hour cache writes reach the ledger through the chat translation too.
+    assert rows[-1]["cache_creation_1h_input_tokens"] == CACHE_CREATION_1H
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -34,10 +34,9 @@ from llmgw.accounting.estimate import (
     estimate_input_tokens,
     estimate_output_tokens,
 )
-from llmgw.accounting.messages_usage import MessagesUsage
 from llmgw.accounting.metering import Meter
 from llmgw.accounting.price import Metered, Price
-from llmgw.accounting.usage import Usage, UsageRecord, parse_usage
+from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
@@ -610,10 +609,11 @@ async def _complete(
             code="upstream_invalid_response",
         )
     observation.note_document(document)
+    usage = document.get("usage")
     observation.usage = (
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.
-        MessagesUsage().merge(document.get("usage")).usage()
-        if document.get("type") == "message"
+        anthropic_usage(usage)
+        if document.get("type") == "message" and isinstance(usage, dict)
         else parse_usage(document, with_cost=observation.provider_reports_cost)
     )
     exchange.output_chars = _output_chars(document)
