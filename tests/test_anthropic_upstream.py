@@ -480,3 +480,21 @@ async def test_a_broken_venice_stream_is_finished_by_anthropic_continuing_the_te
     prefill = continued[-1]
     assert prefill["role"] == "assistant" and fake_venice.reply.startswith(prefill["content"])
     assert prefill["content"].endswith(("two", "ten", "tan", "owl"))
+
+
+async def test_an_error_event_mid_stream_reaches_a_messages_caller_as_anthropic_sent_it(
+    gateway: Gateway, fake_anthropic: FakeAnthropic
+) -> None:
+    key = await gateway.create_key(name="stream-error")
+    fake_anthropic.error_mid_stream()
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            gateway.url("/v1/messages"),
+            json={"model": CLAUDE, "max_tokens": 64, "messages": HELLO, "stream": True},
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        )
+        relayed = await response.read()
+    assert relayed == fake_anthropic.streamed[-1]
+    assert relayed.endswith(b'"error":{"type":"overloaded_error","message":"Overloaded"}}\n\n')
+    (row,) = await ledger_rows(gateway, 1)
+    assert row["error_type"] == "upstream_stream_error"  # the answer is not whole
