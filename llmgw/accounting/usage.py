@@ -141,6 +141,9 @@ def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
         cache_read_input_tokens=cache_read,
         cache_creation_input_tokens=cache_write,
         reasoning_output_tokens=_int(completion_details.get("reasoning_tokens")),
+        # An Anthropic answer translated to chat keeps its 1-hour cache writes there (llmgw's own
+        # field: chat has none), so they are billed at their own price.
+        cache_creation_1h_input_tokens=_int(prompt_details.get("cache_creation_1h_input_tokens")),
         cost_usd=_number(cost.get("usd")),
         cost_diem=_number(cost.get("diem")),
     )

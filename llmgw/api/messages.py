@@ -1,24 +1,31 @@
 """POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API (Claude Code's).
 
-A Messages request is translated to the route's chat completions and runs through the same pipeline
-as one (keys, limits, routing and fallbacks, telemetry, the ledger); the answer, its stream and its
-errors come back in Anthropic's shapes. ``anthropic-version`` and ``anthropic-beta`` are accepted
-and not needed: no beta flag changes the translation, and unknown ones are ignored, not refused.
+A route whose deployments all speak Messages (``Capabilities.native_messages``: ``kind = "anthropic"``) is
+sent the request as the caller sent it, with its ``anthropic-version`` and ``anthropic-beta``, and
+the answer and every stream event come back unchanged; only the key is the gateway's, and the model
+the deployment's when an alias names another one. Any other route is sent the request translated
+to chat completions, through the same pipeline as one (keys, limits, routing and fallbacks,
+telemetry, the ledger), and the answer, its stream and its errors come back in Anthropic's shapes;
+there no beta flag changes the translation, and unknown ones are ignored, not refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import attrs
 import orjson
 from aiohttp import web
 
+from llmgw import app_keys
 from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.api.body import read_json_object
-from llmgw.api.pipeline import Operation, proxy
+from llmgw.api.pipeline import Operation, forward_upstream_error, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError
+from llmgw.providers.anthropic import PASSED_HEADERS
+from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.translation import anthropic
@@ -71,19 +78,51 @@ MESSAGES = Operation(
 )
 
 
+# Forwarded as it came: the raw body (re-encoded only to swap the model, see
+# UpstreamCall.with_model) and the provider's events relayed byte for byte.
+NATIVE_MESSAGES = Operation(
+    name=sc.OPERATION_CHAT,
+    validate=anthropic.validate_messages_request,
+    complete=lambda provider, call: provider.forward("/messages", call),
+    open_stream=lambda provider, call: provider.forward_stream(
+        "/messages", call, accept="text/event-stream"
+    ),
+    sends_chat=False,
+    caller_headers=PASSED_HEADERS,
+)
+
+
 def error_json(error: GatewayError) -> bytes:
     """Every error on these routes, the gateway's own and the provider's: Anthropic's shape."""
     return orjson.dumps(anthropic.error_body(error.status, error.message))
 
 
 async def create_message(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
-    return await proxy(request, key, MESSAGES)
+    _, body = await read_json_object(request)
+    model, _ = anthropic.validate_messages_request(body)
+    native = request.app[app_keys.PROVIDERS].resolve(model).capabilities.native_messages
+    return await proxy(request, key, NATIVE_MESSAGES if native else MESSAGES)
 
 
 async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.Response:
-    """The gateway's own estimate of the request's input tokens; the provider is not asked."""
-    _, body = await read_json_object(request)
-    anthropic.validate_count_tokens_request(body)
+    """Asked of the route when its deployments speak Messages (Anthropic counts exactly); else
+    the gateway's own estimate of the request's input tokens."""
+    raw, body = await read_json_object(request)
+    model = anthropic.validate_count_tokens_request(body)
+    route = request.app[app_keys.PROVIDERS].resolve(model)
+    if route.capabilities.native_messages:
+        timeout = request.app[app_keys.SETTINGS].request_timeout_seconds
+        call = UpstreamCall(
+            body=raw,
+            deadline=asyncio.get_running_loop().time() + timeout,
+            model=model,
+            caller_headers={n: request.headers[n] for n in PASSED_HEADERS if n in request.headers},
+        )
+        try:
+            answer = await route.forward("/messages/count_tokens", call)
+        except UpstreamHTTPError as exc:
+            return forward_upstream_error(exc.response)
+        return web.Response(body=answer.body, content_type="application/json")
     tokens = estimate_input_tokens(anthropic.messages_to_chat(body))
     return web.Response(
         body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"

@@ -36,7 +36,7 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.metering import Meter
 from llmgw.accounting.price import Metered, Price
-from llmgw.accounting.usage import Usage, UsageRecord, parse_usage
+from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
@@ -97,6 +97,9 @@ class Operation:
     # False: the provider is sent another API's body (no stream_options, no capability checks).
     sends_chat: bool = True
     meter: Meter | None = None  # a media call: billed by what it returns, not by tokens
+    # The caller's headers (lower-case names) the provider is sent with that body: those of its
+    # API that say how to read it (``anthropic-beta``). See UpstreamCall.caller_headers.
+    caller_headers: tuple[str, ...] = ()
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -362,6 +365,11 @@ async def proxy(
             produces_output=operation.produces_output,
             reasoning_params=reasoning,
             metered=None if operation.meter is None else operation.meter.requested(body),
+            caller_headers={
+                name: request.headers[name]
+                for name in operation.caller_headers
+                if name in request.headers
+            },
         ),
     )
     translate_errors = codec is not None
@@ -395,6 +403,7 @@ class UpstreamRequest:
     produces_output: bool = True  # False: no output tokens to reserve
     reasoning_params: tuple[str, ...] = ()  # see UpstreamCall.reasoning_params
     metered: Metered | None = None  # a media call: what it is billed by, at most
+    caller_headers: dict[str, str] = attrs.field(factory=dict)  # see UpstreamCall.caller_headers
 
 
 async def start_call(
@@ -470,6 +479,7 @@ def _upstream_call(
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
         reasoning_params=upstream.reasoning_params,
+        caller_headers=upstream.caller_headers,
     )
 
 
@@ -599,7 +609,13 @@ async def _complete(
             code="upstream_invalid_response",
         )
     observation.note_document(document)
-    observation.usage = parse_usage(document, with_cost=observation.provider_reports_cost)
+    usage = document.get("usage")
+    observation.usage = (
+        # A Messages answer (a provider that speaks Messages itself) counts input its own way.
+        anthropic_usage(usage)
+        if document.get("type") == "message" and isinstance(usage, dict)
+        else parse_usage(document, with_cost=observation.provider_reports_cost)
+    )
     exchange.output_chars = _output_chars(document)
     if operation.meter is not None:
         exchange.metered = operation.meter.answered(document) or exchange.metered

@@ -39,6 +39,10 @@ class UpstreamCall:
     # first event), so that the deployments after it still get their turn; None: ``deadline``.
     answer_by: float | None = None
     trace_headers: Mapping[str, str] = attrs.field(factory=dict)
+    # Headers of the caller's that the provider's own API defines (``anthropic-beta`` for a body
+    # forwarded to an Anthropic upstream as it came), lower-cased; an adapter passes on those it
+    # knows and never lets them replace its own credentials.
+    caller_headers: Mapping[str, str] = attrs.field(factory=dict)
     model: str | None = None  # the body's "model", when known
     # Told before each deployment a route tries, with how many it has tried by then (1, 2, ...).
     on_deployment: Callable[[Deployment, int], None] | None = attrs.field(default=None, eq=False)

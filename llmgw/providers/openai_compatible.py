@@ -26,7 +26,13 @@ from aiohttp import hdrs
 
 from llmgw.config_common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
-from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.base import (
+    ChatStream,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+    UpstreamStream,
+)
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin, ProviderSetup, Timeouts
 from llmgw.providers.pool import ConnectionPool, Slot
 from llmgw.providers.retry import Failure, RetryPolicy, decide
@@ -412,12 +418,10 @@ class OpenAICompatibleProvider:
     async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
         return await self._complete(path, call)
 
-    async def stream_chat_completion(self, call: UpstreamCall) -> _AiohttpChatStream:
+    async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
         return await self.forward_stream("/chat/completions", call, accept="text/event-stream")
 
-    async def forward_stream(
-        self, path: str, call: UpstreamCall, *, accept: str
-    ) -> _AiohttpChatStream:
+    async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
         slot = await self.connections.acquire(call.deadline)
         try:
             response, retries, first = await self._post(path, call, accept=accept, streaming=True)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from llmgw.accounting.estimate import argument_chars
+from llmgw.accounting.messages_usage import MessagesUsage
 from llmgw.accounting.usage import Usage, parse_usage
 from llmgw.streaming.sse import DONE, event_data
 from llmgw.telemetry.genai import ChatObservation
@@ -26,6 +27,12 @@ _TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 
 # The events that end a Responses stream (a provider that speaks Responses itself) with an answer.
 _RESPONSES_ENDINGS = frozenset({"response.completed", "response.incomplete"})
+# The events of a Messages stream (a provider that speaks Messages itself) that say what it carried.
+_MESSAGES_EVENTS = frozenset(
+    {"message_start", "content_block_start", "content_block_delta", "message_delta", "message_stop"}
+)
+# The fields of a Messages content delta whose text the model produced.
+_MESSAGES_DELTA_TEXT = ("text", "thinking", "partial_json")
 
 
 class StreamObserver:
@@ -35,6 +42,7 @@ class StreamObserver:
         "finished",
         "hide_usage_chunk",
         "malformed",
+        "messages_usage",
         "observation",
         "output_chars",
         "upstream_error",
@@ -51,6 +59,7 @@ class StreamObserver:
         self.upstream_error = False  # the provider sent an error event
         self.usage: Usage | None = None
         self.output_chars = 0
+        self.messages_usage = MessagesUsage()  # a Messages stream's counts so far
 
     def observe(self, event: bytes) -> bool:
         """Read one event; False when the caller must not see it."""
@@ -79,6 +88,10 @@ class StreamObserver:
         if "error" in document and "choices" not in document:
             self.upstream_error = True
             return True
+        kind = document.get("type")
+        if kind.__class__ is str and kind in _MESSAGES_EVENTS:
+            self._read_messages_event(kind, document)
+            return True
         if observation.response_model is None or observation.response_id is None:
             observation.note_ids(document)
         choices = document.get("choices")
@@ -86,7 +99,7 @@ class StreamObserver:
             self._read_choices(choices)
         if "usage" not in document and "response" not in document:
             return True  # most chunks: no usage to look for
-        if document.get("type") in _RESPONSES_ENDINGS:
+        if kind in _RESPONSES_ENDINGS:
             self.finished = True  # a provider's own Responses stream ends so, not with a reason
         usage = parse_usage(document, with_cost=observation.provider_reports_cost)
         if usage is None:
@@ -100,6 +113,41 @@ class StreamObserver:
         self.done = self.finished = self.upstream_error = False
         self.usage = None
         self.output_chars = 0
+        self.messages_usage = MessagesUsage()
+
+    def _read_messages_event(self, kind: str, document: dict[str, Any]) -> None:
+        """One event of a Messages stream: usage from ``message_start`` and ``message_delta``
+        (cumulative: the later count replaces the earlier), the stop reason, the text produced;
+        ``message_stop`` ends it as ``[DONE]`` ends a chat stream."""
+        observation = self.observation
+        if kind == "content_block_delta":
+            delta = document.get("delta")
+            if delta.__class__ is not dict:
+                return
+            for field in _MESSAGES_DELTA_TEXT:
+                text = delta.get(field)
+                if text.__class__ is str:
+                    self.output_chars += len(text)
+                    if observation.capture_content and field == "text":
+                        observation.output_text.append(text)
+            return
+        if kind == "message_start":
+            message = document.get("message")
+            if message.__class__ is dict:
+                observation.note_ids(message)
+                self.messages_usage.merge(message.get("usage"))
+        elif kind == "message_delta":
+            self.messages_usage.merge(document.get("usage"))
+            delta = document.get("delta")
+            reason = delta.get("stop_reason") if delta.__class__ is dict else None
+            if reason.__class__ is str:
+                self.finished = True
+                observation.finish_reasons.append(reason)
+        elif kind == "message_stop":
+            self.done = True
+        usage = self.messages_usage.usage()
+        if usage is not None:
+            self.usage = usage
 
     def _read_choices(self, choices: list[Any]) -> None:
         """Finish reasons, the characters produced, and captured content: the hot path, every

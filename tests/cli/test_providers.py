@@ -21,7 +21,13 @@ def test_the_installed_kinds_are_listed_with_a_broken_one_s_reason(tmp_path: Pat
     assert run.stderr == ""
     rows = [line.split(maxsplit=3) for line in run.stdout.splitlines()]
     assert rows[0] == ["KIND", "FROM", "DEFAULT", "CAPABILITIES"]
-    assert [row[0] for row in rows[1:]] == ["azure-openai", "half", "openai-compatible", "venice"]
-    assert rows[2][1:3] == ["llmgw-half-done", "1.2"]
-    assert "failed to load: RuntimeError: not finished" in rows[2][3]
+    assert [row[0] for row in rows[1:]] == [
+        "anthropic",
+        "azure-openai",
+        "half",
+        "openai-compatible",
+        "venice",
+    ]
+    assert rows[3][1:3] == ["llmgw-half-done", "1.2"]
+    assert "failed to load: RuntimeError: not finished" in rows[3][3]
     assert rows[-1][1] == "llmgw" and rows[-1][3].startswith("reasoning ")

@@ -112,3 +112,64 @@ def test_data_that_is_not_a_json_object_is_dropped_and_counted_and_the_stream_go
     assert seen.malformed == 2
     assert seen.observe(event({"choices": [choice(content="late")]})) is True
     assert seen.output_chars == len("late")
+
+
+def messages_event(kind: str, **fields: Any) -> bytes:
+    """A Messages stream event as Anthropic frames it: its name, then its data."""
+    return f"event: {kind}\n".encode() + event({"type": kind, **fields})
+
+
+def test_a_messages_stream_is_read_for_its_ids_usage_text_and_ending() -> None:
+    seen = observer()
+    start_usage = {
+        "input_tokens": 20,
+        "output_tokens": 1,
+        "cache_creation_input_tokens": 300,
+        "cache_read_input_tokens": 1200,
+    }
+    message = {"id": "msg_1", "model": "claude-sonnet-4-5", "content": [], "usage": start_usage}
+    events = [
+        messages_event("message_start", message=message),
+        messages_event(
+            "content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": "Hm"}
+        ),
+        messages_event(
+            "content_block_delta", index=0, delta={"type": "signature_delta", "signature": "EqQB"}
+        ),
+        messages_event(
+            "content_block_delta", index=1, delta={"type": "text_delta", "text": "Hello"}
+        ),
+        messages_event(
+            "content_block_delta",
+            index=2,
+            delta={"type": "input_json_delta", "partial_json": '{"a":1}'},
+        ),
+        messages_event("ping"),
+    ]
+    assert all(seen.observe(e) for e in events), "every event reaches the caller"
+    assert seen.usage == Usage(
+        input_tokens=1520,
+        output_tokens=1,
+        cache_read_input_tokens=1200,
+        cache_creation_input_tokens=300,
+    )
+    assert (seen.output_chars, seen.finished, seen.done) == (2 + 5 + 7, False, False)
+    # message_delta's counts are cumulative: they replace the earlier ones, never add to them.
+    delta = {"stop_reason": "end_turn", "stop_sequence": None}
+    assert seen.observe(messages_event("message_delta", delta=delta, usage={"output_tokens": 40}))
+    assert seen.usage is not None and (seen.usage.input_tokens, seen.usage.output_tokens) == (
+        1520,
+        40,
+    )
+    assert (seen.finished, seen.done) == (True, False)
+    assert seen.observe(messages_event("message_stop"))
+    assert seen.done
+    assert seen.observation.response_id == "msg_1"
+    assert seen.observation.finish_reasons == ["end_turn"]
+
+
+def test_a_messages_error_event_is_the_providers_error() -> None:
+    seen = observer()
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    assert seen.observe(messages_event("error", error=error))
+    assert seen.upstream_error and not seen.finished

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -23,28 +22,13 @@ from llmgw.api.messages import AnthropicCodec
 from llmgw.errors import GatewayError, InvalidRequest, UpstreamUnavailable
 from llmgw.translation import anthropic
 from llmgw.translation.anthropic_stream import MessageStream
+from tests.translation import golden
+from tests.translation.golden import check_golden, load
 from tests.translation.wrong_types import crashes
-
-DATA = Path(__file__).parent / "data" / "anthropic"
-UPDATE = os.environ.get("LLMGW_UPDATE_GOLDEN") == "1"
 
 
 def cases(kind: str) -> list[Path]:
-    return sorted((DATA / kind).glob("*.json"))
-
-
-def check_golden(path: Path, actual: Any) -> None:
-    document = json.loads(path.read_text())
-    if UPDATE:
-        document["expected"] = actual
-        path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
-    assert "expected" in document, f"{path.name} has no expected output yet"
-    assert actual == document["expected"]
-
-
-def load(path: Path) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(path.read_text())
-    return document
+    return golden.cases(f"anthropic/{kind}")
 
 
 @pytest.mark.parametrize("path", cases("request"), ids=lambda p: p.stem)

@@ -1,0 +1,219 @@
+"""Anthropic's Messages API as an upstream (``kind = "anthropic"``).
+
+The connection pool, timeouts, retries (529 ``overloaded_error`` among the transient statuses) and
+the bounded reads are the OpenAI-compatible adapter's; what differs is the API. ``base_url`` is
+what the anthropic SDK takes (``https://api.anthropic.com``) and the calls go under its ``/v1``;
+the gateway's key goes as ``x-api-key``, with ``anthropic-version``.
+
+Two ways in:
+
+- ``forward("/messages", ...)``: a Messages body, sent as it is (the native ``/v1/messages`` route,
+  and ``/messages/count_tokens``); the caller's ``anthropic-version`` and ``anthropic-beta`` go
+  with it, and the answer comes back unchanged.
+- ``chat_completion``/``stream_chat_completion``: a chat completions body (a chat or Responses
+  caller, or a Messages caller on a route that mixes kinds) translated to Messages, and the answer,
+  stream and errors translated back to chat's shapes (``llmgw.translation``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from typing import Any, Final
+
+import attrs
+import orjson
+
+from llmgw.errors import InvalidRequest, UpstreamUnavailable
+from llmgw.providers.base import (
+    ChatStream,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+    UpstreamStream,
+)
+from llmgw.providers.openai_compatible import OpenAICompatibleProvider
+from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
+from llmgw.streaming.sse import SSEScanner, event_data
+from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
+from llmgw.translation.messages_to_chat import ChatChunks, chat_error_body, completion_from_message
+
+__all__ = ["ANTHROPIC_VERSION", "PLUGIN", "AnthropicProvider"]
+
+# The version both anthropic SDKs send; a caller's own goes instead when its body is forwarded.
+ANTHROPIC_VERSION: Final = "2023-06-01"
+# The caller's headers passed on with a forwarded body: they say how to read it.
+PASSED_HEADERS: Final = ("anthropic-version", "anthropic-beta")
+# What Anthropic's API serves under /v1 for the gateway's routes (models apart).
+_MESSAGES_PATHS: Final = frozenset({"/messages", "/messages/count_tokens"})
+_JSON: Final = "application/json"
+_EVENT_STREAM: Final = "text/event-stream"
+
+
+# Every current Claude model thinks and continues a trailing assistant message
+# (shared/provider-failures.md F3), and Messages is the API itself.
+ANTHROPIC_CAPABILITIES: Final = Capabilities(reasoning=True, prefill=True, native_messages=True)
+
+
+class AnthropicProvider(OpenAICompatibleProvider):
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        headers: Mapping[str, str] | None = None,
+        capabilities: Capabilities = ANTHROPIC_CAPABILITIES,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            base_url=base_url.rstrip("/") + "/v1",
+            headers={"anthropic-version": ANTHROPIC_VERSION, **(headers or {})},
+            capabilities=capabilities,
+            **options,
+        )
+
+    def _credentials(self, api_key: str) -> Mapping[str, str]:
+        return {"x-api-key": api_key}
+
+    def _url(self, path: str, model: str | None) -> str:
+        url = super()._url(path, model)
+        return (
+            url + "?limit=1000" if path == "/models" else url
+        )  # Anthropic pages by 20 unless asked
+
+    def _headers(self, call: UpstreamCall, accept: str) -> dict[str, str]:
+        headers = super()._headers(call, accept)
+        headers.update(
+            (name, value) for name, value in call.caller_headers.items() if name in PASSED_HEADERS
+        )
+        return headers
+
+    async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
+        with _chat_errors():
+            answer = await self._complete("/messages", _as_messages(call))
+        try:
+            message = orjson.loads(answer.body)
+        except orjson.JSONDecodeError:
+            message = None
+        if not isinstance(message, dict):
+            raise UpstreamUnavailable(
+                f"{self.name} answered with a body that is not a Messages answer.",
+                code="upstream_invalid_response",
+            )
+        completion = completion_from_message(message, created=int(time.time()))
+        return attrs.evolve(answer, body=orjson.dumps(completion), content_type=_JSON)
+
+    async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
+        body = orjson.loads(call.body)
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        with _chat_errors():
+            stream = await self.forward_stream(
+                "/messages", _as_messages(call, body), accept=_EVENT_STREAM
+            )
+        translator = ChatChunks(
+            created=int(time.time()),
+            include_usage=include_usage,
+            trimmed_prefill=trims_prefill(body),
+        )
+        return _ChatStream(stream, translator)
+
+    async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
+        raise self._not_offered("/embeddings")
+
+    async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
+        if path not in _MESSAGES_PATHS:
+            raise self._not_offered(path)
+        return await super().forward(path, call)
+
+    async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
+        if path not in _MESSAGES_PATHS:
+            raise self._not_offered(path)
+        return await super().forward_stream(path, call, accept=accept)
+
+    def _not_offered(self, path: str) -> InvalidRequest:
+        """Said before anything is sent: Anthropic would answer a 404 in its own shape, which a
+        caller of another API could not read."""
+        return InvalidRequest(
+            f"The model's provider {self.name} speaks Anthropic's Messages API, which has no "
+            f"{path}.",
+            param="model",
+        )
+
+    async def list_models(self, deadline: float) -> UpstreamResponse:
+        """Anthropic's listing in OpenAI's shape (the gateway's ``/v1/models`` merges them)."""
+        answer = await super().list_models(deadline)
+        try:
+            listing = orjson.loads(answer.body)
+        except orjson.JSONDecodeError:
+            return answer  # the caller reports a listing it cannot read
+        data = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(data, list):
+            return answer
+        models = [
+            {**model, "object": "model", "owned_by": self.name}
+            for model in data
+            if isinstance(model, dict)
+        ]
+        return attrs.evolve(answer, body=orjson.dumps({"object": "list", "data": models}))
+
+
+PLUGIN: Final[ProviderPlugin[NoOptions]] = ProviderPlugin(
+    factory=AnthropicProvider.from_setup,
+    capabilities=ANTHROPIC_CAPABILITIES,
+    summary="Anthropic's Messages API (/v1/messages forwarded as sent; chat and Responses translated)",
+)
+
+
+def _as_messages(call: UpstreamCall, body: dict[str, Any] | None = None) -> UpstreamCall:
+    request = chat_to_messages(orjson.loads(call.body) if body is None else body)
+    return attrs.evolve(call, body=orjson.dumps(request), content_type=_JSON)
+
+
+@contextlib.contextmanager
+def _chat_errors() -> Iterator[None]:
+    """An Anthropic error answer to a chat body becomes chat's error object, its status and
+    message kept (and the route's decision whether to move on)."""
+    try:
+        yield
+    except UpstreamHTTPError as error:
+        response = error.response
+        translated = attrs.evolve(
+            response, body=chat_error_body(response.status, response.body), content_type=_JSON
+        )
+        raise UpstreamHTTPError(translated, error.decision) from None
+
+
+class _ChatStream:
+    """An Anthropic event stream read as chat completion chunks."""
+
+    def __init__(self, upstream: ChatStream, translator: ChatChunks) -> None:
+        self._upstream = upstream
+        self._translator = translator
+        self.retries = upstream.retries
+        self.content_type = _EVENT_STREAM
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        scanner = SSEScanner()
+        async for data in self._upstream.chunks():
+            out: list[bytes] = []
+            for event in scanner.feed(data):
+                payload = event_data(event)
+                if payload is None:
+                    continue  # a comment, or an event line whose data follows
+                try:
+                    document = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    out.append(event)  # the relay's observer counts and logs what it cannot read
+                    continue
+                if not isinstance(document, dict):
+                    out.append(event)
+                    continue
+                for chunk in self._translator.feed(document):
+                    encoded = chunk if isinstance(chunk, bytes) else orjson.dumps(chunk)
+                    out.append(b"data: " + encoded + b"\n\n")
+            if out:
+                yield b"".join(out)
+
+    async def close(self) -> None:
+        await self._upstream.close()
