@@ -2,8 +2,9 @@
 
     [[providers]]
     name = "venice"                  # unique; used in "provider/model" names, deployments, telemetry
-    kind = "venice"                  # an installed kind: "venice", "openai-compatible" or a
-                                     #   plugin's (llmgw providers lists them)
+    kind = "venice"                  # an installed kind: "venice", "openai-compatible",
+                                     #   "azure-openai", "anthropic" or a plugin's
+                                     #   (llmgw providers lists them)
     base_url = "https://api.venice.ai/api/v1"
     api_key_env = "VENICE_API_KEY"   # optional (a local Ollama needs none); the key stays in the env
     timeout_seconds = 30             # optional: one attempt; default REQUEST_TIMEOUT_SECONDS

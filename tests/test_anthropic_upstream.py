@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import openai
 import pytest
 
 from llmgw import app_keys
+from llmgw.config import load_settings
 from tests.conftest import Gateway, eventually
 from tests.fake_anthropic import (
     CACHE_CREATION,
@@ -498,3 +500,58 @@ async def test_an_error_event_mid_stream_reaches_a_messages_caller_as_anthropic_
     assert relayed.endswith(b'"error":{"type":"overloaded_error","message":"Overloaded"}}\n\n')
     (row,) = await ledger_rows(gateway, 1)
     assert row["error_type"] == "upstream_stream_error"  # the answer is not whole
+
+
+# Cost --------------------------------------------------------------------------------------------
+
+CLAUDE_PRICES = f"""
+[[prices]]
+model = "claude:{CLAUDE}"
+input_usd_per_mtok = 3
+output_usd_per_mtok = 15
+cache_read_usd_per_mtok = 0.3
+cache_write_usd_per_mtok = 3.75
+cache_write_1h_usd_per_mtok = 6
+"""
+
+
+def claude_bill(fresh_input: int, output: int) -> Decimal:
+    """By hand, from what the fake Anthropic reports: besides the fresh input and the output,
+    its cache reads and its 5-minute and 1-hour cache writes, each at its own price."""
+    return (
+        fresh_input * Decimal(3)
+        + CACHE_READ * Decimal("0.3")
+        + (CACHE_CREATION - CACHE_CREATION_1H) * Decimal("3.75")
+        + CACHE_CREATION_1H * Decimal(6)
+        + output * Decimal(15)
+    ) / 1_000_000
+
+
+async def test_anthropic_answers_are_billed_at_their_configured_prices_exactly(
+    start_gateway: Any, fake_anthropic: FakeAnthropic, fake_venice: FakeVenice, tmp_path: Path
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(config(fake_anthropic.base_url, fake_venice.base_url) + CLAUDE_PRICES)
+    keys = {"ANTHROPIC_KEY": FAKE_ANTHROPIC_KEY, "VENICE_API_KEY": FAKE_VENICE_KEY}
+    settings = load_settings({"LLMGW_CONFIG": str(path), **keys})
+    gateway: Gateway = await start_gateway(
+        providers=settings.providers, model_aliases=settings.model_aliases, prices=settings.prices
+    )
+    key = await gateway.create_key(name="priced")
+    client = gateway.anthropic_client(key)
+
+    message = await client.messages.create(model=CLAUDE, max_tokens=256, messages=HELLO)
+    async with client.messages.stream(model=CLAUDE, max_tokens=256, messages=HELLO) as stream:
+        streamed = await stream.get_final_message()
+    completion = await gateway.client(key).chat.completions.create(model=CLAUDE, messages=HELLO)
+
+    # Anthropic's input_tokens are the fresh ones; chat's prompt_tokens count the cache too.
+    assert completion.usage is not None
+    chat_fresh = completion.usage.prompt_tokens - CACHE_READ - CACHE_CREATION
+    rows = await ledger_rows(gateway, 3)
+    assert [row["cost_usd"] for row in rows] == [
+        claude_bill(message.usage.input_tokens, message.usage.output_tokens),
+        claude_bill(streamed.usage.input_tokens, streamed.usage.output_tokens),
+        claude_bill(chat_fresh, completion.usage.completion_tokens),
+    ]
+    assert {row["cost_computed"] for row in rows} == {True}
