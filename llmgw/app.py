@@ -167,7 +167,7 @@ def create_app(
         observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)
         await registry.routing.start(_health_channel(settings, database_url))
-        registry.routing.caps.use(
+        registry.routing.use(
             app[app_keys.LIMITS].store,
             default_max_output_tokens=settings.default_max_output_tokens,
         )

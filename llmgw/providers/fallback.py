@@ -110,6 +110,10 @@ class FallbackChain:
         while left:
             deployment, *left = left
             sent, omitted = call.for_deployment(deployment)
+            # A probe is claimed only when another deployment is left: with none, the request
+            # goes to it all the same, as when every deployment is open.
+            if left and not await self.routing.claim(deployment):
+                continue  # another replica is probing it
             cap = self.routing.caps.of(deployment.provider.name)
             if cap is not None:
                 try:

@@ -11,6 +11,7 @@ __all__ = [
     "api_key_token_windows",
     "api_keys",
     "console_sessions",
+    "deployment_health",
     "limit_cancelled_leases",
     "limit_counters",
     "limit_leases",
@@ -364,4 +365,17 @@ responses = sa.Table(
     sa.Column("response", JSONB(), nullable=False),  # the Response object, output included
     sa.Index("ix_responses_expires_at", "expires_at"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
+)
+
+# Open circuit breakers (llmgw.routing.postgres): the newest change of each deployment, as its
+# NOTIFY carried it, so a replica that starts knows which deployments are down. Times are wall-clock
+# seconds; open_until NULL: closed.
+deployment_health = sa.Table(
+    "deployment_health",
+    metadata,
+    sa.Column("deployment", sa.Text(), primary_key=True),
+    sa.Column("open_until", sa.Float(), nullable=True),
+    sa.Column("openings", sa.Integer(), nullable=False),
+    sa.Column("last_failure_at", sa.Float(), nullable=False),
+    sa.Column("changed_at", sa.Float(), nullable=False),
 )
