@@ -731,6 +731,36 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
         assert await answer(client, "sturdy", stream=False) == VENICE_TEXT
 
 
+@pytest.mark.parametrize("backend", HEALTH_BACKENDS)
+async def test_a_replica_started_while_a_deployment_is_down_skips_it_at_once(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    backend: str,
+) -> None:
+    """The open breaker is kept in the store: a replica that starts after it opened knows."""
+    toml = provider(
+        "venice", "venice", fake_venice.base_url, "VENICE_API_KEY", max_retries=0
+    ) + provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("sturdy", "venice:qwen3-5-9b", "openai:gpt-4o-mini")  # fmt: skip
+    overrides = providers_settings(tmp_path, toml, **KEYS)
+    overrides["admin_token"] = ADMIN_TOKEN
+    if backend == "redis":
+        overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
+    first: Gateway = await start_gateway(**overrides)
+    key = await first.create_key(name="replicas")
+    fake_venice.fail_times(FAILURES_TO_OPEN, status=503)
+    for _ in range(FAILURES_TO_OPEN):
+        assert await answer(first.client(key), "sturdy", stream=False) == OPENAI_TEXT
+    assert await state_of(first, "venice:qwen3-5-9b") == "open"
+    venice_calls = len(fake_venice.received)
+    later: Gateway = await start_gateway(**overrides)
+    assert await state_of(later, "venice:qwen3-5-9b") == "open"
+    assert await answer(later.client(key), "sturdy", stream=False) == OPENAI_TEXT
+    assert len(fake_venice.received) == venice_calls, "the started replica tried it"
+
+
 async def test_a_weighted_alias_spreads_requests_and_shows_its_routes_everywhere(
     start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
 ) -> None:
