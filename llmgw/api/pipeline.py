@@ -213,6 +213,7 @@ class Exchange:
             finished,
             usage_source=source,
             cost_computed=charged.cost_computed,
+            attempts=1 + len(self.earlier),
         )
 
     def _all_attempts(self) -> tuple[Usage, bool]:
@@ -287,6 +288,7 @@ class Exchange:
         usage_source: str = "reported",
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
+        attempts: int = 1,
     ) -> UsageRecord:
         observation = self.observation
         attributes = observation.metric_attributes
@@ -321,6 +323,7 @@ class Exchange:
             usage_source=usage_source,
             cost_computed=cost_computed,
             flags=flags,
+            attempts=attempts,
         )
 
 

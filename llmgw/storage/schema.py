@@ -186,6 +186,10 @@ usage_events = sa.Table(
     # The token kinds priced apart, each part of input_tokens or output_tokens. NULL: not
     # reported (or older rows).
     *(sa.Column(name, sa.Integer(), nullable=True) for name in _PRICED_APART),
+    # The provider:model that finished the answer, and how many attempts' tokens the row counts
+    # (UsageRecord.attempts). NULL deployment: older rows.
+    sa.Column("deployment", sa.Text(), nullable=True),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -206,6 +210,7 @@ usage_events = sa.Table(
         name="operation",
     ),
     sa.CheckConstraint("usage_source IN ('reported', 'estimated')", name="usage_source"),
+    sa.CheckConstraint("attempts >= 1", name="attempts"),
     sa.CheckConstraint(
         "array_position(flags, '') IS NULL AND array_position(flags, NULL) IS NULL",
         name="flags_not_blank",
