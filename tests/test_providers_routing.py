@@ -952,6 +952,35 @@ async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next
     ), "a capped deployment is not tried: nothing was sent to it"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tpm_reservation_is_settled_at_the_tokens_the_answer_used(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    stream: bool,
+) -> None:
+    """Each request reserves its worst case (4096 output tokens by default) on Venice's 6000 a
+    minute; settled at what it used, the minute has room for the next ones."""
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY", tpm=6000)
+    toml += provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("capped", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+    pin_minute([gateway])
+    key = await gateway.create_key(name="settled")
+    client = gateway.client(key)
+    limits = gateway.server.app[app_keys.LIMITS]
+    for _ in range(3):
+        assert await answer(client, "capped", stream=stream) == VENICE_TEXT
+        assert await limits.flush()  # the settlements queued when each request ended
+    assert len(fake_openai.calls("/v1/chat/completions")) == 0, "a worst case was left held"
+    minute = math.floor(gateway.server.app[app_keys.PROVIDERS].routing.caps.clock() / 60) * 60
+    used, reserved = await limits.store.usage(f"provider-tokens:venice:{minute:.0f}")
+    assert await gateway.server.app[app_keys.LEDGER].flush()
+    billed = await gateway.db.fetchval("SELECT sum(input_tokens + output_tokens) FROM usage_events")
+    assert (used, reserved) == (billed, 0)
+
+
 async def test_when_every_provider_is_at_its_cap_the_caller_gets_429_with_retry_after(
     start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
 ) -> None:
