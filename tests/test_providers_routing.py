@@ -25,6 +25,7 @@ from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderConfigErro
 from llmgw.providers.pool import POOL_WAIT_SECONDS, RETRY_AFTER_SECONDS
 from llmgw.providers.registry import build_registry
 from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.channel import CHANNEL
 from llmgw.routing.strategy import Strategy
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway, eventually, gateway_env
@@ -751,14 +752,24 @@ async def test_a_replica_started_while_a_deployment_is_down_skips_it_at_once(
     first: Gateway = await start_gateway(**overrides)
     key = await first.create_key(name="replicas")
     fake_venice.fail_times(FAILURES_TO_OPEN, status=503)
-    for _ in range(FAILURES_TO_OPEN):
-        assert await answer(first.client(key), "sturdy", stream=False) == OPENAI_TEXT
-    assert await state_of(first, "venice:qwen3-5-9b") == "open"
-    venice_calls = len(fake_venice.received)
-    later: Gateway = await start_gateway(**overrides)
-    assert await state_of(later, "venice:qwen3-5-9b") == "open"
-    assert await answer(later.client(key), "sturdy", stream=False) == OPENAI_TEXT
-    assert len(fake_venice.received) == venice_calls, "the started replica tried it"
+    try:
+        for _ in range(FAILURES_TO_OPEN):
+            assert await answer(first.client(key), "sturdy", stream=False) == OPENAI_TEXT
+        assert await state_of(first, "venice:qwen3-5-9b") == "open"
+        venice_calls = len(fake_venice.received)
+        later: Gateway = await start_gateway(**overrides)
+        assert await state_of(later, "venice:qwen3-5-9b") == "open"
+        assert await answer(later.client(key), "sturdy", stream=False) == OPENAI_TEXT
+        assert len(fake_venice.received) == venice_calls, "the started replica tried it"
+    finally:
+        if backend == "redis":
+            # Redis is not emptied between tests (Postgres is): the next test's gateways would
+            # start with this breaker open.
+            import redis.asyncio as aioredis
+
+            client = aioredis.from_url(REDIS_URL)
+            await client.delete(f"{CHANNEL}:open:venice:qwen3-5-9b")
+            await client.aclose()
 
 
 async def test_a_weighted_alias_spreads_requests_and_shows_its_routes_everywhere(
