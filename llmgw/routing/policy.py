@@ -297,7 +297,8 @@ class RoutingPolicy:
         self._releases.discard(task)
         if not task.cancelled() and task.exception() is not None:
             # Not given back: it expires after PROBE_CLAIM_SECONDS.
-            log.warning("a probe's claim could not be given back (%s)", type(task.exception()))
+            failure = task.exception()
+            log.warning("a probe's claim could not be given back (%s)", type(failure).__name__)
 
     # Outcomes -----------------------------------------------------------------------------------
 
