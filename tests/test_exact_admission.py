@@ -37,6 +37,7 @@ ACTUAL_TOKENS = 1 + 5
             "redis",
             marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL"),
         ),
+        "postgres with slices",  # capacity leases (docs/accounting.md)
     ]
 )
 def two_gateways(
@@ -45,10 +46,12 @@ def two_gateways(
     database_url: str,
     fake_venice: FakeVenice,
 ) -> list[GatewayProcess]:
-    extra = {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""}
-    env = gateway_env(
-        database_url, fake_venice.base_url, **(extra if request.param == "redis" else {})
-    )
+    extra = {
+        "postgres": {},
+        "redis": {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""},
+        "postgres with slices": {"LIMIT_SLICE_REQUESTS": "64"},
+    }[request.param]
+    env = gateway_env(database_url, fake_venice.base_url, **extra)
     return gateway_processes(env, count=2)
 
 
