@@ -127,7 +127,10 @@ async def test_tokens_per_minute_admit_no_more_tokens_than_the_limit(
 
 
 async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end(
-    two_gateways: list[GatewayProcess], db: asyncpg.Connection, fake_venice: FakeVenice
+    two_gateways: list[GatewayProcess],
+    db: asyncpg.Connection,
+    fake_venice: FakeVenice,
+    request: pytest.FixtureRequest,
 ) -> None:
     issued = await api_keys.create_key(
         db, api_keys.KeySettings(name="slots", max_concurrent_requests=3, rate_limit_requests=1000)
@@ -154,3 +157,7 @@ async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end
                 await response.read()
                 assert response.status == 200
                 await asyncio.sleep(0.3)  # a stream's settlement is sent just after its end
+    # With slices the window is a counter the replicas take slices of, else a row per window.
+    windows = await db.fetchval("SELECT count(*) FROM limit_counters WHERE counter LIKE 'window:%'")
+    sliced = request.node.callspec.params["two_gateways"] == "postgres with slices"
+    assert bool(windows) == sliced
