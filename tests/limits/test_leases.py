@@ -62,6 +62,22 @@ async def test_replicas_never_exceed_the_cap_and_take_single_units_near_it() -> 
     assert sum(results) + sum(await asyncio.gather(*(admitted(r, counter) for r in replicas))) == 50
 
 
+async def test_a_refused_slice_shrinks_down_to_what_the_request_lacks() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    big, small = replica(store, clock), replica(store, clock)
+    counter = tokens("tokens:k:0", 100.0)
+    for _ in range(40):  # its slices grew to 1 + 2 + ... + 32 = 63, the next would be 64
+        assert (await big.admit(request(counter))).admitted
+    assert (await small.admit(request(counter))).admitted  # it holds 1
+    # 36 are left in the store: a 64 is refused, then smaller slices take all of them, and no
+    # request is refused before they are all used.
+    more = 0
+    while (await big.admit(request(counter))).admitted:
+        more += 1
+    assert 40 + more == 99
+
+
 async def test_concurrency_slots_come_back_when_requests_settle() -> None:
     clock = Clock()
     store = MemoryLimitStore(clock=clock)
