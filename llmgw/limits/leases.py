@@ -137,6 +137,7 @@ class LeasedLimitStore:
         self._pushing = asyncio.Lock()
         self._down = False
         self._renewed_at = clock()
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     # Lifecycle --------------------------------------------------------------------------------
@@ -293,7 +294,8 @@ class LeasedLimitStore:
     # Settlement -------------------------------------------------------------------------------
 
     async def settle(self, charges: Sequence[Charge]) -> None:
-        """Settle requests locally; their usage reaches the store with the next push."""
+        """Settle requests locally; their usage reaches the store with the next push, at once
+        in the background."""
         for charge in charges:
             taken = self._requests.get(charge.lease_id, {})
             amount = taken.pop(charge.counter, 0.0)
@@ -304,9 +306,9 @@ class LeasedLimitStore:
                 continue
             pool.in_use = max(0.0, pool.in_use - amount)
             pool.consumed += charge.actual
-        # On failure the next tick pushes again: the policy need not queue these again.
-        with contextlib.suppress(ServiceUnavailable):
-            await self.push()
+        # Pushed by the background task, not here: the caller's next batch (slots it frees) must
+        # not wait for a round trip. Never raises: the policy need not queue these again.
+        self._wake.set()
 
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
@@ -399,10 +401,24 @@ class LeasedLimitStore:
         self._renewed_at = sent
 
     async def _tick_forever(self) -> None:
+        """Push when woken by settlements (unless the store is failing), tick every
+        ``tick_seconds``."""
         failing = False
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time() + self._tick_seconds
         while True:
-            await asyncio.sleep(self._tick_seconds)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(next_tick):
+                    while True:
+                        await self._wake.wait()
+                        self._wake.clear()
+                        if not failing:
+                            break
             try:
+                if loop.time() < next_tick:
+                    await self.push()
+                    continue
+                next_tick = loop.time() + self._tick_seconds
                 await self.tick()
             except ServiceUnavailable:
                 if not failing:

@@ -184,6 +184,8 @@ async def test_it_fails_closed_once_the_store_is_down_and_recovers() -> None:
     store.down = True
     await leased.settle([Charge(h.lease_id, counter.counter, 1.0) for h in held[:5]])
     with pytest.raises(ServiceUnavailable):
+        await leased.push()  # what the background task does after a settlement
+    with pytest.raises(ServiceUnavailable):
         await leased.admit(request(counter))  # the push found it down: nothing from the slices
     store.down = False
     held.append(request(counter))
