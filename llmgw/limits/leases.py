@@ -138,17 +138,20 @@ class LeasedLimitStore:
         self._down = False
         self._renewed_at = clock()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # Lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.store.start()
-        self._task = asyncio.create_task(self._tick_forever(), name="llmgw-limits-slices")
+        self._tasks = [
+            asyncio.create_task(self._tick_forever(), name="llmgw-limits-slices"),
+            asyncio.create_task(self._push_when_woken(), name="llmgw-limits-slices-push"),
+        ]
 
     async def close(self) -> None:
         """Give back every slice not in use, then close the store."""
-        await cancel_and_wait([self._task])
+        await cancel_and_wait(self._tasks)
         try:
             await self.push(give_back=True)
         except ServiceUnavailable:
@@ -188,7 +191,7 @@ class LeasedLimitStore:
             names = tuple(sorted(r.counter for r in wanted))
             lock = self._refilling.setdefault(names, asyncio.Lock())
             async with lock:
-                refused = await self._refill(wanted, window, reset)
+                refused = await self._refill(wanted, reset)
         if refused is None:
             self._take(admission.lease_id, wanted)
         decision = None
@@ -224,10 +227,9 @@ class LeasedLimitStore:
         if taken:
             self._requests[lease_id] = taken
 
-    async def _refill(
-        self, wanted: Sequence[Reservation], window: Window | None, reset: float
-    ) -> Reservation | None:
-        """Take slices until the request fits (None) or the store refuses what it lacks."""
+    async def _refill(self, wanted: Sequence[Reservation], reset: float) -> Reservation | None:
+        """Take slices until the request fits (None) or the store refuses what it lacks;
+        ``reset``: seconds until the request's window ends."""
         while True:
             now = self._clock()
             short = [r for r in wanted if self._down or self._pool(r).free(now) < r.amount]
@@ -262,13 +264,11 @@ class LeasedLimitStore:
         sent = self._clock()
         try:
             result = await self.store.admit(Admission(lease_id, seconds, None, tuple(slices)))
-        except ServiceUnavailable:
-            self._cancels.append((lease_id, counters))
-            self._down = True
-            raise
-        except BaseException:
+        except BaseException as exc:
             # Cut off: the store may still grant it, so it is taken back in the background.
             self._cancels.append((lease_id, counters))
+            self._wake.set()
+            self._down = self._down or isinstance(exc, ServiceUnavailable)
             raise
         self._down = False
         assert not result.cancelled  # a fresh lease id is never cancelled
@@ -400,25 +400,20 @@ class LeasedLimitStore:
                         holder.renewed()
         self._renewed_at = sent
 
-    async def _tick_forever(self) -> None:
-        """Push when woken by settlements (unless the store is failing), tick every
-        ``tick_seconds``."""
-        failing = False
-        loop = asyncio.get_running_loop()
-        next_tick = loop.time() + self._tick_seconds
+    async def _push_when_woken(self) -> None:
+        """Push as soon as settlements arrive (while the store answers: else the ticks retry)."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(next_tick):
-                    while True:
-                        await self._wake.wait()
-                        self._wake.clear()
-                        if not failing:
-                            break
-            try:
-                if loop.time() < next_tick:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._down:
+                with contextlib.suppress(ServiceUnavailable):
                     await self.push()
-                    continue
-                next_tick = loop.time() + self._tick_seconds
+
+    async def _tick_forever(self) -> None:
+        failing = False  # logged once when it starts failing and once when it works again
+        while True:
+            await asyncio.sleep(self._tick_seconds)
+            try:
                 await self.tick()
             except ServiceUnavailable:
                 if not failing:
