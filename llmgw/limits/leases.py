@@ -139,6 +139,7 @@ class LeasedLimitStore:
         self._renewed_at = clock()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._prefetches: set[asyncio.Task[None]] = set()
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -151,7 +152,7 @@ class LeasedLimitStore:
 
     async def close(self) -> None:
         """Give back every slice not in use, then close the store."""
-        await cancel_and_wait(self._tasks)
+        await cancel_and_wait([*self._tasks, *self._prefetches])
         try:
             await self.push(give_back=True)
         except ServiceUnavailable:
@@ -194,6 +195,8 @@ class LeasedLimitStore:
                 refused = await self._refill(wanted, reset)
         if refused is None:
             self._take(admission.lease_id, wanted)
+            if not self._down and self._low(wanted, now):
+                self._prefetch(wanted, reset)
         decision = None
         if window is not None:
             window_pool = self._pool(wanted[-1])
@@ -235,24 +238,54 @@ class LeasedLimitStore:
             short = [r for r in wanted if self._down or self._pool(r).free(now) < r.amount]
             if not short:
                 return None
-            # Window slices last until their window ends, the others until their lease does.
-            groups: dict[float, list[Reservation]] = {}
-            for reservation in short:
-                pool = self._pool(reservation)
-                lacking = max(0.0, reservation.amount - pool.free(now))
-                amount = min(
-                    max(lacking, reservation.amount * pool.size - pool.free(now)), pool.cap
-                )
-                seconds = self._slice_seconds
-                if _is_window(reservation.counter):
-                    seconds = reset + _WINDOW_MARGIN_SECONDS
-                groups.setdefault(seconds, []).append(
-                    attrs.evolve(reservation, amount=max(amount, lacking))
-                )
-            for seconds, slices in groups.items():
-                refused = await self._take_slice(seconds, slices, wanted)
-                if refused is not None:
-                    return refused
+            refused = await self._take_slices(short, wanted, reset)
+            if refused is not None:
+                return refused
+
+    async def _take_slices(
+        self, short: Sequence[Reservation], wanted: Sequence[Reservation], reset: float
+    ) -> Reservation | None:
+        now = self._clock()
+        # Window slices last until their window ends, the others until their lease does.
+        groups: dict[float, list[Reservation]] = {}
+        for reservation in short:
+            pool = self._pool(reservation)
+            lacking = max(0.0, reservation.amount - pool.free(now))
+            amount = min(max(lacking, reservation.amount * pool.size - pool.free(now)), pool.cap)
+            seconds = self._slice_seconds
+            if _is_window(reservation.counter):
+                seconds = reset + _WINDOW_MARGIN_SECONDS
+            groups.setdefault(seconds, []).append(
+                attrs.evolve(reservation, amount=max(amount, lacking))
+            )
+        for seconds, slices in groups.items():
+            refused = await self._take_slice(seconds, slices, wanted)
+            if refused is not None:
+                return refused
+        return None
+
+    def _low(self, wanted: Sequence[Reservation], now: float) -> list[Reservation]:
+        """The counters of which less than half a slice is left."""
+        return [r for r in wanted if self._pool(r).free(now) < r.amount * self._pool(r).size / 2]
+
+    def _prefetch(self, wanted: Sequence[Reservation], reset: float) -> None:
+        """Take the next slices in the background before these run out, so that admissions do
+        not wait for the round trip (unless one is already under way)."""
+        lock = self._refilling.setdefault(tuple(sorted(r.counter for r in wanted)), asyncio.Lock())
+        if lock.locked():
+            return
+
+        async def prefetching() -> None:
+            async with lock:
+                low = self._low(wanted, self._clock())
+                if low:
+                    # Once, not until it is enough: near a cap a refusal only shrinks the next.
+                    with contextlib.suppress(ServiceUnavailable):
+                        await self._take_slices(low, wanted, reset)
+
+        task = asyncio.create_task(prefetching(), name="llmgw-limits-slices-prefetch")
+        self._prefetches.add(task)
+        task.add_done_callback(self._prefetches.discard)
 
     async def _take_slice(
         self, seconds: float, slices: list[Reservation], wanted: Sequence[Reservation]
