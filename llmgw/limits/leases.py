@@ -9,7 +9,8 @@ requests' worth, under a lease id of its own) and admits from its slices in memo
   like any other, so the store's all-or-nothing check keeps the cap across replicas;
 - a slice starts small and doubles each time it is taken again, up to ``slice_requests`` requests'
   worth; a store refusal divides it by four and asks again, down to exactly what the request lacks,
-  so near the cap slices are single units and admission there is as exact as before;
+  so near the cap slices are single units and admission there is as exact as before; the next
+  slice is taken in the background when less than half of one is left;
 - slices live under a lease: a killed replica's unused slices come back when the lease expires
   (``slice_seconds``; renewed while the replica lives). The request window is also a counter here
   (``window:<key>:<seconds>:<start>``) whose slices last until the window ends: a hit, once used,
