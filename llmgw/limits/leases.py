@@ -38,7 +38,6 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from llmgw.background import cancel_and_wait
 from llmgw.errors import ServiceUnavailable
 from llmgw.limits.store import (
     Admission,
@@ -141,6 +140,7 @@ class LeasedLimitStore:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -153,7 +153,11 @@ class LeasedLimitStore:
 
     async def close(self) -> None:
         """Give back every slice not in use, then close the store."""
-        await cancel_and_wait([*self._tasks, *self._prefetches])
+        self._closing = True
+        self._wake.set()
+        # Ended, not cancelled: a store call cut off mid-flight can leave its client hanging
+        # (seen with redis-py); each ends within a tick, its calls within the store's time bound.
+        await asyncio.gather(*self._tasks, *self._prefetches, return_exceptions=True)
         try:
             await self.push(give_back=True)
         except ServiceUnavailable:
@@ -436,10 +440,10 @@ class LeasedLimitStore:
 
     async def _push_when_woken(self) -> None:
         """Push as soon as settlements arrive (while the store answers: else the ticks retry)."""
-        while True:
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            if not self._down:
+            if not self._down and not self._closing:
                 with contextlib.suppress(ServiceUnavailable):
                     await self.push()
 
@@ -447,6 +451,8 @@ class LeasedLimitStore:
         failing = False  # logged once when it starts failing and once when it works again
         while True:
             await asyncio.sleep(self._tick_seconds)
+            if self._closing:
+                return
             try:
                 await self.tick()
             except ServiceUnavailable:
