@@ -27,6 +27,7 @@ from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.open_files import open_files_middleware
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
+from llmgw.limits.leases import LeasedLimitStore
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
@@ -72,12 +73,21 @@ def _health_channel(settings: Settings, database_url: str) -> HealthChannel:
 
 
 def _limit_store(settings: Settings, pool: asyncpg.Pool, database_url: str) -> LimitStore:
+    store: LimitStore
     if settings.rate_limit_backend == "redis":
         from llmgw.limits.redis import RedisLimitStore
 
         assert settings.redis_url is not None  # load_settings requires it for this backend
-        return RedisLimitStore(settings.redis_url)
-    return PostgresLimitStore(pool, database_url)
+        store = RedisLimitStore(settings.redis_url)
+    else:
+        store = PostgresLimitStore(pool, database_url)
+    if not settings.limit_slice_requests:
+        return store
+    return LeasedLimitStore(
+        store,
+        slice_requests=settings.limit_slice_requests,
+        slice_seconds=settings.limit_slice_seconds,
+    )
 
 
 async def _list_models_once(
@@ -167,7 +177,7 @@ def create_app(
         observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)
         await registry.routing.start(_health_channel(settings, database_url))
-        registry.routing.caps.use(
+        registry.routing.use(
             app[app_keys.LIMITS].store,
             default_max_output_tokens=settings.default_max_output_tokens,
         )

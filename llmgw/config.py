@@ -160,6 +160,17 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
     EnvVar(
+        "LIMIT_SLICE_REQUESTS",
+        "0",
+        "capacity leases: the largest slice of a key's limits a replica takes at once, in "
+        "requests, e.g. 64 (0 = off: every admission is a round trip to the limit store)",
+    ),
+    EnvVar(
+        "LIMIT_SLICE_SECONDS",
+        "10",
+        "lease of a slice: how soon a killed replica's unused slices count again",
+    ),
+    EnvVar(
         "DEFAULT_MAX_OUTPUT_TOKENS",
         "4096",
         "output tokens reserved for a request that sets no max_tokens (capped by the model's own)",
@@ -214,6 +225,8 @@ class Settings:
     upstream_max_event_bytes: int = 1_048_576
     rate_limit_backend: str = "postgres"
     redis_url: str | None = attrs.field(default=None, repr=False)
+    limit_slice_requests: int = 0
+    limit_slice_seconds: float = 10.0
     default_max_output_tokens: int = 4096
     price_refresh_seconds: float = 3600.0
     prometheus: bool = False
@@ -328,6 +341,12 @@ def load_settings(
         ),
         rate_limit_backend=backend,
         redis_url=redis_url,
+        limit_slice_requests=reader.get(
+            "LIMIT_SLICE_REQUESTS", _parse_int(0, 1_000_000), "an integer 0-1000000"
+        ),
+        limit_slice_seconds=reader.get(
+            "LIMIT_SLICE_SECONDS", _parse_positive_float, "a positive number of seconds"
+        ),
         default_max_output_tokens=reader.get(
             "DEFAULT_MAX_OUTPUT_TOKENS", _parse_int(1, 10_000_000), "an integer 1-10000000"
         ),

@@ -37,6 +37,7 @@ ACTUAL_TOKENS = 1 + 5
             "redis",
             marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL"),
         ),
+        "postgres with slices",  # capacity leases (docs/accounting.md)
     ]
 )
 def two_gateways(
@@ -45,10 +46,12 @@ def two_gateways(
     database_url: str,
     fake_venice: FakeVenice,
 ) -> list[GatewayProcess]:
-    extra = {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""}
-    env = gateway_env(
-        database_url, fake_venice.base_url, **(extra if request.param == "redis" else {})
-    )
+    extra = {
+        "postgres": {},
+        "redis": {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""},
+        "postgres with slices": {"LIMIT_SLICE_REQUESTS": "64"},
+    }[request.param]
+    env = gateway_env(database_url, fake_venice.base_url, **extra)
     return gateway_processes(env, count=2)
 
 
@@ -124,7 +127,10 @@ async def test_tokens_per_minute_admit_no_more_tokens_than_the_limit(
 
 
 async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end(
-    two_gateways: list[GatewayProcess], db: asyncpg.Connection, fake_venice: FakeVenice
+    two_gateways: list[GatewayProcess],
+    db: asyncpg.Connection,
+    fake_venice: FakeVenice,
+    request: pytest.FixtureRequest,
 ) -> None:
     issued = await api_keys.create_key(
         db, api_keys.KeySettings(name="slots", max_concurrent_requests=3, rate_limit_requests=1000)
@@ -151,3 +157,7 @@ async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end
                 await response.read()
                 assert response.status == 200
                 await asyncio.sleep(0.3)  # a stream's settlement is sent just after its end
+    # With slices the window is a counter the replicas take slices of, else a row per window.
+    windows = await db.fetchval("SELECT count(*) FROM limit_counters WHERE counter LIKE 'window:%'")
+    sliced = request.node.callspec.params["two_gateways"] == "postgres with slices"
+    assert bool(windows) == sliced

@@ -177,6 +177,14 @@ async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> 
             headers={"Authorization": "Bearer admin-token-for-tests-0123456789"},
         ) as response:
             report = await response.json()
+        async with session.get(
+            gateway.url("/admin/v1/usage?group_by=deployment"),
+            headers={"Authorization": "Bearer admin-token-for-tests-0123456789"},
+        ) as response:
+            by_deployment = await response.json()
+    assert [(row["deployment"], row["requests"]) for row in by_deployment["data"]] == [
+        ("venice:qwen3-5-9b", 3)
+    ]
     assert report["data"] == [
         {
             "model": "qwen3-5-9b",

@@ -25,6 +25,7 @@ from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderConfigErro
 from llmgw.providers.pool import POOL_WAIT_SECONDS, RETRY_AFTER_SECONDS
 from llmgw.providers.registry import build_registry
 from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.channel import CHANNEL
 from llmgw.routing.strategy import Strategy
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway, eventually, gateway_env
@@ -731,6 +732,46 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
         assert await answer(client, "sturdy", stream=False) == VENICE_TEXT
 
 
+@pytest.mark.parametrize("backend", HEALTH_BACKENDS)
+async def test_a_replica_started_while_a_deployment_is_down_skips_it_at_once(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    backend: str,
+) -> None:
+    """The open breaker is kept in the store: a replica that starts after it opened knows."""
+    toml = provider(
+        "venice", "venice", fake_venice.base_url, "VENICE_API_KEY", max_retries=0
+    ) + provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("sturdy", "venice:qwen3-5-9b", "openai:gpt-4o-mini")  # fmt: skip
+    overrides = providers_settings(tmp_path, toml, **KEYS)
+    overrides["admin_token"] = ADMIN_TOKEN
+    if backend == "redis":
+        overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
+    first: Gateway = await start_gateway(**overrides)
+    key = await first.create_key(name="replicas")
+    fake_venice.fail_times(FAILURES_TO_OPEN, status=503)
+    try:
+        for _ in range(FAILURES_TO_OPEN):
+            assert await answer(first.client(key), "sturdy", stream=False) == OPENAI_TEXT
+        assert await state_of(first, "venice:qwen3-5-9b") == "open"
+        venice_calls = len(fake_venice.received)
+        later: Gateway = await start_gateway(**overrides)
+        assert await state_of(later, "venice:qwen3-5-9b") == "open"
+        assert await answer(later.client(key), "sturdy", stream=False) == OPENAI_TEXT
+        assert len(fake_venice.received) == venice_calls, "the started replica tried it"
+    finally:
+        if backend == "redis":
+            # Redis is not emptied between tests (Postgres is): the next test's gateways would
+            # start with this breaker open.
+            import redis.asyncio as aioredis
+
+            client = aioredis.from_url(REDIS_URL)
+            await client.delete(f"{CHANNEL}:open:venice:qwen3-5-9b")
+            await client.aclose()
+
+
 async def test_a_weighted_alias_spreads_requests_and_shows_its_routes_everywhere(
     start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
 ) -> None:
@@ -920,6 +961,35 @@ async def test_a_deployment_whose_provider_is_at_its_rpm_is_skipped_for_the_next
         "openai:gpt-4o-mini",
         1,
     ), "a capped deployment is not tried: nothing was sent to it"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tpm_reservation_is_settled_at_the_tokens_the_answer_used(
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    stream: bool,
+) -> None:
+    """Each request reserves its worst case (4096 output tokens by default) on Venice's 6000 a
+    minute; settled at what it used, the minute has room for the next ones."""
+    toml = provider("venice", "venice", fake_venice.base_url, "VENICE_API_KEY", tpm=6000)
+    toml += provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
+    toml += alias("capped", "venice:qwen3-5-9b", "openai:gpt-4o-mini")
+    gateway: Gateway = await start_gateway(**providers_settings(tmp_path, toml, **KEYS))
+    pin_minute([gateway])
+    key = await gateway.create_key(name="settled")
+    client = gateway.client(key)
+    limits = gateway.server.app[app_keys.LIMITS]
+    for _ in range(3):
+        assert await answer(client, "capped", stream=stream) == VENICE_TEXT
+        assert await limits.flush()  # the settlements queued when each request ended
+    assert len(fake_openai.calls("/v1/chat/completions")) == 0, "a worst case was left held"
+    minute = math.floor(gateway.server.app[app_keys.PROVIDERS].routing.caps.clock() / 60) * 60
+    used, reserved = await limits.store.usage(f"provider-tokens:venice:{minute:.0f}")
+    assert await gateway.server.app[app_keys.LEDGER].flush()
+    billed = await gateway.db.fetchval("SELECT sum(input_tokens + output_tokens) FROM usage_events")
+    assert (used, reserved) == (billed, 0)
 
 
 async def test_when_every_provider_is_at_its_cap_the_caller_gets_429_with_retry_after(

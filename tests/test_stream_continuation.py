@@ -145,8 +145,9 @@ async def test_a_stream_cut_after_40_of_60_words_is_finished_by_a_prefill(
     roles = [c["delta"].get("role") for e in events[:-1] for c in orjson.loads(e)["choices"]]
     assert [role for role in roles if role] == ["assistant"]
     row = await ledger_row(routes)
-    # The provider that finished the answer (the ledger's deployment is the provider's column).
+    # The deployment that finished the answer, and the two attempts whose tokens the row counts.
     assert (row["provider"], row["status"], row["error_type"]) == ("prefill", 200, None)
+    assert (row["deployment"], row["attempts"]) == (f"prefill:{MODEL}", 2)
     # The broken attempt reported nothing: the row counts it as an estimate, flagged so.
     assert row["usage_source"] == "estimated"
     # The continuation reported its own (the fake counts a token per chunk: 60); the cut attempt
@@ -260,6 +261,8 @@ async def test_a_refused_prefill_is_not_shown_in_place_of_the_real_failure(
     assert len(chats(second)) == 1
     row = await ledger_row(routes)
     assert (row["provider"], row["error_type"]) == ("first", "upstream_stream_interrupted")
+    # Not finished: the row stays the broken deployment's, and its one attempt.
+    assert (row["deployment"], row["attempts"]) == (f"first:{MODEL}", 1)
 
 
 async def test_a_malformed_event_is_dropped_counted_and_the_stream_goes_on(

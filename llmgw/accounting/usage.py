@@ -33,6 +33,7 @@ __all__ = [
 MAX_TOKENS: Final = 2**31 - 1
 MAX_COST: Final = 1_000_000
 MAX_TEXT_CHARS: Final = 512
+MAX_ATTEMPTS: Final = MAX_TOKENS  # int4, at least 1
 USAGE_SOURCES: Final = ("reported", "estimated")
 # Postgres text holds no NUL and UTF-8 no lone surrogate; the other control characters are
 # storable but never belong in a model name or an id, and would garble an operator's terminal.
@@ -207,6 +208,9 @@ class UsageRecord:
     cache_creation_input_tokens: int | None = None
     cache_creation_1h_input_tokens: int | None = None
     reasoning_output_tokens: int | None = None
+    # Deployment attempts whose tokens the row counts: more than 1 when a stream that broke
+    # mid-answer was finished on another (``deployment`` names the one that finished it).
+    attempts: int = 1
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
     # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
@@ -250,6 +254,8 @@ class UsageRecord:
         ttfc = self.time_to_first_chunk_ms
         if ttfc is not None and not _is_number_within(ttfc, math.inf):
             replace("time_to_first_chunk_ms", None, "out_of_range")
+        if not _is_int_within(self.attempts, 1, MAX_ATTEMPTS):
+            replace("attempts", 1, "out_of_range")
         if self.usage_source not in USAGE_SOURCES:
             replace("usage_source", "estimated", "unknown")
         if len(flags) != len(self.flags):

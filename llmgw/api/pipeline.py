@@ -52,6 +52,7 @@ from llmgw.providers.base import (
     UpstreamResponse,
 )
 from llmgw.providers.fallback import Answer, FallbackChain
+from llmgw.routing.caps import CapHold
 from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
@@ -129,6 +130,9 @@ class Exchange:
     answered_at: float = 0.0  # perf_counter, as the observation's chunk times
     # A media call's billed quantity: the request's (its worst case) until the answer says.
     metered: Metered | None = None
+    # Each answering deployment's hold on its provider's account caps (None: not capped), in the
+    # order they answered: the broken streams' (``earlier``), then the one that finished.
+    cap_holds: list[CapHold | None] = attrs.Factory(list)
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -144,6 +148,7 @@ class Exchange:
         """The route answered: that deployment bills the request, whatever happens next."""
         self._release_deployment()  # a stream that broke off, when this one continues it
         self.deployment = answer.deployment
+        self.cap_holds.append(answer.cap)
         self.release_deployment = answer.done
         self.answered_at = time.perf_counter()
         self.provider_worked = True
@@ -193,8 +198,9 @@ class Exchange:
     def _record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         observation = self.observation
         estimated = False
+        attempts: list[Usage] = []
         if self.earlier:
-            observation.usage, estimated = self._all_attempts()
+            observation.usage, estimated, attempts = self._all_attempts()
         charged = charge(
             observation.usage,
             provider_worked=self.provider_worked,
@@ -202,6 +208,7 @@ class Exchange:
             price=self._price,
             metered=self.metered,
         )
+        self._settle_caps(attempts or [charged.usage])
         # Partly estimated (an attempt that broke before reporting) is estimated.
         source = ESTIMATED if estimated else charged.source
         if source != REPORTED:
@@ -216,16 +223,31 @@ class Exchange:
             finished,
             usage_source=source,
             cost_computed=charged.cost_computed,
+            attempts=1 + len(self.earlier),
         )
 
-    def _all_attempts(self) -> tuple[Usage, bool]:
-        """The usage of every stream attempt together (a continued answer's), and whether any of
-        it is the gateway's estimate: an attempt that reported nothing is estimated."""
+    def _settle_caps(self, attempts: list[Usage]) -> None:
+        """Settle each answering deployment's account-cap reservation at what its attempt used
+        (``attempts``: their usage, in the order they answered)."""
+        if not any(self.cap_holds):
+            return
+        charges = [
+            hold.charge((usage.input_tokens or 0) + (usage.output_tokens or 0))
+            for hold, usage in zip(self.cap_holds, attempts, strict=False)
+            if hold is not None
+        ]
+        self.request.app[app_keys.LIMITS].charge(c for c in charges if c is not None)
+
+    def _all_attempts(self) -> tuple[Usage, bool, list[Usage]]:
+        """The usage of every stream attempt together (a continued answer's), whether any of it
+        is the gateway's estimate (an attempt that reported nothing is estimated), and each
+        attempt's."""
         input_estimate = estimate_input_tokens(self.body)
         attempts = [(a.usage, a.output_chars) for a in self.earlier]
         attempts.append((self.observation.usage, self.output_chars))
         total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
         estimated = False
+        each = []
         for usage, output_chars in attempts:
             if usage is None or (usage.input_tokens is None and usage.output_tokens is None):
                 estimated = True
@@ -233,6 +255,7 @@ class Exchange:
                     input_tokens=input_estimate,
                     output_tokens=estimate_output_tokens(output_chars),
                 )
+            each.append(usage)
             total = Usage(
                 input_tokens=_plus(total.input_tokens, usage.input_tokens),
                 output_tokens=_plus(total.output_tokens, usage.output_tokens),
@@ -256,7 +279,7 @@ class Exchange:
                 if total.cost_diem is None or usage.cost_diem is None
                 else total.cost_diem + usage.cost_diem,
             )
-        return total, estimated
+        return total, estimated, each
 
     def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         """The record from what is known without computing anything that could fail again: the
@@ -290,6 +313,7 @@ class Exchange:
         usage_source: str = "reported",
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
+        attempts: int = 1,
     ) -> UsageRecord:
         observation = self.observation
         attributes = observation.metric_attributes
@@ -324,6 +348,7 @@ class Exchange:
             usage_source=usage_source,
             cost_computed=cost_computed,
             flags=flags,
+            attempts=attempts,
         )
 
 

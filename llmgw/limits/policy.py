@@ -27,7 +27,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -395,10 +395,17 @@ class LimitPolicy:
             else float((record.input_tokens or 0) + (record.output_tokens or 0))
         )
         cost = 0.0 if record is None else float(record.cost_usd or 0)
+        charges = []
         for counter in admitted.counters:
             kind = counter.split(":", 1)[0]
             actual = tokens if kind == _TOKENS else cost if kind == _BUDGET else 0.0
-            self._charges.append(Charge(admitted.lease_id, counter, actual))
+            charges.append(Charge(admitted.lease_id, counter, actual))
+        self.charge(charges)
+
+    def charge(self, charges: Iterable[Charge]) -> None:
+        """Queue settlements of reservations made on the store outside :meth:`admit` (a
+        provider's account caps, ``llmgw.routing.caps``); never blocks, never raises."""
+        self._charges.extend(charges)
         self._wake.set()
 
     async def flush(self) -> bool:

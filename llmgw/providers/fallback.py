@@ -38,6 +38,7 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
+from llmgw.routing.caps import CapHold
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import ORDERED, Strategy
 
@@ -57,6 +58,7 @@ class Answer(Generic[T]):
     tries: int
     result: T
     omitted: tuple[str, ...] = ()  # parameters that deployment was sent without (capabilities)
+    cap: CapHold | None = None  # its provider's account caps counted it: settle at what it used
     # Call once the answer has been relayed (with a stream's seconds from its headers to its first
     # event, if it had one): the deployment stops counting it in flight, and is timed.
     done: Callable[[float | None], None] = attrs.field(default=lambda _: None, eq=False)
@@ -109,14 +111,22 @@ class FallbackChain:
         while left:
             deployment, *left = left
             sent, omitted = call.for_deployment(deployment)
+            # A probe is claimed only when another deployment is left: with none, the request
+            # goes to it all the same, as when every deployment is open.
+            if left and not await self.routing.claim(deployment):
+                continue  # another replica is probing it
             cap = self.routing.caps.of(deployment.provider.name)
+            hold = None
             if cap is not None:
                 try:
-                    wait = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
+                    taken = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
                 except BaseException:
                     self.routing.not_sent(deployment)
                     raise
-                if wait is not None:
+                if isinstance(taken, CapHold):
+                    hold = taken
+                else:
+                    wait = taken
                     self.routing.not_sent(deployment)  # no failure of the deployment's
                     capped_for = wait if capped_for is None else min(capped_for, wait)
                     log.info(
@@ -157,7 +167,7 @@ class FallbackChain:
                 raise
             else:
                 outcome.answered()
-                return Answer(deployment, tried, result, omitted, outcome.done)
+                return Answer(deployment, tried, result, omitted, hold, outcome.done)
         # Every deployment left was at its provider's cap.
         if failure is not None:
             raise failure  # what the last one sent to said: the caller's truest answer

@@ -7,11 +7,14 @@ uses (one per provider and minute: ``provider-requests:<name>:<minute>``,
 ``provider-tokens:<name>:<minute>``), both in one round trip, all or nothing. One that does not
 fit is not sent: the route moves on to its next deployment.
 
-Tokens are counted at their worst case (the estimated input plus the most output the request may
+Tokens are reserved at their worst case (the estimated input plus the most output the request may
 produce), as providers themselves count ``max_tokens`` against a tokens-per-minute limit when they
-admit a request; nothing is settled afterwards. A request larger than a whole minute's tokens is
-counted as the whole minute (the provider decides). A provider without caps costs nothing: no
-store round trip.
+admit a request; a request larger than a whole minute's tokens is reserved as the whole minute
+(the provider decides). When the request ends, the reservation of each deployment that answered is
+settled at the tokens its attempt used (:class:`CapHold`), through the settlement queue the keys'
+limits use (``LimitPolicy.charge``): the minute is not used up by worst cases. An attempt that
+failed keeps its worst case until its minute ends (the provider may have counted it). A provider
+without caps costs nothing: no store round trip.
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ from llmgw.accounting.estimate import (
     estimate_input_tokens,
     worst_case_output_tokens,
 )
-from llmgw.limits.store import Admission, LimitStore, Reservation
+from llmgw.limits.store import Admission, Charge, LimitStore, Reservation
 
-__all__ = ["AccountCap", "ProviderCaps"]
+__all__ = ["AccountCap", "CapHold", "ProviderCaps"]
 
 _MINUTE = 60.0
-# A reservation outlives its minute: it is never settled, it simply stops mattering when the next
+# A reservation outlives its minute: one not settled simply stops mattering when the next
 # minute's counter is used.
 _KEEP_SECONDS = 2 * _MINUTE
 
@@ -46,6 +49,21 @@ class AccountCap:
 
     rpm: int | None = None
     tpm: int | None = None
+
+
+@attrs.frozen(slots=True)
+class CapHold:
+    """A request counted on its provider's caps: its lease, and the ``tpm`` counter that holds its
+    worst case (None: no ``tpm``, nothing to settle)."""
+
+    lease_id: uuid.UUID
+    tokens_counter: str | None
+
+    def charge(self, tokens: int) -> Charge | None:
+        """The settlement of its worst case at the ``tokens`` the attempt used."""
+        if self.tokens_counter is None:
+            return None
+        return Charge(self.lease_id, self.tokens_counter, float(tokens))
 
 
 class ProviderCaps:
@@ -68,34 +86,35 @@ class ProviderCaps:
         """The provider's caps, if it has any and a store counts them (a dict lookup)."""
         return None if self._store is None else self._caps.get(provider)
 
-    async def take(self, provider: str, cap: AccountCap, body: bytes) -> float | None:
-        """Count one request with ``body`` on the provider's caps. None: it fits, send it; else
-        the seconds until the minute that is full ends (nothing was counted)."""
+    async def take(self, provider: str, cap: AccountCap, body: bytes) -> CapHold | float:
+        """Count one request with ``body`` on the provider's caps: what holds it (it fits, send
+        it), else the seconds until the minute that is full ends (nothing was counted)."""
         assert self._store is not None
         now = self.clock()
         minute = math.floor(now / _MINUTE) * _MINUTE
         reservations = []
+        tokens_counter = None
         if cap.rpm is not None:
             reservations.append(
                 Reservation(f"provider-requests:{provider}:{minute:.0f}", cap.rpm, 1, _KEEP_SECONDS)
             )
         if cap.tpm is not None:
             tokens = min(cap.tpm, self._worst_case_tokens(body))
-            reservations.append(
-                Reservation(
-                    f"provider-tokens:{provider}:{minute:.0f}", cap.tpm, tokens, _KEEP_SECONDS
-                )
-            )
+            tokens_counter = f"provider-tokens:{provider}:{minute:.0f}"
+            reservations.append(Reservation(tokens_counter, cap.tpm, tokens, _KEEP_SECONDS))
+        lease_id = uuid.uuid4()
         result = await self._store.admit(
             Admission(
-                lease_id=uuid.uuid4(),
+                lease_id=lease_id,
                 lease_seconds=_KEEP_SECONDS,
                 window=None,
                 # One locking order (by name) for every store, as the keys' admissions.
                 reservations=tuple(sorted(reservations, key=lambda r: r.counter)),
             )
         )
-        return None if result.admitted else minute + _MINUTE - now
+        if not result.admitted:
+            return minute + _MINUTE - now
+        return CapHold(lease_id, tokens_counter)
 
     def _worst_case_tokens(self, body: bytes) -> int:
         try:

@@ -1,9 +1,15 @@
-"""How a breaker's change reaches every replica: one small message per change, never per request.
+"""What replicas tell each other about deployments: small messages, never one per request.
 
-A replica publishes when a breaker of its own opens or closes; every replica (itself included)
-receives it and takes it when it is newer than what it knows. Messages are a few hundred bytes of
-JSON: the deployment, until when it is open (null: closed), how often it opened in a row and when
-it last failed. A message that cannot be read is dropped (logged), never trusted.
+- a breaker's change (:class:`HealthChange`): a replica publishes when a breaker of its own opens
+  or closes; every replica (itself included) receives it and takes it when it is newer than what it
+  knows. A few hundred bytes of JSON: the deployment, until when it is open (null: closed), how
+  often it opened in a row and when it last failed. The stores also keep the open ones, so a
+  replica that starts is told of them before it serves (:meth:`HealthChannel.start`);
+- a replica's load (:class:`LoadReport`, :mod:`llmgw.routing.load`): its requests in flight per
+  deployment, at most four times a second and only when they changed. It travels on a channel of
+  its own (``LOAD_CHANNEL``), so a replica of an older version is not sent what it cannot read.
+
+A message that cannot be read is dropped (logged), never trusted.
 """
 
 from __future__ import annotations
@@ -16,12 +22,23 @@ from typing import Any, Protocol
 import attrs
 import orjson
 
-__all__ = ["CHANNEL", "HealthChange", "HealthChannel", "Receiver", "decode", "encode"]
+__all__ = [
+    "CHANNEL",
+    "LOAD_CHANNEL",
+    "HealthChange",
+    "HealthChannel",
+    "LoadReport",
+    "Message",
+    "Receiver",
+    "decode",
+    "encode",
+]
 
 log = logging.getLogger(__name__)
 
-# The Postgres NOTIFY channel and the Redis pub/sub channel.
+# The Postgres NOTIFY channels and the Redis pub/sub channels (breakers, load).
 CHANNEL = "llmgw_deployment_health"
+LOAD_CHANNEL = "llmgw_deployment_load"
 
 
 @attrs.frozen(slots=True)
@@ -33,24 +50,34 @@ class HealthChange:
     changed_at: float
 
 
-Receiver = Callable[[HealthChange], None]
+@attrs.frozen(slots=True)
+class LoadReport:
+    replica: str  # the sender's id (random, per process)
+    in_flight: dict[str, int]  # provider:model -> requests it is serving; empty: none
+    ttl: float  # seconds the receiver counts it (by its own clock: clocks need not agree)
+
+
+Message = HealthChange | LoadReport
+Receiver = Callable[[Message], None]
 
 
 class HealthChannel(Protocol):
     async def start(self, receive: Receiver) -> None:
-        """Begin delivering every replica's changes (this one's too) to ``receive``; returns once
-        they are delivered, or after a short wait when the store does not answer yet."""
+        """Deliver every breaker the store keeps open, then every replica's messages (this one's
+        too), to ``receive``; returns once they are delivered, or after a short wait when the store
+        does not answer yet."""
         ...
 
-    async def publish(self, change: HealthChange) -> None:
-        """Send ``change`` to every replica; raises when the store cannot be reached."""
+    async def publish(self, message: Message) -> None:
+        """Send ``message`` to every replica (and keep an open breaker, forget a closed one);
+        raises when the store cannot be reached."""
         ...
 
     async def close(self) -> None: ...
 
 
-def encode(change: HealthChange) -> str:
-    return orjson.dumps(attrs.asdict(change)).decode()
+def encode(message: Message) -> str:
+    return orjson.dumps(attrs.asdict(message)).decode()
 
 
 def _number(value: Any) -> float:
@@ -59,9 +86,23 @@ def _number(value: Any) -> float:
     return float(value)
 
 
-def decode(payload: str | bytes) -> HealthChange | None:
+def _load_report(fields: dict[str, Any]) -> LoadReport:
+    replica, in_flight = fields["replica"], fields["in_flight"]
+    if not isinstance(replica, str) or not isinstance(in_flight, dict):
+        raise ValueError("wrong type")
+    for count in in_flight.values():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError("not a count")
+    return LoadReport(replica=replica, in_flight=in_flight, ttl=_number(fields["ttl"]))
+
+
+def decode(payload: str | bytes) -> Message | None:
     try:
         fields = orjson.loads(payload)
+        if not isinstance(fields, dict):
+            raise ValueError("not an object")
+        if "replica" in fields:
+            return _load_report(fields)
         until = fields["open_until"]
         openings = fields["openings"]
         if not isinstance(fields["deployment"], str) or not isinstance(openings, int):

@@ -4,9 +4,11 @@ Everything a request does here is in memory, with no store round trip: :meth:`Ro
 orders the deployments (open breakers left out, the strategy's first choice first, a half-open
 breaker's probe before all), and :meth:`RoutingPolicy.attempt` counts the request in flight and
 takes its outcome. Only a breaker that opens or closes is sent to the other replicas, through the
-health channel of the limits store, in the background; their changes arrive the same way.
-A provider with account caps (``rpm`` / ``tpm``, :mod:`llmgw.routing.caps`) is the exception: a
-request is counted on the limits store before it is sent to one of its deployments.
+health channel of the limits store, in the background, and each replica's requests in flight a few
+times a second (:mod:`llmgw.routing.load`); theirs arrive the same way. Two cases take a round trip
+to the limits store before a request is sent: a provider with account caps (``rpm`` / ``tpm``,
+:mod:`llmgw.routing.caps`) counts it, and a half-open breaker's probe is claimed there, so that one
+replica at a time probes a deployment (:meth:`RoutingPolicy.claim`).
 
 When every deployment of a route is open the request is not refused: the one that failed least
 recently is tried (it had the longest to recover), and only that one.
@@ -18,25 +20,38 @@ import asyncio
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from llmgw.background import cancel_and_wait
-from llmgw.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
+from llmgw.errors import ServiceUnavailable, UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
+from llmgw.limits.store import Admission, LimitStore, Reservation
 from llmgw.providers.base import Deployment, UpstreamResponse
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision, hinted_delay
 from llmgw.routing.breaker import Breaker, State
 from llmgw.routing.caps import AccountCap, ProviderCaps
-from llmgw.routing.channel import HealthChange, HealthChannel
+from llmgw.routing.channel import HealthChange, HealthChannel, LoadReport, Message
+from llmgw.routing.load import REPORT_INTERVAL_SECONDS, SharedLoad
 from llmgw.routing.strategy import Strategy, first_choice
 
-__all__ = ["DEFAULT_COOLDOWN_SECONDS", "Attempt", "DeploymentHealth", "RoutingPolicy"]
+__all__ = [
+    "DEFAULT_COOLDOWN_SECONDS",
+    "PROBE_CLAIM_SECONDS",
+    "Attempt",
+    "DeploymentHealth",
+    "RoutingPolicy",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_COOLDOWN_SECONDS = 30.0
+# The longest a probe's claim holds other replicas back: its answer closes or reopens the breaker
+# well before (which ends the claim: a new opening is claimed afresh), so this only frees the probe
+# of a replica that died probing.
+PROBE_CLAIM_SECONDS = 30.0
 # Weight of the newest time to first token in its moving average (least-latency).
 _LATENCY_WEIGHT = 0.3
 # Deployments remembered at most (breakers, averages): a caller may name any "provider/model", so
@@ -56,6 +71,7 @@ class DeploymentHealth:
     openings: int
     last_failure_at: float | None
     in_flight: int  # on this replica
+    in_flight_all_replicas: int  # this replica's and what the others last reported
     latency_seconds: float | None  # moving average of the time to first token, on this replica
 
 
@@ -110,7 +126,7 @@ class Attempt:
     def abandoned(self) -> None:
         """The request ended before the deployment told anything (the caller left)."""
         if self._probe:
-            self._policy._breaker(self._label).release_probe()
+            self._policy._give_back_probe(self._label)
         self.done()
 
     def done(self, first_token_after: float | None = None) -> None:
@@ -140,11 +156,14 @@ class RoutingPolicy:
         self._rng = rng or random.Random()
         self._breakers: dict[str, Breaker] = {}
         self._cooldowns: dict[str, float] = {}  # provider name -> seconds
-        self._in_flight: dict[str, int] = {}
+        self._load = SharedLoad()
         self._latency: dict[str, float] = {}
         self._channel: HealthChannel | None = None
-        self._outbox: asyncio.Queue[HealthChange] | None = None
-        self._sender: asyncio.Task[None] | None = None
+        self._outbox: asyncio.Queue[Message] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._store: LimitStore | None = None
+        self._claims: dict[str, tuple[uuid.UUID, str]] = {}  # label -> its probe's claim
+        self._releases: set[asyncio.Task[None]] = set()
         self.caps = ProviderCaps(clock=clock)
 
     # Lifecycle ---------------------------------------------------------------------------------
@@ -157,15 +176,25 @@ class RoutingPolicy:
         self._cooldowns = dict(cooldowns)
         self.caps.configure(caps or {})
 
+    def use(self, store: LimitStore, *, default_max_output_tokens: int) -> None:
+        """Claim probes and count account caps on ``store`` (the limits store, shared by every
+        replica) from now on."""
+        self._store = store
+        self.caps.use(store, default_max_output_tokens=default_max_output_tokens)
+
     async def start(self, channel: HealthChannel) -> None:
-        """Share breaker changes with the other replicas through ``channel`` from now on."""
+        """Share breaker changes and load with the other replicas through ``channel`` from now
+        on (the breakers the store keeps open are known when this returns)."""
         self._channel = channel
         self._outbox = asyncio.Queue()
         await channel.start(self.receive)
-        self._sender = asyncio.create_task(self._send_forever(), name="llmgw-health-send")
+        self._tasks = [
+            asyncio.create_task(self._send_forever(), name="llmgw-health-send"),
+            asyncio.create_task(self._report_load_forever(), name="llmgw-load-report"),
+        ]
 
     async def close(self) -> None:
-        await cancel_and_wait([self._sender])
+        await cancel_and_wait([*self._tasks, *self._releases])
         if self._channel is not None:
             await self._channel.close()
 
@@ -191,7 +220,7 @@ class RoutingPolicy:
             first = first_choice(
                 strategy,
                 ready,
-                in_flight=lambda i: self._in_flight.get(deployments[i].label, 0),
+                in_flight=lambda i: self._load.in_flight(deployments[i].label, self._monotonic()),
                 latency=lambda i: self._latency.get(deployments[i].label),
                 rng=self._rng,
             )
@@ -205,8 +234,43 @@ class RoutingPolicy:
         label = deployment.label
         breaker = self._breakers.get(label)
         probe = breaker is not None and breaker.probing
-        self._in_flight[label] = self._in_flight.get(label, 0) + 1
+        self._load.enter(label)
         return Attempt(self, label, probe, self._monotonic())
+
+    async def claim(self, deployment: Deployment) -> bool:
+        """Whether ``deployment`` may be sent the request: yes, unless :meth:`plan` made the
+        request its half-open breaker's probe and another replica holds that probe.
+
+        The claim is one reservation on the limits store (``probe:<deployment>:<open until>``,
+        capacity 1, held ``PROBE_CLAIM_SECONDS``): one round trip, only for a probe. A store that
+        cannot be reached does not stop the probe: each replica then probes once at most.
+        """
+        label = deployment.label
+        breaker = self._breakers.get(label)
+        if self._store is None or breaker is None or not breaker.probing:
+            return True
+        lease, counter = uuid.uuid4(), f"probe:{label}:{breaker.open_until}"
+        try:
+            result = await self._store.admit(
+                Admission(
+                    lease_id=lease,
+                    lease_seconds=PROBE_CLAIM_SECONDS,
+                    window=None,
+                    reservations=(Reservation(counter, 1, 1, PROBE_CLAIM_SECONDS),),
+                )
+            )
+        except ServiceUnavailable:
+            log.warning("deployment %s is probed without a claim: the store is down", label)
+            return True
+        except BaseException:
+            breaker.release_probe()
+            raise
+        if not result.admitted:
+            breaker.release_probe()
+            log.info("deployment %s is being probed by another replica", label)
+            return False
+        self._claims[label] = (lease, counter)
+        return True
 
     def not_sent(self, deployment: Deployment) -> None:
         """``deployment`` was planned but is not sent the request (its provider is at its account
@@ -214,7 +278,27 @@ class RoutingPolicy:
         back, so a half-open breaker is probed by a later request."""
         breaker = self._breakers.get(deployment.label)
         if breaker is not None and breaker.probing:
-            breaker.release_probe()
+            self._give_back_probe(deployment.label)
+
+    def _give_back_probe(self, label: str) -> None:
+        """The probe told nothing: another request (of any replica) may probe at once."""
+        self._breaker(label).release_probe()
+        claim = self._claims.pop(label, None)
+        if claim is not None and self._store is not None:
+            lease, counter = claim
+            task = asyncio.create_task(
+                self._store.cancel([(lease, [counter])], PROBE_CLAIM_SECONDS),
+                name="llmgw-probe-release",
+            )
+            self._releases.add(task)
+            task.add_done_callback(self._released)
+
+    def _released(self, task: asyncio.Task[None]) -> None:
+        self._releases.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Not given back: it expires after PROBE_CLAIM_SECONDS.
+            failure = task.exception()
+            log.warning("a probe's claim could not be given back (%s)", type(failure).__name__)
 
     # Outcomes -----------------------------------------------------------------------------------
 
@@ -226,11 +310,7 @@ class RoutingPolicy:
         return breaker
 
     def _leave(self, label: str) -> None:
-        left = self._in_flight[label] - 1
-        if left:
-            self._in_flight[label] = left
-        else:
-            del self._in_flight[label]
+        self._load.leave(label)
 
     def _measured(self, label: str, seconds: float) -> None:
         previous = self._latency.get(label)
@@ -242,12 +322,18 @@ class RoutingPolicy:
 
     def _answered(self, label: str) -> None:
         breaker = self._breakers.get(label)
-        if breaker is not None and breaker.succeeded(self._clock()):
+        if breaker is None:
+            return
+        # The probe's answer ends its claim: the breaker closes (or reopens, and a new opening
+        # is claimed afresh).
+        self._claims.pop(label, None)
+        if breaker.succeeded(self._clock()):
             log.warning("deployment %s answers again: its circuit is closed", label)
             self._share(label, breaker)
 
     def _failed(self, label: str, retry_after: float | None, *, probe: bool) -> None:
         breaker = self._breaker(label)
+        self._claims.pop(label, None)
         provider = label.split(":", 1)[0]
         cooldown = self._cooldowns.get(provider, DEFAULT_COOLDOWN_SECONDS)
         now = self._clock()
@@ -275,8 +361,15 @@ class RoutingPolicy:
                 )
             )
 
-    def receive(self, change: HealthChange) -> None:
-        """A replica's change (this one's included): taken unless what is known here is newer."""
+    def receive(self, message: Message) -> None:
+        """A replica's message (this one's included)."""
+        if isinstance(message, LoadReport):
+            self._load.receive(message, self._monotonic())
+        else:
+            self._take(message)
+
+    def _take(self, change: HealthChange) -> None:
+        """A breaker's change: taken unless what is known here is newer."""
         breaker = self._breaker(change.deployment)
         if change.changed_at < breaker.changed_at:
             return
@@ -286,14 +379,22 @@ class RoutingPolicy:
         if change.open_until is None:
             breaker.failures = 0
 
+    async def _report_load_forever(self) -> None:
+        assert self._outbox is not None
+        while True:
+            await asyncio.sleep(REPORT_INTERVAL_SECONDS)
+            report = self._load.report(self._monotonic())
+            if report is not None:
+                self._outbox.put_nowait(report)
+
     async def _send_forever(self) -> None:
         assert self._outbox is not None
         assert self._channel is not None
         failing = False
         while True:
-            change = await self._outbox.get()
+            message = await self._outbox.get()
             try:
-                await self._channel.publish(change)
+                await self._channel.publish(message)
             except Exception as exc:
                 # The change stays local: other replicas find the deployment down themselves.
                 if not failing:
@@ -316,10 +417,11 @@ class RoutingPolicy:
             consecutive_failures=breaker.failures,
             openings=breaker.openings,
             last_failure_at=breaker.last_failure_at or None,
-            in_flight=self._in_flight.get(label, 0),
+            in_flight=self._load.own.get(label, 0),
+            in_flight_all_replicas=self._load.in_flight(label, self._monotonic()),
             latency_seconds=self._latency.get(label),
         )
 
     def known(self) -> list[str]:
         """Every deployment this replica has tried or heard of."""
-        return sorted(self._breakers.keys() | self._in_flight.keys())
+        return sorted(self._breakers.keys() | self._load.own.keys())

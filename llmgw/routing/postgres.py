@@ -1,9 +1,12 @@
-"""Health changes through Postgres: NOTIFY on one channel, LISTENed to by every replica.
+"""Health changes through Postgres: NOTIFY on two channels (breakers, load), LISTENed to by every
+replica.
 
-One connection of its own does both (as the auth cache's revocations do): nothing is stored, so a
-replica that starts learns of a deployment that is down from the next change, or finds it itself.
-While the connection is down changes are neither sent nor received; it is opened again every
-half second and the outage is logged once.
+One connection of its own does both (as the auth cache's revocations do). A breaker's change is
+also kept in ``deployment_health`` (the newest per deployment, in the statement that notifies), and
+the breakers open there are delivered each time the connection opens: a replica that starts, or
+comes back from an outage, knows at once which deployments are down. While the connection is down
+messages are neither sent nor received; it is opened again every half second and the outage is
+logged once.
 """
 
 from __future__ import annotations
@@ -15,12 +18,45 @@ import logging
 import asyncpg
 
 from llmgw.background import cancel_and_wait
-from llmgw.routing.channel import CHANNEL, HealthChange, Receiver, decode, encode
+from llmgw.routing.channel import (
+    CHANNEL,
+    LOAD_CHANNEL,
+    HealthChange,
+    Message,
+    Receiver,
+    decode,
+    encode,
+)
 from llmgw.storage.database import DATABASE_DOWN_ERRORS, DATABASE_TIMEOUT_SECONDS
 
 __all__ = ["PostgresHealthChannel"]
 
 log = logging.getLogger(__name__)
+
+# Keeps the newest change per deployment (an older one arriving late is not kept) and notifies in
+# the same statement; rows of breakers closed or expired, other than this one, go on the way out.
+_KEEP_AND_NOTIFY = """
+WITH kept AS (
+    INSERT INTO deployment_health AS h
+        (deployment, open_until, openings, last_failure_at, changed_at)
+    VALUES ($3, $4, $5, $6, $7)
+    ON CONFLICT (deployment) DO UPDATE SET
+        open_until = EXCLUDED.open_until,
+        openings = EXCLUDED.openings,
+        last_failure_at = EXCLUDED.last_failure_at,
+        changed_at = EXCLUDED.changed_at
+    WHERE h.changed_at <= EXCLUDED.changed_at
+), pruned AS (
+    DELETE FROM deployment_health
+    WHERE deployment <> $3
+      AND (open_until IS NULL OR open_until < extract(epoch FROM clock_timestamp()))
+)
+SELECT pg_notify($1, $2)
+"""
+_OPEN = """
+SELECT deployment, open_until, openings, last_failure_at, changed_at FROM deployment_health
+WHERE open_until > extract(epoch FROM clock_timestamp())
+"""
 
 
 class PostgresHealthChannel:
@@ -39,13 +75,26 @@ class PostgresHealthChannel:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._connected.wait(), self._timeout)
 
-    async def publish(self, change: HealthChange) -> None:
+    async def publish(self, message: Message) -> None:
         connection = self._connection
         if connection is None or connection.is_closed():
             raise ConnectionError("the deployment health connection is down")
-        await connection.execute(
-            "SELECT pg_notify($1, $2)", CHANNEL, encode(change), timeout=self._timeout
-        )
+        if isinstance(message, HealthChange):
+            await connection.execute(
+                _KEEP_AND_NOTIFY,
+                CHANNEL,
+                encode(message),
+                message.deployment,
+                message.open_until,
+                message.openings,
+                message.last_failure_at,
+                message.changed_at,
+                timeout=self._timeout,
+            )
+        else:
+            await connection.execute(
+                "SELECT pg_notify($1, $2)", LOAD_CHANNEL, encode(message), timeout=self._timeout
+            )
 
     async def close(self) -> None:
         await cancel_and_wait([self._task])
@@ -56,9 +105,9 @@ class PostgresHealthChannel:
                 self._connection.terminate()
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        change = decode(payload)
-        if change is not None and self._receive is not None:
-            self._receive(change)
+        message = decode(payload)
+        if message is not None and self._receive is not None:
+            self._receive(message)
 
     async def _listen_forever(self) -> None:
         failing = False
@@ -86,7 +135,13 @@ class PostgresHealthChannel:
         try:
             async with asyncio.timeout(self._timeout):
                 await connection.add_listener(CHANNEL, self._on_notify)
+                await connection.add_listener(LOAD_CHANNEL, self._on_notify)
+                # After LISTEN: a change made meanwhile arrives as well (taken if newer).
+                rows = await connection.fetch(_OPEN)
         except BaseException:
             connection.terminate()
             raise
+        if self._receive is not None:
+            for row in rows:
+                self._receive(HealthChange(**dict(row)))
         return connection

@@ -1,8 +1,11 @@
-"""Health changes through Redis: PUBLISH on one channel, SUBSCRIBEd to by every replica.
+"""Health changes through Redis: PUBLISH on two channels (breakers, load), SUBSCRIBEd to by every
+replica.
 
-Nothing is stored (as with Postgres): a replica that starts learns of a deployment that is down
-from the next change, or finds it itself. A lost subscription is opened again every half second;
-the outage is logged once.
+An open breaker is also kept, as the message that announced it, under ``<channel>:open:<deployment>``
+until it ends (``PX``), and deleted when it closes, in the same round trip as the PUBLISH; each
+time the subscription opens the keys there are delivered, so a replica that starts, or comes back
+from an outage, knows at once which deployments are down. A lost subscription is opened again every
+half second; the outage is logged once.
 """
 
 from __future__ import annotations
@@ -10,13 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from llmgw.background import cancel_and_wait
-from llmgw.routing.channel import CHANNEL, HealthChange, Receiver, decode, encode
+from llmgw.routing.channel import (
+    CHANNEL,
+    LOAD_CHANNEL,
+    HealthChange,
+    Message,
+    Receiver,
+    decode,
+    encode,
+)
 
 __all__ = ["RedisHealthChannel"]
 
@@ -24,10 +38,15 @@ log = logging.getLogger(__name__)
 
 
 class RedisHealthChannel:
-    def __init__(self, url: str, *, channel: str = CHANNEL) -> None:
+    def __init__(
+        self, url: str, *, channel: str = CHANNEL, clock: Callable[[], float] = time.time
+    ) -> None:
         # No socket timeout on reads: the subscription waits for messages as long as none come.
         self._client: aioredis.Redis = aioredis.from_url(url, socket_connect_timeout=2.0)
         self._channel = channel
+        # The default names stay the Postgres ones; a test's own channel gets its own load channel.
+        self._load_channel = LOAD_CHANNEL if channel == CHANNEL else f"{channel}:load"
+        self._clock = clock  # how long an open breaker is kept
         self._receive: Receiver | None = None
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
@@ -39,9 +58,30 @@ class RedisHealthChannel:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._subscribed.wait(), 2.0)
 
-    async def publish(self, change: HealthChange) -> None:
+    async def publish(self, message: Message) -> None:
+        payload = encode(message)
         async with asyncio.timeout(2.0):
-            await self._client.publish(self._channel, encode(change))
+            if not isinstance(message, HealthChange):
+                await self._client.publish(self._load_channel, payload)
+                return
+            key = f"{self._channel}:open:{message.deployment}"
+            pipe = self._client.pipeline(transaction=False)
+            left = None if message.open_until is None else message.open_until - self._clock()
+            if left is None or left <= 0:
+                pipe.delete(key)
+            else:
+                pipe.set(key, payload, px=math.ceil(left * 1000))
+            pipe.publish(self._channel, payload)
+            await pipe.execute()
+
+    async def _deliver_open(self) -> None:
+        """Every breaker kept open, to the receiver (after SUBSCRIBE: none is missed)."""
+        assert self._receive is not None
+        keys = [key async for key in self._client.scan_iter(match=f"{self._channel}:open:*")]
+        for payload in await self._client.mget(keys) if keys else []:
+            change = None if payload is None else decode(payload)
+            if isinstance(change, HealthChange):
+                self._receive(change)
 
     async def close(self) -> None:
         await cancel_and_wait([self._task])
@@ -52,7 +92,8 @@ class RedisHealthChannel:
         while True:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
+                await pubsub.subscribe(self._channel, self._load_channel)
+                await self._deliver_open()
                 self._subscribed.set()
                 if failing:
                     log.warning("deployment health: Redis subscription open again")
@@ -60,9 +101,9 @@ class RedisHealthChannel:
                 while True:
                     message: Any = await pubsub.get_message(timeout=None)
                     if message is not None and self._receive is not None:
-                        change = decode(message["data"])
-                        if change is not None:
-                            self._receive(change)
+                        decoded = decode(message["data"])
+                        if decoded is not None:
+                            self._receive(decoded)
             except (RedisError, OSError) as exc:
                 self._subscribed.clear()
                 if not failing:

@@ -2,7 +2,7 @@
 
 - ``ordered`` (the default): the first one listed;
 - ``weighted``: one drawn at random in proportion to ``weights`` (one per deployment);
-- ``least-busy``: the one with the fewest requests in flight (on this replica);
+- ``least-busy``: the one with the fewest requests in flight, on every replica (``routing.load``);
 - ``least-latency``: the one with the lowest moving average of its time to first token; one never
   measured is tried first, and one request in ten goes to a random one, so a deployment that got
   faster is noticed.

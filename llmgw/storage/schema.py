@@ -11,6 +11,7 @@ __all__ = [
     "api_key_token_windows",
     "api_keys",
     "console_sessions",
+    "deployment_health",
     "limit_cancelled_leases",
     "limit_counters",
     "limit_leases",
@@ -185,6 +186,10 @@ usage_events = sa.Table(
     # The token kinds priced apart, each part of input_tokens or output_tokens. NULL: not
     # reported (or older rows).
     *(sa.Column(name, sa.Integer(), nullable=True) for name in _PRICED_APART),
+    # The provider:model that finished the answer, and how many attempts' tokens the row counts
+    # (UsageRecord.attempts). NULL deployment: older rows.
+    sa.Column("deployment", sa.Text(), nullable=True),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -205,6 +210,7 @@ usage_events = sa.Table(
         name="operation",
     ),
     sa.CheckConstraint("usage_source IN ('reported', 'estimated')", name="usage_source"),
+    sa.CheckConstraint("attempts >= 1", name="attempts"),
     sa.CheckConstraint(
         "array_position(flags, '') IS NULL AND array_position(flags, NULL) IS NULL",
         name="flags_not_blank",
@@ -364,4 +370,17 @@ responses = sa.Table(
     sa.Column("response", JSONB(), nullable=False),  # the Response object, output included
     sa.Index("ix_responses_expires_at", "expires_at"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
+)
+
+# Open circuit breakers (llmgw.routing.postgres): the newest change of each deployment, as its
+# NOTIFY carried it, so a replica that starts knows which deployments are down. Times are wall-clock
+# seconds; open_until NULL: closed.
+deployment_health = sa.Table(
+    "deployment_health",
+    metadata,
+    sa.Column("deployment", sa.Text(), primary_key=True),
+    sa.Column("open_until", sa.Float(), nullable=True),
+    sa.Column("openings", sa.Integer(), nullable=False),
+    sa.Column("last_failure_at", sa.Float(), nullable=False),
+    sa.Column("changed_at", sa.Float(), nullable=False),
 )

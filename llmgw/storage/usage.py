@@ -34,9 +34,10 @@ INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
     time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id, cache_read_input_tokens,
-    cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_output_tokens
+    cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_output_tokens,
+    deployment, attempts
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-          $21, $22, $23, $24, $25)
+          $21, $22, $23, $24, $25, $26, $27)
 ON CONFLICT (event_id) DO NOTHING
 """
 # Rows of the batch already stored (a replayed spool, or a batch retried after its commit was cut
@@ -100,7 +101,7 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
                 r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
                 r.cost_computed, r.event_id, r.cache_read_input_tokens,
                 r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
-                r.reasoning_output_tokens,
+                r.reasoning_output_tokens, r.deployment, r.attempts,
             )
         )  # fmt: skip
         if r.subject_id is not None and cost_usd:
@@ -170,6 +171,7 @@ async def read_dead_letters(conn: asyncpg.Connection, limit: int) -> list[dict[s
 
 GROUPINGS = {
     "model": "model",
+    "deployment": "deployment",  # NULL: rows written before the column existed
     "key": "api_key_id::text",
     "day": "to_char(date_trunc('day', occurred_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
 }

@@ -48,6 +48,7 @@ def test_an_ordinary_record_is_kept_as_given_and_unflagged() -> None:
         ({"input_tokens": MAX_TOKENS}, {"input_tokens": MAX_TOKENS}, ()),
         ({"output_tokens": True}, {"output_tokens": None}, ("output_tokens:out_of_range",)),
         ({"cost_usd": 1e10}, {"cost_usd": None}, ("cost_usd:out_of_range",)),
+        ({"attempts": 0}, {"attempts": 1}, ("attempts:out_of_range",)),
         ({"cost_usd": -0.01, "cost_diem": math.nan}, {"cost_usd": None, "cost_diem": None}, ("cost_usd:out_of_range", "cost_diem:out_of_range")),
         ({"cost_diem": Decimal("sNaN")}, {"cost_diem": None}, ("cost_diem:out_of_range",)),
         ({"cost_usd": 10**400}, {"cost_usd": None}, ("cost_usd:out_of_range",)),

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from urllib.parse import urlsplit
 
@@ -17,11 +20,14 @@ import pytest
 
 from llmgw.accounting.prices import PriceTable
 from llmgw.errors import RateLimited, ServiceUnavailable
+from llmgw.limits.leases import LeasedLimitStore
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import Admission, Charge, LimitStore, Reservation, Window
+from tests.limits import replica
 from tests.limits.test_policy import admit, key
+from tests.processes import REPO_ROOT
 from tests.stall_proxy import StallProxy
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
@@ -232,3 +238,133 @@ async def test_no_lease_survives_a_redis_stall(db: asyncpg.Connection) -> None:
         await _no_lease_survives_a_stall(store, network_stall, await new_key(db))
     finally:
         await proxy.close()
+
+
+# Capacity leases (llmgw.limits.leases) over each store: replicas admit from slices they took.
+
+StoreFactory = Callable[[], Awaitable[LimitStore]]
+
+
+@pytest.fixture(params=BACKENDS)
+async def new_store(
+    request: pytest.FixtureRequest, database_url: str
+) -> AsyncIterator[StoreFactory]:
+    """Makes stores as separate replicas would have them (their own connections), on one backend;
+    in memory they share the one store."""
+    memory = MemoryLimitStore()
+    pools: list[asyncpg.Pool] = []
+    prefix = f"llmgw-test:{uuid.uuid4().hex}"
+
+    async def make() -> LimitStore:
+        if request.param == "memory":
+            return memory
+        if request.param == "postgres":
+            pools.append(await asyncpg.create_pool(database_url, min_size=1, max_size=1))
+            return PostgresLimitStore(pools[-1], database_url)
+        from llmgw.limits.redis import RedisLimitStore
+
+        assert REDIS_URL is not None
+        return RedisLimitStore(REDIS_URL, key_prefix=prefix)
+
+    yield make
+    for pool in pools:
+        await pool.close()
+
+
+async def test_leased_replicas_admitting_at_once_never_exceed_any_cap(
+    new_store: StoreFactory,
+) -> None:
+    key_id = uuid.uuid4()
+    replicas = [LeasedLimitStore(await new_store(), slice_seconds=5.0) for _ in range(4)]
+    for leased in replicas:
+        await leased.start()
+    try:
+        results = await asyncio.gather(
+            *(leased.admit(replica.admission(key_id)) for leased in replicas for _ in range(15))
+        )
+        admitted = sum(result.admitted for result in results)
+        assert 0 < admitted <= replica.CONCURRENCY_CAP
+        for reservation in replica.admission(key_id).reservations:
+            used, reserved = await replicas[0].usage(reservation.counter)
+            assert used + reserved <= reservation.cap
+            assert reserved >= admitted * reservation.amount  # every admitted one is backed
+    finally:
+        for leased in replicas:
+            await leased.close()
+
+
+class _Replica:
+    """``tests.limits.replica`` in a process of its own."""
+
+    def __init__(self, backend: str, url: str, prefix: str, key_id: uuid.UUID, attempts: int):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.limits.replica", backend, url, prefix, str(key_id),
+             str(attempts)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+        )  # fmt: skip
+        assert self._say("") == "ready\n"
+
+    def _say(self, line: str) -> str:
+        """Send ``line`` (if any), then read the answer."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        if line:
+            self.process.stdin.write(line)
+            self.process.stdin.flush()
+        return self.process.stdout.readline()
+
+    def start_admitting(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("admit\n")
+        self.process.stdin.flush()
+
+    def admitted(self) -> int:
+        return int(self._say(""))
+
+    def admit(self) -> int:
+        self.start_admitting()
+        return self.admitted()
+
+    def release(self) -> None:
+        assert self._say("release\n") == "closed\n"
+        assert self.process.wait(timeout=30) == 0
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("backend", ["postgres", REDIS])
+async def test_leased_replica_processes_never_exceed_any_cap_even_when_one_is_killed(
+    backend: str, database_url: str
+) -> None:
+    url = database_url if backend == "postgres" else (REDIS_URL or "")
+    prefix, key_id = f"llmgw-test:{uuid.uuid4().hex}", uuid.uuid4()
+
+    def start(attempts: int) -> _Replica:
+        return _Replica(backend, url, prefix, key_id, attempts)
+
+    holders = [start(10) for _ in range(4)]  # 40 requests at once for 20 concurrency slots
+    probes = [start(replica.CONCURRENCY_CAP) for _ in range(2)]
+    try:
+        for holder in holders:
+            holder.start_admitting()  # all at once
+        held = [holder.admitted() for holder in holders]
+        assert 0 < sum(held) <= replica.CONCURRENCY_CAP
+        killed = max(range(4), key=lambda i: held[i])
+        holders[killed].kill()  # it holds its requests' slots, and perhaps more, unsettled
+        before_expiry = probes[0].admit()
+        assert before_expiry + sum(held) <= replica.CONCURRENCY_CAP  # not given back early
+        probes[0].release()
+        await asyncio.sleep(replica.SLICE_SECONDS + 0.5)  # the killed replica's lease expires
+        after_expiry = probes[1].admit()
+        assert after_expiry >= before_expiry + held[killed]  # its slice came back ...
+        assert after_expiry + sum(held) - held[killed] <= replica.CONCURRENCY_CAP  # ... once
+        probes[1].release()
+        for i, holder in enumerate(holders):
+            if i != killed:
+                holder.release()
+    finally:
+        for process in [*holders, *probes]:
+            if process.process.poll() is None:
+                process.kill()

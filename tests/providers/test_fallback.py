@@ -16,6 +16,7 @@ from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
 from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.caps import AccountCap
+from llmgw.routing.channel import HealthChange
 from llmgw.routing.policy import RoutingPolicy
 
 OK = UpstreamResponse(200, b"{}", "application/json")
@@ -227,3 +228,38 @@ async def test_a_half_open_deployment_skipped_at_its_cap_is_probed_by_a_later_re
     now[0] += 40  # the next minute: the probe goes to it, and it answers
     assert await ask(route) == "flaky"
     assert routing.health("flaky:m").state == "closed"
+
+
+async def test_a_probe_another_replica_holds_is_skipped_for_the_next_deployment() -> None:
+    now = [1_000_030.0]
+    store = MemoryLimitStore(clock=lambda: now[0])
+    down, up = Stub("flaky", unreachable), Stub("up", lambda: OK)
+    routes = []
+    for _ in range(2):  # two replicas on one limits store
+        routing = RoutingPolicy(clock=lambda: now[0], monotonic=lambda: now[0])
+        routing.configure({"flaky": 5.0})
+        routing.use(store, default_max_output_tokens=16)
+        deployments = [Deployment(down, "m"), Deployment(up, "m")]  # type: ignore[arg-type]
+        routes.append(FallbackChain(deployments, routing=routing))
+    first, second = routes
+    for _ in range(FAILURES_TO_OPEN):
+        assert await ask(first) == "up"
+    seen = first.routing.health("flaky:m")
+    assert seen.open_until is not None and seen.last_failure_at is not None
+    # What the health channel delivers to the second replica.
+    second.routing.receive(
+        HealthChange("flaky:m", seen.open_until, seen.openings, seen.last_failure_at, now[0])
+    )
+    now[0] += 10  # half-open on both
+    down.answer = lambda: OK
+    # The first replica's probe is on its way (planned and claimed, not answered yet).
+    (probe, _) = first.routing.plan(first.deployments, first.strategy)
+    assert await first.routing.claim(probe)
+    held = first.routing.attempt(probe)
+    calls = down.calls
+    assert await ask(second) == "up"
+    assert down.calls == calls, "a second probe was sent"
+    held.abandoned()  # its caller left: the claim is given back
+    await asyncio.sleep(0)
+    assert await ask(second) == "flaky"
+    assert second.routing.health("flaky:m").state == "closed"

@@ -1,24 +1,28 @@
 """Every health channel keeps the same contract (memory, Postgres, Redis): two replicas' routing
-policies on one store see each other's breakers within a second, and a message that cannot be
-read changes nothing."""
+policies on one store see each other's breakers and load within a second, a replica that starts
+knows the breakers open before it, one replica at a time probes a deployment, and a message that
+cannot be read changes nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import attrs
 import pytest
 
+from llmgw.limits.memory import MemoryLimitStore
+from llmgw.limits.postgres import PostgresLimitStore
+from llmgw.limits.store import LimitStore
 from llmgw.providers.base import Deployment
 from llmgw.routing.breaker import FAILURES_TO_OPEN
-from llmgw.routing.channel import CHANNEL, HealthChannel
+from llmgw.routing.channel import CHANNEL, LOAD_CHANNEL, HealthChannel
 from llmgw.routing.memory import MemoryHealthChannel, MemoryHealthHub
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
-from llmgw.routing.strategy import ORDERED
+from llmgw.routing.strategy import ORDERED, Strategy
 from tests.limits.test_store_contract import REDIS, REDIS_URL
 
 BACKENDS = ["memory", "postgres", REDIS]
@@ -29,18 +33,49 @@ class StubProvider:
     name: str
 
 
-@attrs.frozen
+@attrs.define
 class Replicas:
-    first: RoutingPolicy
-    second: RoutingPolicy
     backend: str
     channel_name: str
+    store: LimitStore  # the limits store they share (probe claims)
+    channel: Callable[[], HealthChannel]
+    started: list[RoutingPolicy] = attrs.Factory(list)
+
+    async def start(self) -> RoutingPolicy:
+        """One more replica's routing policy on the shared store."""
+        policy = RoutingPolicy()
+        await policy.start(self.channel())
+        policy.use(self.store, default_max_output_tokens=16)
+        self.started.append(policy)
+        return policy
+
+    @property
+    def first(self) -> RoutingPolicy:
+        return self.started[0]
+
+    @property
+    def second(self) -> RoutingPolicy:
+        return self.started[1]
 
 
 @pytest.fixture(params=BACKENDS)
-async def replicas(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[Replicas]:
+async def replicas(
+    request: pytest.FixtureRequest, database_url: str, db: asyncpg.Connection
+) -> AsyncIterator[Replicas]:
     hub = MemoryHealthHub()
     name = f"llmgw_health_test_{uuid.uuid4().hex[:8]}"
+    store: LimitStore
+    if request.param == "memory":
+        store = MemoryLimitStore()
+    elif request.param == "postgres":
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+        store = PostgresLimitStore(pool, database_url)
+    else:
+        from llmgw.limits.redis import RedisLimitStore
+
+        assert REDIS_URL is not None
+        store = RedisLimitStore(REDIS_URL, key_prefix=f"llmgw-test:{uuid.uuid4().hex}")
+    await store.start()
 
     def channel() -> HealthChannel:
         if request.param == "memory":
@@ -52,14 +87,15 @@ async def replicas(request: pytest.FixtureRequest, database_url: str) -> AsyncIt
         assert REDIS_URL is not None
         return RedisHealthChannel(REDIS_URL, channel=name)
 
-    policies = []
+    replicas = Replicas(request.param, name, store, channel)
     for _ in range(2):
-        policy = RoutingPolicy()
-        await policy.start(channel())
-        policies.append(policy)
-    yield Replicas(policies[0], policies[1], request.param, name)
-    for policy in policies:
+        await replicas.start()
+    yield replicas
+    for policy in replicas.started:
         await policy.close()
+    await store.close()
+    if request.param == "postgres":
+        await pool.close()
 
 
 async def eventually(condition: object, within: float) -> float:
@@ -112,19 +148,105 @@ async def test_a_message_that_cannot_be_read_changes_nothing(
     replicas: Replicas, db: asyncpg.Connection
 ) -> None:
     deployments = route()
-    garbage = ['{"deployment": 1}', "not json", '{"deployment": "x:m", "open_until": "soon"}']
+    garbage = [
+        '{"deployment": 1}',
+        "not json",
+        '{"deployment": "x:m", "open_until": "soon"}',
+        '{"replica": "r", "in_flight": {"x:m": -4}, "ttl": 3}',
+        '{"replica": "r", "in_flight": ["x:m"], "ttl": 3}',
+        "[]",
+    ]
     for payload in garbage:
-        if replicas.backend == "postgres":
-            await db.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
-        elif replicas.backend == "redis":
-            import redis.asyncio as aioredis
+        for channel in (CHANNEL, LOAD_CHANNEL):
+            if replicas.backend == "postgres":
+                await db.execute("SELECT pg_notify($1, $2)", channel, payload)
+            elif replicas.backend == "redis":
+                import redis.asyncio as aioredis
 
-            assert REDIS_URL is not None
-            client = aioredis.from_url(REDIS_URL)
-            await client.publish(replicas.channel_name, payload)
-            await client.aclose()
+                assert REDIS_URL is not None
+                client = aioredis.from_url(REDIS_URL)
+                name = replicas.channel_name
+                await client.publish(name if channel == CHANNEL else f"{name}:load", payload)
+                await client.aclose()
     # Then a real change still arrives: the listener survived what came before it.
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
     await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
     assert replicas.second.health("x:m").state == "closed"
+    assert replicas.second.health("x:m").in_flight_all_replicas == 0
+
+
+async def test_least_busy_moves_traffic_away_from_a_deployment_busy_on_the_other_replica(
+    replicas: Replicas,
+) -> None:
+    deployments = route()
+    least_busy = Strategy("least-busy")
+    assert replicas.first.plan(deployments, least_busy) == deployments  # equal: listed order
+    held = [replicas.second.attempt(deployments[0]) for _ in range(3)]
+    await eventually(lambda: replicas.first.plan(deployments, least_busy) == deployments[::-1], 1.5)
+    assert replicas.first.health(deployments[0].label).in_flight == 0  # none of its own
+    assert replicas.first.health(deployments[0].label).in_flight_all_replicas == 3
+    for attempt in held:
+        attempt.done()
+    await eventually(lambda: replicas.first.plan(deployments, least_busy) == deployments, 1.5)
+
+
+async def test_a_replica_that_starts_skips_a_deployment_found_down_before_it_started(
+    replicas: Replicas,
+) -> None:
+    deployments = route()
+    for _ in range(FAILURES_TO_OPEN):
+        replicas.first.attempt(deployments[0]).failed()
+    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    started = await replicas.start()  # a replica started (or restarted) now: no change since
+    assert started.plan(deployments, ORDERED) == [deployments[1]]
+    assert started.health(deployments[0].label).open_until == (
+        replicas.first.health(deployments[0].label).open_until
+    )
+
+
+async def test_a_replica_that_starts_does_not_skip_a_deployment_that_recovered(
+    replicas: Replicas,
+) -> None:
+    deployments = route()
+    replicas.first.configure({deployments[0].provider.name: 0.2})
+    for _ in range(FAILURES_TO_OPEN):
+        replicas.first.attempt(deployments[0]).failed()
+    await asyncio.sleep(0.2)
+    assert replicas.first.plan(deployments, ORDERED) == deployments  # its probe
+    attempt = replicas.first.attempt(deployments[0])
+    attempt.answered()
+    attempt.done()
+    await eventually(lambda: replicas.second.health(deployments[0].label).state == "closed", 1.0)
+    started = await replicas.start()
+    assert started.plan(deployments, ORDERED) == deployments
+
+
+async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> None:
+    deployments = route()
+    down = deployments[0]
+    replicas.first.configure({down.provider.name: 0.3})
+    replicas.second.configure({down.provider.name: 0.3})
+    for _ in range(FAILURES_TO_OPEN):
+        replicas.first.attempt(down).failed()
+    await eventually(lambda: replicas.second.health(down.label).state == "open", 1.0)
+    await asyncio.sleep(0.3)
+    # Both plan it as their probe; the store lets one of them send it.
+    assert replicas.first.plan(deployments, ORDERED) == deployments
+    assert replicas.second.plan(deployments, ORDERED) == deployments
+    assert await replicas.first.claim(down)
+    assert not await replicas.second.claim(down)
+    # The second replica's next request does not wait for it: the other deployment takes it.
+    assert replicas.second.plan(deployments, ORDERED) == deployments  # planned as probe again
+    assert not await replicas.second.claim(down)
+    # The probe's caller left: the claim is given back, and the other replica probes.
+    replicas.first.attempt(down).abandoned()
+    await eventually(lambda: not replicas.first._releases, 1.0)
+    assert replicas.second.plan(deployments, ORDERED) == deployments
+    assert await replicas.second.claim(down)
+    # Its probe fails: the breaker opens again, and the next probe is claimed afresh.
+    replicas.second.attempt(down).failed()
+    await eventually(lambda: replicas.first.health(down.label).openings == 2, 1.0)
+    await asyncio.sleep(0.6)
+    assert replicas.first.plan(deployments, ORDERED) == deployments
+    assert await replicas.first.claim(down)

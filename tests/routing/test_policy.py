@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.providers.base import Deployment
 from llmgw.routing.breaker import FAILURES_TO_OPEN
-from llmgw.routing.channel import HealthChange
+from llmgw.routing.channel import HealthChange, LoadReport
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import EXPLORE_SHARE, ORDERED, Strategy
 
@@ -87,6 +87,19 @@ def test_least_busy_moves_traffic_to_the_deployment_with_fewer_requests_in_fligh
         attempt.done()
     assert labels(routing.plan(route, strategy)) == ["a", "b"]  # equal: the listed order
     assert routing.health("a:m").in_flight == routing.health("b:m").in_flight == 0
+
+
+def test_least_busy_counts_the_requests_other_replicas_report() -> None:
+    clock = Clock()
+    routing, route = policy(clock), deployments("a", "b")
+    strategy = Strategy("least-busy")
+    held = routing.attempt(route[1])  # b: one here
+    routing.receive(LoadReport("other", {"a:m": 3}, ttl=3.0))  # a: three on another replica
+    assert labels(routing.plan(route, strategy)) == ["b", "a"]
+    assert routing.health("a:m").in_flight_all_replicas == 3
+    clock.now += 3.0  # the other replica's report lapsed (it stopped reporting)
+    assert labels(routing.plan(route, strategy)) == ["a", "b"]
+    held.done()
 
 
 def test_least_latency_moves_traffic_to_the_faster_deployment_and_still_explores() -> None:

@@ -1,0 +1,228 @@
+"""``python -m bench.admission``: admissions a second for one busy key, over simulated replicas.
+
+Each replica is a process of its own with its own store and connections (a Postgres store holds
+4, as in ``serve``), running ``--tasks`` admission loops on one key with a request window, a
+concurrency cap, tokens per minute and a monthly budget, each admission followed by its
+settlement (queued, and sent in batches by a background task, as the policy does). Measured for
+1, 4 and 16 replicas (``--replicas``), on Postgres (a scratch database on ``--admin-url``,
+migrated to head, dropped afterwards) and Redis (``--redis-url``), for two designs in the same
+run: ``store`` (every admission is one round trip on the key's shared rows: the old path, the
+floor) and ``leases`` (``llmgw.limits.leases``: replicas admit from slices they took). Afterwards
+every counter is checked against its cap (``used + reserved <= cap``). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+import orjson
+
+from bench.ledger_transactions import _scratch
+from llmgw.errors import ServiceUnavailable
+from llmgw.limits.leases import LeasedLimitStore
+from llmgw.limits.postgres import PostgresLimitStore
+from llmgw.limits.store import Admission, Charge, LimitStore, Reservation, Window
+from llmgw.storage import migrations
+
+_CONCURRENCY_CAP = 1_000  # above the replicas' requests in flight: the run measures admissions
+_TOKENS_CAP, _TOKENS, _TOKENS_USED = 1e12, 2_000.0, 700.0
+_BUDGET_CAP, _COST, _COST_USED = 1e9, 0.002, 0.0007
+_WINDOW_LIMIT = 1_000_000_000
+_SAMPLES = 20_000  # latencies each replica reports (evenly spread over its run)
+
+
+def _reservations(key_id: uuid.UUID) -> tuple[Reservation, ...]:
+    return (
+        Reservation(f"budget:{key_id}:2026-12", _BUDGET_CAP, _COST, keep_seconds=3600),
+        Reservation(f"concurrency:{key_id}", _CONCURRENCY_CAP, 1, keep_seconds=120),
+        Reservation(f"tokens:{key_id}:0", _TOKENS_CAP, _TOKENS, keep_seconds=3600),
+    )
+
+
+async def _store(backend: str, url: str, prefix: str) -> LimitStore:
+    if backend == "redis":
+        from llmgw.limits.redis import RedisLimitStore
+
+        return RedisLimitStore(url, key_prefix=prefix)
+    return PostgresLimitStore(await asyncpg.create_pool(url, min_size=1, max_size=1), url)
+
+
+async def _replica(
+    backend: str, url: str, prefix: str, key_id: uuid.UUID, design: str, tasks: int
+) -> None:
+    """One replica: wait for a line on stdin, admit for as long as it says (seconds), print JSON."""
+    store = await _store(backend, url, prefix)
+    if design == "leases":
+        store = LeasedLimitStore(store)
+    await store.start()
+    window = Window(key_id, _WINDOW_LIMIT, 60)
+    reservations = _reservations(key_id)
+    actuals = {
+        r.counter: a for r, a in zip(reservations, (_COST_USED, 0.0, _TOKENS_USED), strict=True)
+    }
+    # Every statement prepared and every connection open before the clock starts.
+    for _ in range(tasks):
+        warm = Admission(uuid.uuid4(), 60.0, window, reservations)
+        await store.admit(warm)
+        await store.settle([Charge(warm.lease_id, c, 0.0) for c in actuals])
+    print("ready", flush=True)
+    seconds = float(await asyncio.to_thread(sys.stdin.readline))
+    queue: list[Charge] = []
+    latencies: list[float] = []
+    counts = {"admitted": 0, "refused": 0, "unavailable": 0}
+    deadline = time.perf_counter() + seconds
+
+    async def admitting() -> None:
+        while time.perf_counter() < deadline:
+            admission = Admission(uuid.uuid4(), 60.0, window, reservations)
+            started = time.perf_counter()
+            try:
+                result = await store.admit(admission)
+            except ServiceUnavailable:  # the store's 2 s bound: a 503 in the gateway
+                latencies.append(time.perf_counter() - started)
+                counts["unavailable"] += 1
+                continue
+            latencies.append(time.perf_counter() - started)
+            if result.admitted:
+                counts["admitted"] += 1
+                queue.extend(Charge(admission.lease_id, c, a) for c, a in actuals.items())
+            else:
+                counts["refused"] += 1
+            # A real request waits on its sockets: the settling task gets its turn, as it does
+            # in the gateway (an admission from a slice itself never waits).
+            await asyncio.sleep(0)
+
+    async def settling() -> None:
+        while time.perf_counter() < deadline or queue:
+            if queue:
+                batch = queue.copy()
+                queue.clear()
+                try:
+                    await store.settle(batch)
+                except ServiceUnavailable:
+                    queue[:0] = batch  # sent again, as the policy does
+            else:
+                await asyncio.sleep(0.005)
+
+    await asyncio.gather(settling(), *(admitting() for _ in range(tasks)))
+    await store.close()
+    step = max(1, len(latencies) // _SAMPLES)
+    print(orjson.dumps({**counts, "latencies": latencies[::step]}).decode(), flush=True)
+
+
+def _percentile(values: Sequence[float], share: float) -> float:
+    return values[min(len(values) - 1, int(share * len(values)))] if values else float("nan")
+
+
+def _measure(
+    backend: str, url: str, key_id: uuid.UUID, design: str, replicas: int, args: argparse.Namespace
+) -> dict[str, float]:
+    prefix = f"llmgw-bench:{uuid.uuid4().hex}"
+    command = [sys.executable, "-m", "bench.admission", "--child", backend, url, prefix,
+               str(key_id), design, str(args.tasks)]  # fmt: skip
+    children = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(replicas)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "ready\n"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(f"{args.seconds}\n")
+            child.stdin.flush()
+        reports = [orjson.loads(child.stdout.readline()) for child in children if child.stdout]
+    finally:
+        for child in children:
+            if child.wait(timeout=60) != 0:
+                raise SystemExit(f"a replica failed ({backend}, {design}, {replicas})")
+    latencies = sorted(x for report in reports for x in report["latencies"])
+    over = asyncio.run(_over_cap(backend, url, prefix, key_id))
+    admitted = sum(report["admitted"] for report in reports)
+    return {
+        "admitted_per_s": admitted / args.seconds,
+        "refused": sum(report["refused"] for report in reports),
+        "unavailable": sum(report["unavailable"] for report in reports),
+        "p50_ms": _percentile(latencies, 0.50) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "over_cap": over,
+    }
+
+
+async def _over_cap(backend: str, url: str, prefix: str, key_id: uuid.UUID) -> int:
+    """How many of the key's counters hold more than their cap (used + reserved)."""
+    store = await _store(backend, url, prefix)
+    await store.start()
+    try:
+        over = 0
+        for reservation in _reservations(key_id):
+            used, reserved = await store.usage(reservation.counter)
+            over += used + reserved > reservation.cap
+        return over
+    finally:
+        await store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.admission")
+    parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--backends", default="postgres,redis")
+    parser.add_argument("--designs", default="store,leases")
+    parser.add_argument("--replicas", default="1,4,16")
+    parser.add_argument("--tasks", type=int, default=4, help="admission loops per replica")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        backend, url, prefix, key, design, tasks = args.child
+        asyncio.run(_replica(backend, url, prefix, uuid.UUID(key), design, int(tasks)))
+        return
+    name = f"llmgw_bench_admission_{uuid.uuid4().hex[:8]}"
+    database_url = args.admin_url.rsplit("/", 1)[0] + "/" + name
+    asyncio.run(_scratch(args.admin_url, name, create=True))
+    try:
+        migrations.upgrade(database_url)
+        key_id = asyncio.run(_new_key(database_url))
+        print(f"one key, {args.tasks} admission loops a replica, {args.seconds:g} s each, "
+              f"{os.cpu_count()} cores\n")  # fmt: skip
+        print("| backend | design | replicas | admissions/s | p50 ms | p99 ms | refused | 503 | "
+              "counters over cap |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+        for backend in args.backends.split(","):
+            url = database_url if backend == "postgres" else args.redis_url
+            for replicas in (int(n) for n in args.replicas.split(",")):
+                for design in args.designs.split(","):
+                    m = _measure(backend, url, key_id, design, replicas, args)
+                    print(f"| {backend} | {design} | {replicas} | {m['admitted_per_s']:,.0f} | "
+                          f"{m['p50_ms']:.2f} | {m['p99_ms']:.1f} | {m['refused']:.0f} | "
+                          f"{m['unavailable']:.0f} | "
+                          f"{m['over_cap']:.0f} |", flush=True)  # fmt: skip
+    finally:
+        asyncio.run(_scratch(args.admin_url, name, create=False))
+
+
+async def _new_key(database_url: str) -> uuid.UUID:
+    """The old path counts windows in a table that refers to the key."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        key_id: uuid.UUID = await connection.fetchval(
+            "INSERT INTO api_keys (name, prefix, key_hash) VALUES ('bench', $1, $2) RETURNING id",
+            "llmg_" + uuid.uuid4().hex[:7],
+            os.urandom(32),
+        )
+        return key_id
+    finally:
+        await connection.close()
+
+
+if __name__ == "__main__":
+    main()

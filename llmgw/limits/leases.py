@@ -1,0 +1,465 @@
+"""Capacity leases: a :class:`LimitStore` over a store, that admits one busy key locally.
+
+Every admission on the store is one round trip on the key's shared rows; with many replicas on one
+key those rows are the bottleneck (each replica waits for the others' row locks). Here a replica
+takes a *slice* of each counter from the store instead (one ordinary store admission of many
+requests' worth, under a lease id of its own) and admits from its slices in memory:
+
+- a counter's slices plus its used amount never exceed its cap: they are reservations in the store
+  like any other, so the store's all-or-nothing check keeps the cap across replicas;
+- a slice starts small and doubles each time it is taken again, up to ``slice_requests`` requests'
+  worth; a store refusal divides it by four and asks again, down to exactly what the request lacks,
+  so near the cap slices are single units and admission there is as exact as before; the next
+  slice is taken in the background when less than half of one is left;
+- slices live under a lease: a killed replica's unused slices come back when the lease expires
+  (``slice_seconds``; renewed while the replica lives). The request window is also a counter here
+  (``window:<key>:<seconds>:<start>``) whose slices last until the window ends: a hit, once used,
+  must not come back within its window;
+- usage is pushed to the store in the background (off the request path): a slice whose amount is
+  used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
+  contended counters (a slice was refused) give their unused slices back; ``close`` gives back
+  everything that is not in use;
+- fail closed: when a round trip to the store fails, nothing is admitted locally until one works
+  again (every admission goes to the store meanwhile, as without slices).
+
+Requests are leases of this module (the policy's lease ids): settling, renewing and cancelling
+them is local; the store only sees slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from llmgw.errors import ServiceUnavailable
+from llmgw.limits.store import (
+    Admission,
+    AdmissionResult,
+    Charge,
+    LimitStore,
+    RateLimitDecision,
+    Reservation,
+    Window,
+)
+
+__all__ = ["LeasedLimitStore"]
+
+log = logging.getLogger(__name__)
+
+_WINDOW = "window"
+# A window slice outlives its window by this much: its counter is named after the window, so a
+# slice that lasts a little longer holds nothing anyone else could use.
+_WINDOW_MARGIN_SECONDS = 5.0
+
+
+def _is_window(counter: str) -> bool:
+    return counter.startswith(_WINDOW + ":")
+
+
+# A store refusal shrinks a counter's slices this much (near the cap they reach single requests).
+_SHRINK = 4.0
+
+
+@attrs.define(slots=True)
+class _Part:
+    """One slice's amount on one counter; usable until ``deadline`` (this process's clock)."""
+
+    amount: float
+    deadline: float
+    renewable: bool
+
+
+@attrs.define(slots=True)
+class _Pool:
+    """What this replica holds of one counter: ``free = granted - in_use - consumed``."""
+
+    cap: float
+    parts: dict[uuid.UUID, _Part] = attrs.field(factory=dict)
+    granted: float = 0.0  # the parts' amounts
+    earliest: float = math.inf  # the parts' first deadline
+    in_use: float = 0.0  # reserved by requests in flight
+    consumed: float = 0.0  # used by finished requests, not yet pushed to the store
+    size: float = 1.0  # the next slice, in requests' worth
+    busy: bool = False  # something was admitted since the last tick
+    contended: bool = False  # a slice was refused since the last tick
+
+    def add(self, lease_id: uuid.UUID, part: _Part) -> None:
+        self.parts[lease_id] = part
+        self.granted += part.amount
+        self.earliest = min(self.earliest, part.deadline)
+
+    def remove(self, lease_id: uuid.UUID) -> None:
+        del self.parts[lease_id]
+        # Summed again, not subtracted: float sums must not leave a crumb behind.
+        self.granted = sum(part.amount for part in self.parts.values()) if self.parts else 0.0
+        self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
+
+    def renewed(self) -> None:
+        self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
+
+    def free(self, now: float) -> float:
+        if now >= self.earliest:
+            for lease_id, part in list(self.parts.items()):
+                if part.deadline <= now:
+                    # The store gave it back (and forgot what of it was used): so does this pool.
+                    self.remove(lease_id)
+                    self.consumed = max(0.0, self.consumed - part.amount)
+        return self.granted - self.in_use - self.consumed
+
+
+class LeasedLimitStore:
+    def __init__(
+        self,
+        store: LimitStore,
+        *,
+        slice_requests: int = 64,
+        slice_seconds: float = 10.0,
+        tick_seconds: float = 0.25,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self._max_size = float(max(1, slice_requests))
+        self._slice_seconds = slice_seconds
+        self._tick_seconds = tick_seconds
+        self._clock = clock
+        self._pools: dict[str, _Pool] = {}
+        self._requests: dict[uuid.UUID, dict[str, float]] = {}  # what each request holds
+        self._cancels: list[tuple[uuid.UUID, tuple[str, ...]]] = []  # slices cut off in flight
+        self._unsent: list[Charge] = []  # slices settled here, not yet in the store
+        self._refilling: dict[tuple[str, ...], asyncio.Lock] = {}
+        self._pushing = asyncio.Lock()
+        self._down = False
+        self._renewed_at = clock()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._prefetches: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.start()
+        self._tasks = [
+            asyncio.create_task(self._tick_forever(), name="llmgw-limits-slices"),
+            asyncio.create_task(self._push_when_woken(), name="llmgw-limits-slices-push"),
+        ]
+
+    async def close(self) -> None:
+        """Give back every slice not in use, then close the store."""
+        self._closing = True
+        self._wake.set()
+        # Ended, not cancelled: a store call cut off mid-flight can leave its client hanging
+        # (seen with redis-py); each ends within a tick, its calls within the store's time bound.
+        await asyncio.gather(*self._tasks, *self._prefetches, return_exceptions=True)
+        try:
+            await self.push(give_back=True)
+        except ServiceUnavailable:
+            log.warning("limit slices could not be given back; they expire with their leases")
+        await self.store.close()
+
+    async def ping(self) -> None:
+        await self.store.ping()
+
+    async def usage(self, counter: str) -> tuple[float, float]:
+        """The store's figures: this and other replicas' slices count as reserved."""
+        return await self.store.usage(counter)
+
+    # Admission --------------------------------------------------------------------------------
+
+    def _window_reservation(self, window: Window, now: float) -> tuple[Reservation, float]:
+        start = math.floor(now / window.seconds) * window.seconds
+        name = f"{_WINDOW}:{window.key_id}:{window.seconds}:{start}"
+        reset = start + window.seconds - now
+        return Reservation(name, window.limit, 1, keep_seconds=window.seconds + 60), reset
+
+    async def hit(self, window: Window) -> RateLimitDecision:
+        result = await self.admit(Admission(uuid.uuid4(), self._slice_seconds, window, ()))
+        assert result.window is not None
+        return result.window
+
+    async def admit(self, admission: Admission) -> AdmissionResult:
+        now = self._clock()
+        wanted = list(admission.reservations)
+        window = admission.window
+        reset = 0.0
+        if window is not None:
+            window_reservation, reset = self._window_reservation(window, now)
+            wanted.append(window_reservation)
+        refused: Reservation | None = None
+        if self._down or not self._fits(wanted, now):
+            names = tuple(sorted(r.counter for r in wanted))
+            lock = self._refilling.setdefault(names, asyncio.Lock())
+            async with lock:
+                refused = await self._refill(wanted, reset)
+        if refused is None:
+            self._take(admission.lease_id, wanted)
+            if not self._down and self._low(wanted, now):
+                self._prefetch(wanted, reset)
+        decision = None
+        if window is not None:
+            window_pool = self._pool(wanted[-1])
+            allowed = refused is None or refused.counter != wanted[-1].counter
+            remaining = max(0, math.floor(window_pool.free(self._clock()))) if allowed else 0
+            decision = RateLimitDecision(allowed, window.limit, remaining, reset)
+            if not allowed:
+                return AdmissionResult(decision)
+        return AdmissionResult(decision, refused)
+
+    def _pool(self, reservation: Reservation) -> _Pool:
+        pool = self._pools.get(reservation.counter)
+        if pool is None:
+            pool = self._pools[reservation.counter] = _Pool(reservation.cap)
+        pool.cap = reservation.cap  # a key's limits may change; its next slice follows
+        return pool
+
+    def _fits(self, wanted: Sequence[Reservation], now: float) -> bool:
+        return all(self._pool(r).free(now) >= r.amount for r in wanted)
+
+    def _take(self, lease_id: uuid.UUID, wanted: Sequence[Reservation]) -> None:
+        taken = {}
+        for reservation in wanted:
+            pool = self._pool(reservation)
+            pool.busy = True
+            if _is_window(reservation.counter):
+                pool.consumed += reservation.amount  # a window hit is used once admitted
+            else:
+                pool.in_use += reservation.amount
+                taken[reservation.counter] = reservation.amount
+        if taken:
+            self._requests[lease_id] = taken
+
+    async def _refill(self, wanted: Sequence[Reservation], reset: float) -> Reservation | None:
+        """Take slices until the request fits (None) or the store refuses what it lacks;
+        ``reset``: seconds until the request's window ends."""
+        while True:
+            now = self._clock()
+            short = [r for r in wanted if self._down or self._pool(r).free(now) < r.amount]
+            if not short:
+                return None
+            refused = await self._take_slices(short, wanted, reset)
+            if refused is not None:
+                return refused
+
+    async def _take_slices(
+        self, short: Sequence[Reservation], wanted: Sequence[Reservation], reset: float
+    ) -> Reservation | None:
+        now = self._clock()
+        # Window slices last until their window ends, the others until their lease does.
+        groups: dict[float, list[Reservation]] = {}
+        for reservation in short:
+            pool = self._pool(reservation)
+            lacking = max(0.0, reservation.amount - pool.free(now))
+            amount = min(max(lacking, reservation.amount * pool.size - pool.free(now)), pool.cap)
+            seconds = self._slice_seconds
+            if _is_window(reservation.counter):
+                seconds = reset + _WINDOW_MARGIN_SECONDS
+            groups.setdefault(seconds, []).append(
+                attrs.evolve(reservation, amount=max(amount, lacking))
+            )
+        for seconds, slices in groups.items():
+            refused = await self._take_slice(seconds, slices, wanted)
+            if refused is not None:
+                return refused
+        return None
+
+    def _low(self, wanted: Sequence[Reservation], now: float) -> list[Reservation]:
+        """The counters of which less than half a slice is left."""
+        return [r for r in wanted if self._pool(r).free(now) < r.amount * self._pool(r).size / 2]
+
+    def _prefetch(self, wanted: Sequence[Reservation], reset: float) -> None:
+        """Take the next slices in the background before these run out, so that admissions do
+        not wait for the round trip (unless one is already under way)."""
+        lock = self._refilling.setdefault(tuple(sorted(r.counter for r in wanted)), asyncio.Lock())
+        if lock.locked():
+            return
+
+        async def prefetching() -> None:
+            async with lock:
+                low = self._low(wanted, self._clock())
+                if low:
+                    # Once, not until it is enough: near a cap a refusal only shrinks the next.
+                    with contextlib.suppress(ServiceUnavailable):
+                        await self._take_slices(low, wanted, reset)
+
+        task = asyncio.create_task(prefetching(), name="llmgw-limits-slices-prefetch")
+        self._prefetches.add(task)
+        task.add_done_callback(self._prefetches.discard)
+
+    async def _take_slice(
+        self, seconds: float, slices: list[Reservation], wanted: Sequence[Reservation]
+    ) -> Reservation | None:
+        """One store admission for these slices; the request's refused reservation, if at its
+        minimum the store still refuses."""
+        lease_id = uuid.uuid4()
+        counters = tuple(r.counter for r in slices)
+        sent = self._clock()
+        try:
+            result = await self.store.admit(Admission(lease_id, seconds, None, tuple(slices)))
+        except BaseException as exc:
+            # Cut off: the store may still grant it, so it is taken back in the background.
+            self._cancels.append((lease_id, counters))
+            self._wake.set()
+            self._down = self._down or isinstance(exc, ServiceUnavailable)
+            raise
+        self._down = False
+        assert not result.cancelled  # a fresh lease id is never cancelled
+        if result.refused is None:
+            for reservation in slices:
+                pool = self._pool(reservation)
+                pool.add(
+                    lease_id,
+                    _Part(reservation.amount, sent + seconds, not _is_window(reservation.counter)),
+                )
+                pool.size = min(self._max_size, pool.size * 2)
+            return None
+        request = next(r for r in wanted if r.counter == result.refused.counter)
+        pool = self._pool(request)
+        pool.contended = True
+        lacking = request.amount - pool.free(self._clock())
+        if result.refused.amount <= lacking or pool.size <= 1:
+            pool.size = 1.0
+            return request
+        pool.size = max(1.0, pool.size / _SHRINK)
+        return None
+
+    # Settlement -------------------------------------------------------------------------------
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        """Settle requests locally; their usage reaches the store with the next push, at once
+        in the background."""
+        for charge in charges:
+            taken = self._requests.get(charge.lease_id, {})
+            amount = taken.pop(charge.counter, 0.0)
+            if not taken:
+                self._requests.pop(charge.lease_id, None)
+            pool = self._pools.get(charge.counter)
+            if pool is None:
+                continue
+            pool.in_use = max(0.0, pool.in_use - amount)
+            pool.consumed += charge.actual
+        # Pushed by the background task, not here: the caller's next batch (slots it frees) must
+        # not wait for a round trip. Never raises: the policy need not queue these again.
+        self._wake.set()
+
+    async def renew(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        """Requests hold no lease of their own in the store: their slices are renewed here."""
+
+    async def cancel(
+        self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
+    ) -> None:
+        """Give back what these requests took locally (an admission is never half done here)."""
+        for lease_id, _counters in leases:
+            for name, amount in self._requests.pop(lease_id, {}).items():
+                pool = self._pools.get(name)
+                if pool is not None:
+                    pool.in_use = max(0.0, pool.in_use - amount)
+
+    async def push(self, *, give_back: bool = False) -> None:
+        """One round trip: settle used-up slices at their amount, give back unused slices of
+        idle or contended counters (all of them with ``give_back``), and take back slices cut off
+        in flight. Raises ServiceUnavailable if the store cannot be reached."""
+        async with self._pushing:
+            now = self._clock()
+            for name, pool in self._pools.items():
+                free = pool.free(now)
+                returning = give_back or not pool.busy or pool.contended
+                for lease_id, part in sorted(pool.parts.items(), key=lambda p: p[1].amount):
+                    if pool.consumed >= part.amount:
+                        actual = part.amount
+                    elif returning and free >= part.amount - pool.consumed:
+                        actual = pool.consumed
+                        free -= part.amount - pool.consumed
+                    else:
+                        continue
+                    # Gone from the pool before the round trip: nothing is admitted from it.
+                    pool.remove(lease_id)
+                    pool.consumed -= actual
+                    self._unsent.append(Charge(lease_id, name, actual))
+            cancels, charges = self._cancels.copy(), self._unsent.copy()
+            try:
+                if cancels:
+                    await self.store.cancel(cancels, self._slice_seconds * 10)
+                    del self._cancels[: len(cancels)]
+                if charges:
+                    # Sent again if this fails: a slice settled twice only charges its use
+                    # twice, which refuses a little early but never admits past a cap.
+                    await self.store.settle(charges)
+                    del self._unsent[: len(charges)]
+            except ServiceUnavailable:
+                self._down = True
+                raise
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop counters with nothing held and nothing to push, and unused refill locks."""
+        self._pools = {
+            name: pool
+            for name, pool in self._pools.items()
+            if pool.parts or pool.in_use or pool.consumed > 0
+        }
+        self._refilling = {names: lock for names, lock in self._refilling.items() if lock.locked()}
+
+    async def tick(self) -> None:
+        """What the background task does every ``tick_seconds``: renew slices (a third of their
+        lease), push, and start the next period of idleness and contention."""
+        if self._clock() - self._renewed_at >= self._slice_seconds / 3:
+            await self._renew()
+        await self.push()
+        for pool in self._pools.values():
+            pool.busy = pool.contended = False
+
+    async def _renew(self) -> None:
+        by_lease: dict[uuid.UUID, list[str]] = {}
+        for name, pool in self._pools.items():
+            for lease_id, part in pool.parts.items():
+                if part.renewable:
+                    by_lease.setdefault(lease_id, []).append(name)
+        sent = self._clock()
+        if by_lease:
+            try:
+                await self.store.renew(list(by_lease.items()), self._slice_seconds)
+            except ServiceUnavailable:
+                self._down = True
+                raise
+            for lease_id, names in by_lease.items():
+                for name in names:
+                    holder = self._pools.get(name)
+                    if holder is not None and lease_id in holder.parts:
+                        holder.parts[lease_id].deadline = sent + self._slice_seconds
+                        holder.renewed()
+        self._renewed_at = sent
+
+    async def _push_when_woken(self) -> None:
+        """Push as soon as settlements arrive (while the store answers: else the ticks retry)."""
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._down and not self._closing:
+                with contextlib.suppress(ServiceUnavailable):
+                    await self.push()
+
+    async def _tick_forever(self) -> None:
+        failing = False  # logged once when it starts failing and once when it works again
+        while True:
+            await asyncio.sleep(self._tick_seconds)
+            if self._closing:
+                return
+            try:
+                await self.tick()
+            except ServiceUnavailable:
+                if not failing:
+                    log.warning("limit slices cannot reach the store; admitting through it")
+                failing = True
+                continue
+            if failing:
+                log.warning("limit slices reach the store again")
+            failing = False

@@ -1,0 +1,208 @@
+"""Capacity leases over the in-memory store with a fake clock: no database, no network.
+
+Several :class:`LeasedLimitStore` over one store stand for replicas sharing it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from llmgw.errors import ServiceUnavailable
+from llmgw.limits.leases import LeasedLimitStore
+from llmgw.limits.memory import MemoryLimitStore
+from llmgw.limits.store import Admission, AdmissionResult, Charge, Reservation, Window
+from tests.limits.test_policy import Clock
+
+LEASE = 10.0
+
+
+def replica(store: MemoryLimitStore, clock: Clock, slice_requests: int = 64) -> LeasedLimitStore:
+    return LeasedLimitStore(store, slice_requests=slice_requests, slice_seconds=LEASE, clock=clock)
+
+
+def request(*reservations: Reservation, window: Window | None = None) -> Admission:
+    return Admission(uuid.uuid4(), 60.0, window, reservations)
+
+
+def tokens(counter: str, cap: float, amount: float = 1.0) -> Reservation:
+    return Reservation(counter, cap, amount, keep_seconds=120)
+
+
+async def admitted(leased: LeasedLimitStore, *reservations: Reservation) -> int:
+    count = 0
+    for _ in range(1000):
+        count += (await leased.admit(request(*reservations))).admitted
+    return count
+
+
+async def test_one_replica_admits_exactly_the_cap_through_growing_slices() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    leased = replica(store, clock)
+    assert await admitted(leased, tokens("tokens:k:0", 100.0)) == 100
+    assert await store.usage("tokens:k:0") == (0.0, 100.0)  # all of it in this replica's slices
+
+
+async def test_replicas_never_exceed_the_cap_and_take_single_units_near_it() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    replicas = [replica(store, clock) for _ in range(4)]
+    counter = tokens("tokens:k:0", 50.0)
+    results = await asyncio.gather(*(admitted(r, counter) for r in replicas))
+    assert sum(results) <= 50
+    used, reserved = await store.usage(counter.counter)
+    assert used + reserved <= 50.0
+    # What one replica holds unused it gives back when it is idle (a tick with nothing admitted):
+    # then the others take all of it, one unit at a time.
+    for r in replicas:
+        await r.tick()  # busy since the last tick: the unused part stays
+        await r.tick()  # idle: given back
+    assert sum(results) + sum(await asyncio.gather(*(admitted(r, counter) for r in replicas))) == 50
+
+
+async def test_a_refused_slice_shrinks_down_to_what_the_request_lacks() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    big, small = replica(store, clock), replica(store, clock)
+    counter = tokens("tokens:k:0", 100.0)
+    for _ in range(40):  # its slices grew to 1 + 2 + ... + 32 = 63, the next would be 64
+        assert (await big.admit(request(counter))).admitted
+    assert (await small.admit(request(counter))).admitted  # it holds 1
+    # 36 are left in the store: a 64 is refused, then smaller slices take all of them, and no
+    # request is refused before they are all used.
+    more = 0
+    while (await big.admit(request(counter))).admitted:
+        more += 1
+    assert 40 + more == 99
+
+
+async def test_concurrency_slots_come_back_when_requests_settle() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    leased = replica(store, clock)
+    slot = Reservation("concurrency:k", 3.0, 1.0, keep_seconds=120)
+    held = [request(slot) for _ in range(4)]
+    results = [await leased.admit(h) for h in held]
+    assert [r.admitted for r in results] == [True, True, True, False]
+    assert results[-1].refused == slot
+    await leased.settle([Charge(held[0].lease_id, slot.counter, 0.0)])
+    assert (await leased.admit(request(slot))).admitted
+    assert not (await leased.admit(request(slot))).admitted
+
+
+async def test_usage_reaches_the_store_and_unused_slices_go_back_on_close() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    leased = replica(store, clock)
+    counter = tokens("tokens:k:0", 1000.0, 10.0)
+    held = [request(counter) for _ in range(20)]
+    for h in held:
+        assert (await leased.admit(h)).admitted
+    await leased.settle([Charge(h.lease_id, counter.counter, 4.0) for h in held])
+    await leased.close()
+    assert await store.usage(counter.counter) == (80.0, 0.0)
+
+
+async def test_a_window_admits_exactly_its_limit_and_hits_are_not_given_back() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    window = Window(uuid.uuid4(), limit=10, seconds=60)
+    first, second = replica(store, clock), replica(store, clock)
+    decisions = [await first.hit(window) for _ in range(7)]
+    assert all(d.allowed for d in decisions)
+    await first.close()
+    decisions = [await second.hit(window) for _ in range(5)]
+    assert [d.allowed for d in decisions] == [True] * 3 + [False] * 2
+    assert decisions[-1].remaining == 0
+    assert 0 < decisions[-1].reset_seconds <= 60
+
+
+async def test_a_killed_replicas_slice_comes_back_after_its_lease_never_twice() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    killed, survivor = replica(store, clock), replica(store, clock)
+    slot = Reservation("concurrency:k", 8.0, 1.0, keep_seconds=120)
+    for _ in range(4):
+        assert (await killed.admit(request(slot))).admitted  # and never settled: it is killed
+    _used, reserved = await store.usage(slot.counter)
+    assert reserved > 4  # it took more than it used
+    assert await admitted(survivor, slot) == 8 - reserved
+    clock.now += LEASE + 0.1
+    assert await admitted(survivor, slot) == reserved  # its whole slice, not more
+
+
+async def test_a_killed_replicas_window_hits_stay_counted_in_their_window() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    window = Window(uuid.uuid4(), limit=10, seconds=60)
+    killed, survivor = replica(store, clock), replica(store, clock)
+    for _ in range(4):
+        assert (await killed.hit(window)).allowed
+    clock.now += LEASE + 0.1  # a lease later, still the same window
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) <= 6
+    clock.now += 60  # the next window
+    assert sum([(await survivor.hit(window)).allowed for _ in range(12)]) == 10
+
+
+async def test_a_refusal_takes_nothing_and_names_what_did_not_fit() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    leased = replica(store, clock)
+    window = Window(uuid.uuid4(), limit=1, seconds=60)
+    fits, too_big = tokens("c:fits", 5.0), tokens("c:big", 0.5)
+    result = await leased.admit(request(fits, too_big, window=window))
+    assert result.refused == too_big
+    assert result.window is not None and result.window.allowed
+    assert (await leased.hit(window)).allowed  # the refused request took no place in the window
+    assert not (await leased.hit(window)).allowed
+
+
+class _Down(MemoryLimitStore):
+    down = False
+
+    async def admit(self, admission: Admission) -> AdmissionResult:
+        if self.down:
+            raise ServiceUnavailable("the store is down")
+        return await super().admit(admission)
+
+    async def settle(self, charges: list[Charge]) -> None:  # type: ignore[override]
+        if self.down:
+            raise ServiceUnavailable("the store is down")
+        await super().settle(charges)
+
+
+async def test_it_fails_closed_once_the_store_is_down_and_recovers() -> None:
+    clock = Clock()
+    store = _Down(clock=clock)
+    leased = replica(store, clock)
+    counter = tokens("tokens:k:0", 1000.0)
+    held = [request(counter) for _ in range(10)]
+    for h in held:
+        assert (await leased.admit(h)).admitted  # slices are held now
+    store.down = True
+    await leased.settle([Charge(h.lease_id, counter.counter, 1.0) for h in held[:5]])
+    with pytest.raises(ServiceUnavailable):
+        await leased.push()  # what the background task does after a settlement
+    with pytest.raises(ServiceUnavailable):
+        await leased.admit(request(counter))  # the push found it down: nothing from the slices
+    store.down = False
+    held.append(request(counter))
+    assert (await leased.admit(held[-1])).admitted
+    await leased.settle([Charge(h.lease_id, counter.counter, 1.0) for h in held[5:]])
+    await leased.close()
+    assert await store.usage(counter.counter) == (11.0, 0.0)  # what failed was sent again
+
+
+async def test_a_cancelled_request_gives_back_what_it_took() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    leased = replica(store, clock)
+    slot = Reservation("concurrency:k", 1.0, 1.0, keep_seconds=120)
+    landed = request(slot)
+    assert (await leased.admit(landed)).admitted
+    await leased.cancel([(landed.lease_id, (slot.counter,))], 60.0)
+    await leased.cancel([(landed.lease_id, (slot.counter,))], 60.0)  # twice: nothing more
+    assert (await leased.admit(request(slot))).admitted
+    assert not (await leased.admit(request(slot))).admitted
