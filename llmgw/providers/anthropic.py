@@ -77,9 +77,8 @@ class AnthropicProvider(OpenAICompatibleProvider):
 
     def _url(self, path: str, model: str | None) -> str:
         url = super()._url(path, model)
-        return (
-            url + "?limit=1000" if path == "/models" else url
-        )  # Anthropic pages by 20 unless asked
+        # Anthropic lists 20 models a page unless asked for more.
+        return url + "?limit=1000" if path == "/models" else url
 
     def _headers(self, call: UpstreamCall, accept: str) -> dict[str, str]:
         headers = super()._headers(call, accept)
