@@ -13,9 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -44,7 +41,8 @@ from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.otlp_receiver import OtlpReceiver
-from tests.processes import clean_env, free_port
+from tests.processes import answers_http, clean_env, free_port, wait_until
+from tests.processes import eventually as eventually  # many tests import it from here
 
 _TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
 
@@ -235,14 +233,6 @@ class Gateway:
             response.close()
 
 
-async def eventually(condition: Callable[[], bool], *, within: float = 2.5) -> None:
-    """Wait until ``condition()`` holds; fail if it does not within ``within`` seconds."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def start_gateway(
     fake_venice: FakeVenice, database_url: str, db: asyncpg.Connection
@@ -391,20 +381,19 @@ class GatewayProcess:
         return found
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"gateway exited with {self.process.returncode}: {self.log_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:  # noqa: S310
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"gateway on port {self.port} did not answer within {timeout}s")
+        wait_until(
+            lambda: self.running() and answers_http(f"{self.url}/healthz"),
+            within=timeout,
+            what=f"the gateway on port {self.port} answers",
+        )
+
+    def running(self) -> bool:
+        """True while the gateway runs; RuntimeError with the end of its log once it exited."""
+        if self.process.poll() is not None:
+            raise RuntimeError(
+                f"gateway exited with {self.process.returncode}: {self.log_text()[-2000:]}"
+            )
+        return True
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.process.poll() is None:

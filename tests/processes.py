@@ -1,7 +1,10 @@
-"""Helpers to run llmgw and the fake upstream as real processes on loopback ports."""
+"""The tests' helpers: llmgw and the fake upstreams as real processes on loopback ports, waiting
+for what a process does, and a clock a test sets."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -10,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
@@ -69,23 +73,87 @@ def run_llmgw(
     )
 
 
+class Clock:
+    """A clock the test sets: calling it returns ``now``, which only the test moves."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Waiting: only for what another process or task does on its own time (a line in a log, a row
+# written, a port listening); what the code under test times itself takes a Clock instead.
+
+
+async def eventually(
+    condition: Callable[[], bool | Awaitable[bool]],
+    *,
+    within: float = 2.5,
+    what: str = "the condition",
+    every: float = 0.02,
+) -> float:
+    """Poll ``condition`` (plain or async) until it holds; the seconds that took. Fails past
+    ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while not await _holds(condition):
+        assert loop.time() - started < within, f"not within {within}s: {what}"
+        await asyncio.sleep(every)
+    return loop.time() - started
+
+
+async def _holds(condition: Callable[[], bool | Awaitable[bool]]) -> bool:
+    held = condition()
+    return await held if inspect.isawaitable(held) else held
+
+
+def wait_until(
+    condition: Callable[[], bool], *, within: float = 30.0, what: str = "the condition"
+) -> None:
+    """:func:`eventually` outside the event loop (blocking), for starting processes."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not within {within}s: {what}")
+        time.sleep(0.05)
+
+
+def answers_http(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback only)
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port`` now."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def running(process: subprocess.Popen[str] | subprocess.Popen[bytes], name: str) -> bool:
+    """True while ``process`` runs; RuntimeError (with its stderr, if piped) once it exited."""
+    if process.poll() is None:
+        return True
+    stderr = process.stderr.read() if process.stderr else ""
+    raise RuntimeError(f"{name} exited with {process.returncode}: {stderr!r}")
+
+
 def wait_for_http(
     url: str, *, timeout: float = 30.0, process: subprocess.Popen[str] | None = None
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(
-                f"process exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback only)
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
+    wait_until(
+        lambda: (process is None or running(process, "the process")) and answers_http(url),
+        within=timeout,
+        what=f"{url} answers",
+    )
 
 
 def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[str]:
