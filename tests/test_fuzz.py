@@ -43,7 +43,7 @@ from llmgw.console.app import CONSOLE_PREFIX
 from llmgw.routes import PUBLIC_PATHS
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
-from tests.processes import REPO_ROOT, free_port
+from tests.processes import REPO_ROOT, free_port, listening, running, wait_until
 
 REQUEST_TIMEOUT = 5.0
 ADMIN_TOKEN = "fuzz-admin-token-3c9e1b7a"
@@ -73,19 +73,6 @@ class Target:
         return {"Authorization": f"Bearer {token}"}
 
 
-def _wait_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the fake Venice exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        except OSError:
-            time.sleep(0.05)
-        else:
-            return
-    raise TimeoutError("the fake Venice did not listen")
-
-
 @pytest.fixture(scope="module")
 def target(
     database_url: str, tmp_path_factory: pytest.TempPathFactory, secret_scanner: Any
@@ -108,7 +95,11 @@ def target(
 
     secret_scanner.register(ADMIN_TOKEN, "the admin token")
     try:
-        _wait_port(venice_port, venice)
+        wait_until(
+            lambda: running(venice, "the fake Venice") and listening(venice_port),
+            within=20,
+            what="the fake Venice listens",
+        )
         issued = asyncio.run(mint())
         env = gateway_env(
             database_url,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from typing import Any
 
@@ -13,6 +12,7 @@ from llmgw.auth.authenticator import Authenticator
 from llmgw.errors import AuthenticationFailed
 from llmgw.storage import api_keys
 from llmgw.storage.database import create_pool
+from tests.processes import eventually
 
 
 class CountingPool:
@@ -46,11 +46,8 @@ async def started(pool: CountingPool, database_url: str, **options: Any) -> Auth
     authenticator = Authenticator(pool.pool, database_url, **options)
     authenticator._pool = pool
     await authenticator.start()
-    for _ in range(200):
-        if authenticator._listening:
-            return authenticator
-        await asyncio.sleep(0.02)
-    raise AssertionError("the LISTEN connection did not come up")
+    await eventually(lambda: authenticator._listening, within=4, what="the LISTEN connection")
+    return authenticator
 
 
 async def new_key(db: asyncpg.Connection, name: str = "cache") -> str:
@@ -108,11 +105,9 @@ async def test_a_revoke_landing_during_a_lookup_is_not_cached_over(
         async def revoke_and_wait_for_the_notification() -> None:
             generation = authenticator._generation
             await db.execute("UPDATE api_keys SET is_active = false, revoked_at = now()")
-            for _ in range(200):
-                if authenticator._generation != generation:
-                    return
-                await asyncio.sleep(0.01)
-            raise AssertionError("the NOTIFY never arrived")
+            await eventually(
+                lambda: authenticator._generation != generation, within=2, what="the NOTIFY"
+            )
 
         pool.during_lookup = revoke_and_wait_for_the_notification
         # The lookup read the row before the revoke committed: this one request still passes...

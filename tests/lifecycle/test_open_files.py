@@ -28,14 +28,7 @@ from llmgw.middleware import error_middleware
 from llmgw.storage import api_keys
 from tests.conftest import StartGateways, gateway_env
 from tests.fake_venice import Behaviour, FakeVenice
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.processes import Clock
 
 
 def test_connections_and_requests_since_the_last_reading_are_counted() -> None:

@@ -24,6 +24,7 @@ from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
 from llmgw.routing.strategy import ORDERED, Strategy
 from tests.limits.test_store_contract import REDIS, REDIS_URL
+from tests.processes import eventually
 
 BACKENDS = ["memory", "postgres", REDIS]
 
@@ -98,16 +99,6 @@ async def replicas(
         await pool.close()
 
 
-async def eventually(condition: object, within: float) -> float:
-    """Seconds until ``condition()`` held; fails past ``within``."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while not condition():  # type: ignore[operator]
-        assert loop.time() - started < within, "not within the time allowed"
-        await asyncio.sleep(0.01)
-    return loop.time() - started
-
-
 def route() -> list[Deployment]:
     prefix = uuid.uuid4().hex[:8]
     return [Deployment(StubProvider(f"{prefix}-{n}"), "m") for n in ("a", "b")]  # type: ignore[arg-type]
@@ -122,7 +113,9 @@ async def test_a_deployment_one_replica_found_down_is_skipped_by_the_other_withi
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
     assert replicas.first.plan(deployments, ORDERED) == [deployments[1]]
-    await eventually(lambda: replicas.second.plan(deployments, ORDERED) == [deployments[1]], 1.0)
+    await eventually(
+        lambda: replicas.second.plan(deployments, ORDERED) == [deployments[1]], within=1.0
+    )
     assert replicas.second.health(down.label).state == "open"
     # It recovers: the first replica's probe succeeds, and both return to it.
     await asyncio.sleep(0.5)
@@ -132,14 +125,16 @@ async def test_a_deployment_one_replica_found_down_is_skipped_by_the_other_withi
     attempt.answered()
     attempt.done()
     assert replicas.first.plan(deployments, ORDERED) == deployments
-    await eventually(lambda: replicas.second.health(down.label).state == "closed", 1.0)
+    await eventually(lambda: replicas.second.health(down.label).state == "closed", within=1.0)
     assert replicas.second.plan(deployments, ORDERED) == deployments
 
 
 async def test_a_429s_wait_reaches_the_other_replica(replicas: Replicas) -> None:
     deployments = route()
     replicas.first.attempt(deployments[0]).failed(retry_after=60.0)
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "open", within=1.0
+    )
     until = replicas.second.health(deployments[0].label).open_until
     assert until == replicas.first.health(deployments[0].label).open_until
 
@@ -171,7 +166,9 @@ async def test_a_message_that_cannot_be_read_changes_nothing(
     # Then a real change still arrives: the listener survived what came before it.
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "open", within=1.0
+    )
     assert replicas.second.health("x:m").state == "closed"
     assert replicas.second.health("x:m").in_flight_all_replicas == 0
 
