@@ -7,11 +7,10 @@ database is created for the run, migrated to head, and emptied before each test 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,7 +40,7 @@ from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.otlp_receiver import OtlpReceiver
-from tests.processes import answers_http, clean_env, free_port, wait_until
+from tests.processes import answers_http, clean_env, free_port, serve, stop, wait_until
 from tests.processes import eventually as eventually  # many tests import it from here
 
 _TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
@@ -396,14 +395,7 @@ class GatewayProcess:
         return True
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop(self.process, timeout=timeout)
 
 
 def gateway_env(database_url: str, venice_base_url: str, **extra: str) -> dict[str, str]:
@@ -430,15 +422,24 @@ def spawn_gateway(
     """Start a gateway process without waiting for it (see ``GatewayProcess.wait_ready``);
     ``preexec_fn`` runs in the child first (e.g. to lower its open files limit)."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "serve"],
-            env={**env, "BIND_ADDR": f"127.0.0.1:{port}"},
+        process = serve(
+            env,
+            port,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
             preexec_fn=preexec_fn,
         )
     return GatewayProcess(process, port, log_path)
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
+    """A gateway process a module's tests share: ready when entered, stopped cleanly on exit."""
+    gateway = spawn_gateway(env, log_path, free_port())
+    gateway.wait_ready()
+    yield gateway
+    assert gateway.stop() == 0
 
 
 StartGateways = Callable[..., list[GatewayProcess]]

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import ENVIRONMENT_VARIABLES
@@ -156,19 +157,22 @@ def wait_for_http(
     )
 
 
+def serve(env: dict[str, str], port: int, **popen: Any) -> subprocess.Popen[Any]:
+    """``python -m llmgw serve`` on the loopback ``port``, not waited for; ``popen`` as
+    ``subprocess.Popen`` takes it."""
+    command = [sys.executable, "-m", "llmgw", "serve"]
+    return subprocess.Popen(command, env={**env, "BIND_ADDR": f"127.0.0.1:{port}"}, **popen)
+
+
 def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "serve"],
-        env={**env, "BIND_ADDR": f"127.0.0.1:{port}"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """A gateway serving on ``port``, its output in pipes (read them only after it stopped)."""
+    process = serve(env, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_http(f"http://127.0.0.1:{port}/healthz", process=process)
     return process
 
 
-def stop(process: subprocess.Popen[str], *, timeout: float = 30.0) -> int:
+def stop(process: subprocess.Popen[Any], *, timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; its exit status."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

@@ -28,9 +28,9 @@ import pytest
 
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
-from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
+from tests.conftest import GatewayProcess, gateway_env, serving
 from tests.fake_venice import Behaviour, FakeVenice, ThreadedFakeVenice
-from tests.processes import eventually, free_port
+from tests.processes import eventually
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 REQUEST_TIMEOUT = 1.5
@@ -76,10 +76,8 @@ def served(
         VENICE_MAX_RETRIES="1",
         REQUEST_BODY_LIMIT_BYTES=str(BODY_LIMIT),
     )
-    gateway = spawn_gateway(env, tmp_path_factory.mktemp("faults") / "gateway.log", free_port())
-    gateway.wait_ready()
-    yield gateway, key
-    assert gateway.stop() == 0
+    with serving(env, tmp_path_factory.mktemp("faults") / "gateway.log") as gateway:
+        yield gateway, key
 
 
 @pytest.fixture

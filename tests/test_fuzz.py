@@ -39,11 +39,11 @@ from llmgw.api.openapi import build_document
 from llmgw.app import create_app
 from llmgw.auth.keys import PREFIX_LENGTH
 from llmgw.config import Settings
-from llmgw.console.app import CONSOLE_PREFIX
 from llmgw.routes import PUBLIC_PATHS
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
 from tests.processes import REPO_ROOT, free_port, listening, running, wait_until
+from tests.test_routes import served_routes
 
 REQUEST_TIMEOUT = 5.0
 ADMIN_TOKEN = "fuzz-admin-token-3c9e1b7a"
@@ -184,20 +184,6 @@ def check_answer(
 # The OpenAPI document and the schema fuzzer
 
 
-def routes_of(app: web.Application) -> Iterator[tuple[str, str]]:
-    """Every API route; the console (browser pages, the admin API behind a cookie) is not one."""
-    for resource in app.router.resources():
-        if resource.canonical.startswith(CONSOLE_PREFIX):
-            continue
-        sub_app = resource.get_info().get("app")
-        if isinstance(sub_app, web.Application):
-            yield from routes_of(sub_app)
-            continue
-        for route in resource:
-            if route.method != "HEAD":
-                yield route.method, resource.canonical
-
-
 def test_openapi_document_lists_every_route(target: Target, http: requests.Session) -> None:
     response = http.get(f"{target.url}/openapi.json")
     assert response.status_code == 200
@@ -210,7 +196,7 @@ def test_openapi_document_lists_every_route(target: Target, http: requests.Sessi
     }
     settings = Settings(venice_api_key="unused", admin_token=ADMIN_TOKEN)
     app = create_app(settings, database_url="postgresql://unused")
-    assert described == set(routes_of(app))
+    assert described == {(method, path) for method, path, _ in served_routes(app)}
     assert ("POST", "/admin/v1/keys") in described
     for path, operations in document["paths"].items():
         for operation in operations.values():
