@@ -180,12 +180,16 @@ async def test_least_busy_moves_traffic_away_from_a_deployment_busy_on_the_other
     least_busy = Strategy("least-busy")
     assert replicas.first.plan(deployments, least_busy) == deployments  # equal: listed order
     held = [replicas.second.attempt(deployments[0]) for _ in range(3)]
-    await eventually(lambda: replicas.first.plan(deployments, least_busy) == deployments[::-1], 1.5)
+    await eventually(
+        lambda: replicas.first.plan(deployments, least_busy) == deployments[::-1], within=1.5
+    )
     assert replicas.first.health(deployments[0].label).in_flight == 0  # none of its own
     assert replicas.first.health(deployments[0].label).in_flight_all_replicas == 3
     for attempt in held:
         attempt.done()
-    await eventually(lambda: replicas.first.plan(deployments, least_busy) == deployments, 1.5)
+    await eventually(
+        lambda: replicas.first.plan(deployments, least_busy) == deployments, within=1.5
+    )
 
 
 async def test_a_replica_that_starts_skips_a_deployment_found_down_before_it_started(
@@ -194,7 +198,9 @@ async def test_a_replica_that_starts_skips_a_deployment_found_down_before_it_sta
     deployments = route()
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "open", within=1.0
+    )
     started = await replicas.start()  # a replica started (or restarted) now: no change since
     assert started.plan(deployments, ORDERED) == [deployments[1]]
     assert started.health(deployments[0].label).open_until == (
@@ -214,7 +220,9 @@ async def test_a_replica_that_starts_does_not_skip_a_deployment_that_recovered(
     attempt = replicas.first.attempt(deployments[0])
     attempt.answered()
     attempt.done()
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "closed", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "closed", within=1.0
+    )
     started = await replicas.start()
     assert started.plan(deployments, ORDERED) == deployments
 
@@ -226,7 +234,7 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     replicas.second.configure({down.provider.name: 0.3})
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
-    await eventually(lambda: replicas.second.health(down.label).state == "open", 1.0)
+    await eventually(lambda: replicas.second.health(down.label).state == "open", within=1.0)
     await asyncio.sleep(0.3)
     # Both plan it as their probe; the store lets one of them send it.
     assert replicas.first.plan(deployments, ORDERED) == deployments
@@ -238,12 +246,12 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     assert not await replicas.second.claim(down)
     # The probe's caller left: the claim is given back, and the other replica probes.
     replicas.first.attempt(down).abandoned()
-    await eventually(lambda: not replicas.first._releases, 1.0)
+    await eventually(lambda: not replicas.first._releases, within=1.0)
     assert replicas.second.plan(deployments, ORDERED) == deployments
     assert await replicas.second.claim(down)
     # Its probe fails: the breaker opens again, and the next probe is claimed afresh.
     replicas.second.attempt(down).failed()
-    await eventually(lambda: replicas.first.health(down.label).openings == 2, 1.0)
+    await eventually(lambda: replicas.first.health(down.label).openings == 2, within=1.0)
     await asyncio.sleep(0.6)
     assert replicas.first.plan(deployments, ORDERED) == deployments
     assert await replicas.first.claim(down)
