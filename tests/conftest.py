@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -32,6 +33,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmgw.app import create_app
+from llmgw.cli import main
 from llmgw.config import Settings
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
@@ -440,6 +442,25 @@ def serving(env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
     gateway.wait_ready()
     yield gateway
     assert gateway.stop() == 0
+
+
+@pytest.fixture
+def serve_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[dict[str, str]], int]]:
+    """``llmgw serve``'s ``main`` in this process with only ``env`` as its environment (a process
+    each is what the slow tests do); its exit status."""
+    previous = signal.getsignal(signal.SIGHUP)  # serve ignores SIGHUP until it serves
+
+    def serve(env: dict[str, str]) -> int:
+        for name in set(os.environ) - set(env):
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return main(["serve"])
+
+    yield serve
+    signal.signal(signal.SIGHUP, previous)
 
 
 StartGateways = Callable[..., list[GatewayProcess]]

@@ -422,6 +422,7 @@ def own_postgres() -> Iterator[tuple[str, Any]]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped or stalled
 async def test_postgres_stopped_and_restarted_under_load(
     own_postgres: tuple[str, Any],
     gateway_processes: Any,
@@ -543,6 +544,7 @@ async def _timed(
     return status, body, time.monotonic() - started
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped or stalled
 async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
     pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:
@@ -579,6 +581,7 @@ async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
     assert gateway.problems() == []
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped or stalled
 async def test_the_first_requests_after_a_postgres_restart_succeed_on_an_idle_gateway(
     pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:

@@ -45,6 +45,9 @@ from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
 from tests.processes import REPO_ROOT, free_port, listening, running, wait_until
 from tests.test_routes import served_routes
 
+# Minutes of schemathesis and hypothesis against a gateway process: pytest -m slow.
+pytestmark = pytest.mark.slow
+
 REQUEST_TIMEOUT = 5.0
 ADMIN_TOKEN = "fuzz-admin-token-3c9e1b7a"
 BODY_LIMIT = 65_536

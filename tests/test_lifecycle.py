@@ -228,6 +228,7 @@ def embedded_data_dir(tmp_path: Path) -> Iterator[Path]:
             os.kill(pid, signal.SIGQUIT)
 
 
+@pytest.mark.slow  # an embedded PostgreSQL and three processes
 def test_the_last_live_process_stops_the_cluster_after_one_was_killed(
     embedded_data_dir: Path, tmp_path: Path, fake_venice: FakeVenice
 ) -> None:

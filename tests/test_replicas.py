@@ -32,7 +32,8 @@ from tests.fake_venice import Behaviour, FakeVenice
 from tests.nginx import Nginx, require_nginx, start_nginx
 from tests.processes import REPO_ROOT, clean_env, eventually, free_port, wait_for_http
 
-pytestmark = pytest.mark.replicas
+# A fleet of gateway processes behind nginx: pytest -m slow.
+pytestmark = [pytest.mark.replicas, pytest.mark.slow]
 
 REPLICAS = 3
 ADMIN_TOKEN = "replica-test-admin-token-6d1f0c"

@@ -27,6 +27,9 @@ from tests.conftest import (
 from tests.fake_venice import Behaviour, FakeVenice
 from tests.processes import eventually, free_port
 
+# Supervisors and their worker processes, restarted and killed: pytest -m slow.
+pytestmark = pytest.mark.slow
+
 BODY = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
 
 

@@ -41,10 +41,13 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
-    reason="Debian's chromium is not installed (.ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
+        reason="Debian's chromium is not installed (.ci/run installs it)",
+    ),
+    pytest.mark.slow,  # a browser (Chromium) driving the console: pytest -m slow
+]
 
 
 @pytest.fixture(scope="session")
