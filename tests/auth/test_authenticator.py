@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -12,7 +14,7 @@ from llmgw.auth.authenticator import Authenticator
 from llmgw.errors import AuthenticationFailed
 from llmgw.storage import api_keys
 from llmgw.storage.database import create_pool
-from tests.processes import eventually
+from tests.processes import Clock, eventually
 
 
 class CountingPool:
@@ -115,5 +117,26 @@ async def test_a_revoke_landing_during_a_lookup_is_not_cached_over(
         # ...but what it read was not cached, so the next one sees the revocation.
         with pytest.raises(AuthenticationFailed):
             await authenticator.authenticate(key)
+    finally:
+        await authenticator.close()
+
+
+async def test_a_key_is_refused_once_the_wall_clock_passes_its_expiry_even_from_the_cache(
+    pool: CountingPool, database_url: str, db: asyncpg.Connection
+) -> None:
+    expires = datetime.now(UTC) + timedelta(hours=1)
+    settings = api_keys.KeySettings(name="expiring", expires_at=expires)
+    key = (await api_keys.create_key(db, settings)).plaintext
+    wall_clock = Clock(time.time())
+    authenticator = await started(pool, database_url, wall_clock=wall_clock)
+    try:
+        await authenticator.authenticate(key)
+        lookups = pool.lookups
+        wall_clock.now = expires.timestamp() - 1
+        await authenticator.authenticate(key)
+        wall_clock.now = expires.timestamp()
+        with pytest.raises(AuthenticationFailed):
+            await authenticator.authenticate(key)
+        assert pool.lookups == lookups  # the cached key: its expiry is checked on every use
     finally:
         await authenticator.close()
