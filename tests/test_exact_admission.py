@@ -153,19 +153,22 @@ async def test_concurrency_slots_hold_across_replicas_and_free_when_requests_end
     assert statuses == [200] * 3 + [429] * 27
     codes = {body["error"]["code"] for status, body in results if status == 429}
     assert codes == {"concurrency_limit_exceeded"}
-    # The slots were given back when the requests ended: one after another, all admitted.
-    await asyncio.sleep(0.5)  # the burst's last settlements are sent just after its answers
+    # The slots were given back when the requests ended (each settlement is sent just after its
+    # answer): one after another, twice as many requests as slots are all admitted.
     async with aiohttp.ClientSession() as session:
         for index in range(6):
             fake_venice.enqueue(Behaviour(chunk_delay=0.01))
-            async with session.post(
-                f"{two_gateways[index % 2].url}/v1/chat/completions",
-                json={**BODY, "stream": index % 2 == 0},
-                headers={"Authorization": f"Bearer {issued.plaintext}"},
-            ) as response:
-                await response.read()
-                assert response.status == 200
-                await asyncio.sleep(0.3)  # a stream's settlement is sent just after its end
+
+            async def admitted(index: int = index) -> bool:
+                async with session.post(
+                    f"{two_gateways[index % 2].url}/v1/chat/completions",
+                    json={**BODY, "stream": index % 2 == 0},
+                    headers={"Authorization": f"Bearer {issued.plaintext}"},
+                ) as response:
+                    await response.read()
+                    return response.status == 200
+
+            await eventually(admitted, within=5, what=f"request {index} admitted")
     # With slices the window is a counter the replicas take slices of, else a row per window.
     windows = await db.fetchval("SELECT count(*) FROM limit_counters WHERE counter LIKE 'window:%'")
     sliced = request.node.callspec.params["two_gateways"] == "postgres with slices"
