@@ -42,7 +42,15 @@ from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.otlp_receiver import OtlpReceiver
-from tests.processes import answers_http, clean_env, free_port, serve, stop, wait_until
+from tests.processes import (
+    LoopbackProcess,
+    answers_http,
+    clean_env,
+    free_port,
+    serve,
+    stop,
+    wait_until,
+)
 from tests.processes import eventually as eventually  # many tests import it from here
 
 _TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
@@ -327,16 +335,10 @@ def no_secret_leaks(secret_scanner: SecretScanner) -> Iterator[None]:
 
 
 @attrs.define
-class GatewayProcess:
+class GatewayProcess(LoopbackProcess):
     """A ``python -m llmgw serve`` process on a loopback port; its JSON log lines go to a file."""
 
-    process: subprocess.Popen[bytes]
-    port: int
     log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

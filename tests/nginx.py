@@ -20,7 +20,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.processes import REPO_ROOT, listening, wait_until
+from tests.processes import REPO_ROOT, LoopbackProcess, listening, wait_until
 
 __all__ = ["Nginx", "find_nginx", "render_shipped_config", "require_nginx", "start_nginx"]
 
@@ -55,14 +55,8 @@ def require_nginx() -> str:
 
 
 @attrs.define
-class Nginx:
-    process: subprocess.Popen[bytes]
-    port: int
+class Nginx(LoopbackProcess):
     directory: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def error_log(self) -> Path:

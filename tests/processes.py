@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import ENVIRONMENT_VARIABLES
 
@@ -72,6 +74,18 @@ def run_llmgw(
         timeout=timeout,
         check=False,
     )
+
+
+@attrs.define
+class LoopbackProcess:
+    """A process serving HTTP on a loopback port."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 class Clock:
