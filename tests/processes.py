@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from aiohttp import web
 
 from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import ENVIRONMENT_VARIABLES
@@ -74,6 +75,15 @@ def run_llmgw(
         timeout=timeout,
         check=False,
     )
+
+
+async def serve_here(app: web.Application, **options: Any) -> tuple[web.AppRunner, int]:
+    """``app`` served in this process on a free loopback port (``options`` as ``AppRunner``
+    takes them): its runner, to clean up, and the port."""
+    runner = web.AppRunner(app, **options)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
 
 
 @attrs.define
