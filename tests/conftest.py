@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import uuid
@@ -447,14 +448,15 @@ def serving(env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
 
 
 @pytest.fixture
-def serve_in_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[dict[str, str]], int]]:
+def serve_in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, str]], int]]:
     """``llmgw serve``'s ``main`` in this process with only ``env`` as its environment (a process
-    each is what the slow tests do); its exit status."""
+    each is what the slow tests do); its exit status. Unless ``env`` names one, BIND_ADDR is a
+    port in use: a configuration accepted by mistake ends in "cannot listen", never in a server."""
     previous = signal.getsignal(signal.SIGHUP)  # serve ignores SIGHUP until it serves
+    taken = socket.create_server(("127.0.0.1", 0))
 
     def serve(env: dict[str, str]) -> int:
+        env = {"BIND_ADDR": f"127.0.0.1:{taken.getsockname()[1]}", **env}
         for name in set(os.environ) - set(env):
             monkeypatch.delenv(name)
         for name, value in env.items():
@@ -462,6 +464,7 @@ def serve_in_process(
         return main(["serve"])
 
     yield serve
+    taken.close()
     signal.signal(signal.SIGHUP, previous)
 
 

@@ -47,6 +47,11 @@ def base_env(tmp_path: Path) -> dict[str, str]:
     return clean_env(VENICE_API_KEY="x", LLMGW_DATA_DIR=str(tmp_path))
 
 
+def in_process_env(tmp_path: Path) -> dict[str, str]:
+    """:func:`base_env` less its BIND_ADDR (``serve_in_process`` chooses it)."""
+    return {k: v for k, v in base_env(tmp_path).items() if k != "BIND_ADDR"}
+
+
 def test_defaults_match_the_reference_design() -> None:
     settings = load_settings({})
     assert (settings.bind_host, settings.bind_port) == ("0.0.0.0", 3000)
@@ -86,7 +91,7 @@ def test_each_invalid_value_is_refused_with_one_line_naming_it(
     variable: str,
     value: str,
 ) -> None:
-    assert serve_in_process({**base_env(tmp_path), variable: value}) == 2
+    assert serve_in_process({**in_process_env(tmp_path), variable: value}) == 2
     assert_one_line_naming(variable, capsys.readouterr().err)
 
 
