@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from tests.conftest import Gateway, eventually, gateway_env
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.limits.test_store_contract import REDIS, REDIS_URL
-from tests.processes import clean_env, free_port
+from tests.processes import clean_env, free_port, run_llmgw
 
 MESSAGES = [{"role": "user", "content": "route me"}]
 VENICE_TEXT = "Hello from fake Venice!"
@@ -532,29 +532,45 @@ BAD_FILES = [
 ]  # fmt: skip
 
 
+def bad_file_env(tmp_path: Path, toml: str) -> dict[str, str]:
+    path = tmp_path / "providers.toml"
+    path.write_text(toml)
+    return clean_env(
+        VENICE_API_KEY="secret-venice-value", LLMGW_CONFIG=str(path), LLMGW_DATA_DIR=str(tmp_path)
+    )
+
+
+def assert_one_line_naming_the_entry(env: dict[str, str], message: str, stderr: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    expected = f"llmgw: configuration error: LLMGW_CONFIG {env['LLMGW_CONFIG']}: "
+    assert lines[0].startswith(expected), lines[0]
+    assert message in lines[0]
+    assert "secret-venice-value" not in stderr
+
+
+@pytest.mark.parametrize(("toml", "message"), BAD_FILES)
+def test_each_invalid_file_is_refused_with_one_line_naming_the_entry(
+    serve_in_process: Callable[[dict[str, str]], int],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    toml: str,
+    message: str,
+) -> None:
+    env = bad_file_env(tmp_path, toml)
+    assert serve_in_process({k: v for k, v in env.items() if k != "BIND_ADDR"}) == 2
+    assert_one_line_naming_the_entry(env, message, capsys.readouterr().err)
+
+
+@pytest.mark.slow  # a process per file: the same as above, through python -m llmgw
 @pytest.mark.parametrize(("toml", "message"), BAD_FILES)
 def test_each_invalid_file_exits_2_with_one_line_naming_the_entry(
     tmp_path: Path, toml: str, message: str
 ) -> None:
-    path = tmp_path / "providers.toml"
-    path.write_text(toml)
-    env = clean_env(
-        VENICE_API_KEY="secret-venice-value", LLMGW_CONFIG=str(path), LLMGW_DATA_DIR=str(tmp_path)
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "llmgw", "serve"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = bad_file_env(tmp_path, toml)
+    result = run_llmgw("serve", env=env, timeout=60)
     assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"llmgw: configuration error: LLMGW_CONFIG {path}: "), lines[0]
-    assert message in lines[0]
-    assert "secret-venice-value" not in result.stderr
+    assert_one_line_naming_the_entry(env, message, result.stderr)
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
@@ -680,6 +696,10 @@ async def state_of(gateway: Gateway, deployment: str) -> str:
     return state
 
 
+async def _in_state(gateway: Gateway, deployment: str, state: str) -> bool:
+    return await state_of(gateway, deployment) == state
+
+
 @pytest.mark.parametrize("backend", HEALTH_BACKENDS)
 async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and_both_return(
     start_gateway: Any,
@@ -711,11 +731,10 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
     fake_venice.fail_times(FAILURES_TO_OPEN, status=503)
     for _ in range(FAILURES_TO_OPEN):
         assert await answer(first_client, "sturdy", stream=False) == OPENAI_TEXT
-    opened = time.monotonic()
     assert await state_of(first, primary) == "open"
-    while await state_of(second, primary) != "open":
-        assert time.monotonic() - opened < 1.0, "the second replica did not learn within 1 s"
-        await asyncio.sleep(0.02)
+    await eventually(
+        lambda: _in_state(second, primary, "open"), within=1.0, what="the second replica learns"
+    )
     venice_calls = len(fake_venice.received)
     for client in (first_client, second_client):
         assert await answer(client, "sturdy", stream=True) == OPENAI_TEXT
@@ -724,10 +743,9 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
     # Venice recovered; after the cooldown one request probes it and both replicas return to it.
     await asyncio.sleep(1.0)
     assert await answer(second_client, "sturdy", stream=False) == VENICE_TEXT
-    closed = time.monotonic()
-    while await state_of(first, primary) != "closed":
-        assert time.monotonic() - closed < 1.0, "the first replica did not learn within 1 s"
-        await asyncio.sleep(0.02)
+    await eventually(
+        lambda: _in_state(first, primary, "closed"), within=1.0, what="the first replica learns"
+    )
     for client in (first_client, second_client):
         assert await answer(client, "sturdy", stream=False) == VENICE_TEXT
 

@@ -1,7 +1,8 @@
 """One serving process: the app on a listening socket until SIGTERM/SIGINT, SIGHUP reloads.
 
 Its connections answer requests that are not valid HTTP with a JSON error that quotes nothing
-(:mod:`llmgw.lifecycle.invalid_http`). A client's FIN closes its connection, as in aiohttp: a client
+(:mod:`llmgw.lifecycle.invalid_http`), where aiohttp's connection hooks are enabled
+(:mod:`llmgw.compat.aiohttp`). A client's FIN closes its connection, as in aiohttp: a client
 that half-closes (shutdown(SHUT_WR)) after its request gets no answer. Keeping such a connection
 open for its answer took aiohttp's private connection internals (the FIN alone cannot tell a
 half-close from a client that left), and its public API has no hook for it, so llmgw does not.
@@ -21,19 +22,14 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
-from aiohttp.http import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
 
 from llmgw import app_keys
+from llmgw.compat.aiohttp import app_runner
 from llmgw.config import Settings
-from llmgw.lifecycle.invalid_http import invalid_http_answer
 from llmgw.lifecycle.open_files import OPEN_FILES, OpenFiles, raise_open_file_limit
 from llmgw.lifecycle.reload import RELOADER
-from llmgw.telemetry.refusals import RefusalLog
 
 __all__ = ["bind", "listen", "run"]
 
@@ -86,48 +82,6 @@ def _tune_garbage_collection() -> None:
     gc.set_threshold(_YOUNG_GENERATION_THRESHOLD, middle, oldest)
 
 
-class _RequestHandler(RequestHandler):
-    __slots__ = ("_open_files", "_refusals")
-
-    def __init__(
-        self, *args: Any, refusals: RefusalLog, open_files: OpenFiles, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self._refusals = refusals
-        self._open_files = open_files
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._open_files.connection_made()
-        super().connection_made(transport)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._open_files.connection_lost()
-        super().connection_lost(exc)
-
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if isinstance(exc, HttpProcessingError):  # the parser's: the request is not valid HTTP
-            return invalid_http_answer(status, self._refusals)
-        return super().handle_error(request, status, exc, message)
-
-
-class _Server(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _RequestHandler(self, loop=self._loop, **self._kwargs)
-
-
-class _Runner(web.AppRunner):
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _Server  # the same server; its connections are _RequestHandlers
-        return server
-
-
 async def _serve(
     app: web.Application,
     settings: Settings,
@@ -139,14 +93,14 @@ async def _serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     open_files = app[OPEN_FILES] = OpenFiles(raise_open_file_limit())
-    runner = _Runner(
+    runner = app_runner(
         app,
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=settings.shutdown_grace_seconds,
         # Also bounds a client that sends its request line and headers too slowly (slow loris).
         keepalive_timeout=min(75.0, settings.request_timeout_seconds),
-        # Passed on to each connection's _RequestHandler:
+        # For each connection's hooks (llmgw.compat.aiohttp):
         refusals=app[app_keys.REFUSALS],
         open_files=open_files,
     )

@@ -28,14 +28,7 @@ from llmgw.middleware import error_middleware
 from llmgw.storage import api_keys
 from tests.conftest import StartGateways, gateway_env
 from tests.fake_venice import Behaviour, FakeVenice
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.processes import Clock
 
 
 def test_connections_and_requests_since_the_last_reading_are_counted() -> None:
@@ -150,6 +143,7 @@ def many_files(own_limit: None) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+@pytest.mark.slow  # hundreds of streams at once
 async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete(
     many_files: None,
     gateway_processes: StartGateways,
@@ -183,6 +177,7 @@ async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete(
     assert gateway.problems() == []
 
 
+@pytest.mark.slow  # hundreds of streams at once
 async def test_near_its_limit_a_gateway_refuses_new_streams_with_503_not_resets(
     many_files: None,
     gateway_processes: StartGateways,
