@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import resource
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,7 +29,7 @@ from llmgw.lifecycle.open_files import (
 from llmgw.middleware import error_middleware
 from llmgw.storage import api_keys
 from tests.conftest import StartGateways, gateway_env
-from tests.fake_venice import Behaviour, FakeVenice
+from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.processes import Clock
 
 
@@ -103,6 +105,41 @@ def limited(soft: int, hard: int) -> Callable[[], None]:
     return preexec
 
 
+# The caller asks for the usage chunk itself, so the provider's stream is relayed unchanged.
+STREAM_BODY = {
+    "model": "qwen3-5-9b",
+    "messages": [{"role": "user", "content": "hold on"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+_IDENTITY = re.compile(rb'"created":(\d+),"id":"(chatcmpl-[0-9a-f]+)"')
+
+
+async def sent_by_the_provider(fake_venice: FakeVenice) -> bytes:
+    """One stream as the provider sends it, asked for directly."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{fake_venice.base_url}/chat/completions",
+            json=STREAM_BODY,
+            headers={"Authorization": f"Bearer {FAKE_VENICE_KEY}"},
+        ) as response,
+    ):
+        assert response.status == 200
+        return await response.read()
+
+
+def as_relayed(template: bytes, body: bytes) -> bytes:
+    """``template`` (one stream from the provider) with ``body``'s own completion id and
+    second: what ``body`` is if every byte of its own stream was relayed, and only its own
+    (a chunk of another stream carries another id)."""
+    (created, completion_id), *_ = _IDENTITY.findall(template)
+    found = _IDENTITY.search(body)
+    if found is None:
+        return b"<no chunk with an id>"
+    return template.replace(b'"created":%s,"id":"%s"' % (created, completion_id), found[0])
+
+
 async def hold_streams(
     url: str, key: str, count: int, apart: float = 0.0
 ) -> list[tuple[int, str, bytes]]:
@@ -115,11 +152,7 @@ async def hold_streams(
             await asyncio.sleep(index * apart)
             async with session.post(
                 f"{url}/v1/chat/completions",
-                json={
-                    "model": "qwen3-5-9b",
-                    "messages": [{"role": "user", "content": "hold on"}],
-                    "stream": True,
-                },
+                json=STREAM_BODY,
                 headers={"Authorization": f"Bearer {key}"},
             ) as response:
                 return (
@@ -144,7 +177,7 @@ def many_files(own_limit: None) -> None:
 
 
 @pytest.mark.slow  # hundreds of streams at once
-async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete(
+async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete_byte_for_byte(
     many_files: None,
     gateway_processes: StartGateways,
     database_url: str,
@@ -159,21 +192,30 @@ async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete(
     # Each stream lasts several seconds; they start over 2 s (admission's database round trips
     # are not what this test is about), so all are open at once for a while.
     fake_venice.default_behaviour = Behaviour(chunk_delay=1.0)
-    most = 0
+    template = await sent_by_the_provider(fake_venice)
+    most_streams = most_fds = 0
 
     async def watch() -> None:
-        nonlocal most
+        nonlocal most_streams, most_fds
         while True:
-            most = max(most, fake_venice.active_streams)
+            most_streams = max(most_streams, fake_venice.active_streams)
+            most_fds = max(most_fds, len(os.listdir(f"/proc/{gateway.process.pid}/fd")))
             await asyncio.sleep(0.05)
 
     watching = asyncio.create_task(watch())
     answers = await hold_streams(gateway.url, key, 1000, apart=0.002)
     watching.cancel()
-    assert most >= 950, most  # open at the same time, each with both its connections
+    assert most_streams >= 950, most_streams  # open at the same time
+    # ... each with both its connections: more descriptors than the limit it was started with.
+    assert most_fds > 1024, most_fds
     assert [status for status, _, _ in answers] == [200] * 1000
-    assert all(body.endswith(b"data: [DONE]\n\n") for _, _, body in answers)
-    assert "room for about" in gateway.log_text()
+    mangled = [
+        index for index, (_, _, body) in enumerate(answers) if as_relayed(template, body) != body
+    ]
+    assert mangled == [], (
+        f"{len(mangled)} streams differ from the provider's, e.g. {answers[mangled[0]][2]!r}"
+    )
+    assert f"open files: soft limit {hard} " in gateway.log_text()
     assert gateway.problems() == []
 
 
