@@ -31,11 +31,16 @@ from llmgw.config import Settings
 from llmgw.lifecycle.open_files import OPEN_FILES, OpenFiles, raise_open_file_limit
 from llmgw.lifecycle.reload import RELOADER
 
-__all__ = ["bind", "listen", "run"]
+__all__ = ["LISTEN_BACKLOG", "bind", "listen", "run"]
 
 log = logging.getLogger("llmgw.serve")
 
 _PARENT_CHECK_SECONDS = 1.0
+# Connections the kernel holds for the process before it accepts them (Linux caps it at
+# net.core.somaxconn, 4096 by default). Past it a new connection's SYN is dropped and the caller
+# retries after 1, 3, 7 s: under aiohttp's default of 128, streams arriving at 200 a second to a
+# busy process waited seconds for their first byte (bench/streams.py).
+LISTEN_BACKLOG = 4096
 
 
 def bind(host: str, port: int, *, shared: bool = False) -> socket.socket:
@@ -63,7 +68,7 @@ def bind(host: str, port: int, *, shared: bool = False) -> socket.socket:
 def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
     """A listening socket on the address; see :func:`bind`."""
     sock = bind(host, port, shared=shared)
-    sock.listen(1024)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -109,7 +114,8 @@ async def _serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, app[RELOADER].reload)
-        await web.SockSite(runner, sock).start()
+        # The site listens again, with its own backlog: the same one, or it would be 128.
+        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
         _tune_garbage_collection()
         on_ready()
         if supervisor_pid is None:
