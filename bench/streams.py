@@ -149,9 +149,11 @@ def _report(args: argparse.Namespace, streams: Sequence[Stream], peaks: Peaks, w
           f"{args.soft_open_files} open files")  # fmt: skip
     print(f"- served completely: {complete} of {len(streams)} (one length: {len(sizes) == 1})"
           + (f"; failed: {errors}" if errors else ""))  # fmt: skip
+    late = sum(s.first_byte_ms is not None and s.first_byte_ms > 1000 for s in streams)
     if first is not None:
         print(
-            f"- first byte: p50 {first.p50:.1f} ms, p99 {first.p99:.1f} ms, max {first.max:.1f} ms"
+            f"- first byte: p50 {first.p50:.1f} ms, p90 {first.p90:.1f} ms, p99 {first.p99:.1f} "
+            f"ms, max {first.max:.1f} ms; {late} after more than 1 s"
         )
     if gaps is not None:
         print(f"- largest gap between chunks (per stream): p50 {gaps.p50:.0f} ms, "
