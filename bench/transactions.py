@@ -45,6 +45,7 @@ async def _run(
     statements = await _statements(admin, lab.database)
     gateway, base = lab.start_gateway()
     try:
+        await steady_load(base, key, 1, 1.0)  # as the test: the key looked up, one ledger row
         if rate:
             statuses = await steady_load(base, key, rate, seconds)
         else:
