@@ -43,9 +43,11 @@ class World:
     upstream: Child
     upstream_url: str
 
-    def start_gateway(self, *, soft_open_files: int | None = None) -> tuple[Child, str]:
-        """``llmgw serve`` on the proxy core (its soft RLIMIT_NOFILE lowered first if asked):
-        the child and its base URL."""
+    def start_gateway(
+        self, *, soft_open_files: int | None = None, redis_url: str | None = None
+    ) -> tuple[Child, str]:
+        """``llmgw serve`` on the proxy core (its soft RLIMIT_NOFILE lowered first if asked; its
+        limits on ``redis_url`` if given): the child and its base URL."""
         port = free_port()
         env = {
             "PATH": "/usr/bin:/bin",
@@ -56,6 +58,8 @@ class World:
             "SHUTDOWN_GRACE_SECONDS": "2",
             "OTEL_SDK_DISABLED": "true",  # no sink here: spans and metrics would only queue
         }
+        if redis_url is not None:
+            env.update(RATE_LIMIT_BACKEND="redis", REDIS_URL=redis_url)
         lowered = [] if soft_open_files is None else ["prlimit", f"--nofile={soft_open_files}:"]
         child = spawn(
             "gateway",

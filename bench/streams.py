@@ -175,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--direct", action="store_true", help="the same streams straight to the fake, no gateway"
     )
+    parser.add_argument("--redis-url", help="the gateway's limits on this Redis")
     parser.add_argument("--nice", type=int, default=0, help="e.g. -10 on a shared machine")
     args = parser.parse_args(argv)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -185,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.direct:
             target, url, key = lab.upstream, lab.upstream_url + "/chat/completions", PROVIDER_KEY
         else:
-            target, base = lab.start_gateway(soft_open_files=args.soft_open_files)
+            target, base = lab.start_gateway(
+                soft_open_files=args.soft_open_files, redis_url=args.redis_url
+            )
             url, key = base + "/v1/chat/completions", asyncio.run(mint_key(lab.database_url))
         try:
             busy_before, overflows = SystemCpu.take(), _listen_overflows()
