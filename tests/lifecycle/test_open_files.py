@@ -176,7 +176,7 @@ def many_files(own_limit: None) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-@pytest.mark.slow  # 15-35 s: each stream lasts about 14 s
+@pytest.mark.slow  # 20-30 s: each stream lasts about 14 s
 async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete_byte_for_byte(
     many_files: None,
     gateway_processes: StartGateways,
@@ -189,11 +189,11 @@ async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete_byte_f
         gateway_env(database_url, fake_venice.base_url), preexec_fn=limited(1024, hard)
     )
     key = await a_key(db)
-    # Each stream lasts about 14 s; they start over 2 s (admission's database round trips are not
+    # Each stream lasts about 14 s; they start over 4 s (admission's database round trips are not
     # what this test is about), so all are open at once for a while even on a loaded machine,
     # where starting 1,000 took more than the 7 s a stream of chunks 1 s apart lasts.
+    template = await sent_by_the_provider(fake_venice)  # the same bytes, without the pauses
     fake_venice.default_behaviour = Behaviour(chunk_delay=2.0)
-    template = await sent_by_the_provider(fake_venice)
     most_streams = most_fds = 0
 
     async def watch() -> None:
@@ -204,12 +204,13 @@ async def test_a_thousand_streams_under_a_soft_limit_of_1024_all_complete_byte_f
             await asyncio.sleep(0.05)
 
     watching = asyncio.create_task(watch())
-    answers = await hold_streams(gateway.url, key, 1000, apart=0.002)
+    answers = await hold_streams(gateway.url, key, 1000, apart=0.004)
     watching.cancel()
     assert most_streams >= 950, most_streams  # open at the same time
     # ... each with both its connections: more descriptors than the limit it was started with.
     assert most_fds > 1024, most_fds
-    assert [status for status, _, _ in answers] == [200] * 1000
+    refused = [body for status, _, body in answers if status != 200]
+    assert refused == [], f"{len(refused)} not answered 200, e.g. {refused[0]!r}"
     mangled = [
         index for index, (_, _, body) in enumerate(answers) if as_relayed(template, body) != body
     ]
