@@ -7,15 +7,13 @@ database is created for the run, migrated to head, and emptied before each test 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmgw.app import create_app
+from llmgw.cli import main
 from llmgw.config import Settings
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
@@ -44,7 +43,16 @@ from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.otlp_receiver import OtlpReceiver
-from tests.processes import clean_env, free_port
+from tests.processes import (
+    LoopbackProcess,
+    answers_http,
+    clean_env,
+    free_port,
+    serve,
+    stop,
+    wait_until,
+)
+from tests.processes import eventually as eventually  # many tests import it from here
 
 _TABLES_TO_EMPTY = tuple(table.name for table in metadata.sorted_tables)
 
@@ -235,14 +243,6 @@ class Gateway:
             response.close()
 
 
-async def eventually(condition: Callable[[], bool], *, within: float = 2.5) -> None:
-    """Wait until ``condition()`` holds; fail if it does not within ``within`` seconds."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def start_gateway(
     fake_venice: FakeVenice, database_url: str, db: asyncpg.Connection
@@ -336,16 +336,10 @@ def no_secret_leaks(secret_scanner: SecretScanner) -> Iterator[None]:
 
 
 @attrs.define
-class GatewayProcess:
+class GatewayProcess(LoopbackProcess):
     """A ``python -m llmgw serve`` process on a loopback port; its JSON log lines go to a file."""
 
-    process: subprocess.Popen[bytes]
-    port: int
     log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -391,30 +385,22 @@ class GatewayProcess:
         return found
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"gateway exited with {self.process.returncode}: {self.log_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:  # noqa: S310
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"gateway on port {self.port} did not answer within {timeout}s")
+        wait_until(
+            lambda: self.running() and answers_http(f"{self.url}/healthz"),
+            within=timeout,
+            what=f"the gateway on port {self.port} answers",
+        )
+
+    def running(self) -> bool:
+        """True while the gateway runs; RuntimeError with the end of its log once it exited."""
+        if self.process.poll() is not None:
+            raise RuntimeError(
+                f"gateway exited with {self.process.returncode}: {self.log_text()[-2000:]}"
+            )
+        return True
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop(self.process, timeout=timeout)
 
 
 def gateway_env(database_url: str, venice_base_url: str, **extra: str) -> dict[str, str]:
@@ -441,15 +427,45 @@ def spawn_gateway(
     """Start a gateway process without waiting for it (see ``GatewayProcess.wait_ready``);
     ``preexec_fn`` runs in the child first (e.g. to lower its open files limit)."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "serve"],
-            env={**env, "BIND_ADDR": f"127.0.0.1:{port}"},
+        process = serve(
+            env,
+            port,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
             preexec_fn=preexec_fn,
         )
     return GatewayProcess(process, port, log_path)
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
+    """A gateway process a module's tests share: ready when entered, stopped cleanly on exit."""
+    gateway = spawn_gateway(env, log_path, free_port())
+    gateway.wait_ready()
+    yield gateway
+    assert gateway.stop() == 0
+
+
+@pytest.fixture
+def serve_in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, str]], int]]:
+    """``llmgw serve``'s ``main`` in this process with only ``env`` as its environment (a process
+    each is what the slow tests do); its exit status. Unless ``env`` names one, BIND_ADDR is a
+    port in use: a configuration accepted by mistake ends in "cannot listen", never in a server."""
+    previous = signal.getsignal(signal.SIGHUP)  # serve ignores SIGHUP until it serves
+    taken = socket.create_server(("127.0.0.1", 0))
+
+    def serve(env: dict[str, str]) -> int:
+        env = {"BIND_ADDR": f"127.0.0.1:{taken.getsockname()[1]}", **env}
+        for name in set(os.environ) - set(env):
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return main(["serve"])
+
+    yield serve
+    taken.close()
+    signal.signal(signal.SIGHUP, previous)
 
 
 StartGateways = Callable[..., list[GatewayProcess]]

@@ -42,6 +42,7 @@ from tests.fake_venice import (
     count_prompt_tokens,
     split_reply,
 )
+from tests.processes import serve_here
 
 FAKE_AZURE_KEY = "fake-azure-key-7f3a9c2e4b"
 # Deployment names (what callers and llmgw name) and the model each one runs (what Azure answers).
@@ -169,11 +170,7 @@ class FakeAzure:
         app.router.add_post("/openai/deployments/{deployment}/embeddings", self._embeddings)
         app.router.add_post("/openai/v1/chat/completions", self._chat)
         app.router.add_post("/openai/v1/embeddings", self._embeddings)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_here(app, access_log=None, shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -25,6 +25,7 @@ from tests.fake_venice import (
     count_prompt_tokens,
     split_reply,
 )
+from tests.processes import serve_here
 
 FAKE_OPENAI_KEY = "sk-fake-openai-key-51c0de"
 FAKE_OPENAI_MODELS = ("gpt-4o-mini", "text-embedding-3-small")
@@ -65,11 +66,7 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_here(app, access_log=None, shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -1017,7 +1017,9 @@ class FakeVenice:
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        # A real provider accepts thousands of connections at once; aiohttp's default queue of
+        # 128 overflowed under bench.streams' 2,000, and each dropped connect cost 1-7 s.
+        await web.TCPSite(runner, host, port, backlog=4096).start()
         self._runner = runner
         self._port = runner.addresses[0][1]
         self._closing.clear()

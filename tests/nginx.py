@@ -13,16 +13,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 import pytest
 
-from tests.processes import REPO_ROOT
+from tests.processes import REPO_ROOT, LoopbackProcess, listening, wait_until
 
 __all__ = ["Nginx", "find_nginx", "render_shipped_config", "require_nginx", "start_nginx"]
 
@@ -57,14 +55,8 @@ def require_nginx() -> str:
 
 
 @attrs.define
-class Nginx:
-    process: subprocess.Popen[bytes]
-    port: int
+class Nginx(LoopbackProcess):
     directory: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def error_log(self) -> Path:
@@ -144,18 +136,13 @@ def render_shipped_config(directory: Path, port: int, upstream_ports: Sequence[i
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes], error_log: Path) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log = error_log.read_text() if error_log.exists() else ""
-            raise RuntimeError(f"nginx exited with {process.returncode}: {log}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        except OSError:
-            time.sleep(0.05)
-        else:
-            return
-    raise TimeoutError(f"nginx did not listen on port {port}")
+    def running() -> bool:
+        if process.poll() is None:
+            return True
+        log = error_log.read_text() if error_log.exists() else ""
+        raise RuntimeError(f"nginx exited with {process.returncode}: {log}")
+
+    wait_until(lambda: running() and listening(port), within=10, what=f"nginx on port {port}")
 
 
 def start_nginx(directory: Path, port: int, upstream_ports: Sequence[int]) -> Nginx:

@@ -11,6 +11,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from tests.processes import serve_here
+
 
 def plain_value(value: AnyValue) -> Any:
     kind = value.WhichOneof("value")
@@ -31,11 +33,7 @@ class OtlpReceiver:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
         app.router.add_post("/v1/metrics", self._metrics)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_here(app)
 
     async def close(self) -> None:
         if self._runner is not None:

@@ -1,7 +1,10 @@
-"""Helpers to run llmgw and the fake upstream as real processes on loopback ports."""
+"""The tests' helpers: llmgw and the fake upstreams as real processes on loopback ports, waiting
+for what a process does, and a clock a test sets."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -10,7 +13,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+
+import attrs
+from aiohttp import web
 
 from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.config import ENVIRONMENT_VARIABLES
@@ -69,38 +77,126 @@ def run_llmgw(
     )
 
 
+async def serve_here(app: web.Application, **options: Any) -> tuple[web.AppRunner, int]:
+    """``app`` served in this process on a free loopback port (``options`` as ``AppRunner``
+    takes them): its runner, to clean up, and the port."""
+    runner = web.AppRunner(app, **options)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
+@attrs.define
+class LoopbackProcess:
+    """A process serving HTTP on a loopback port."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class Clock:
+    """A clock the test sets: calling it returns ``now``, which only the test moves."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Waiting: only for what another process or task does on its own time (a line in a log, a row
+# written, a port listening); what the code under test times itself takes a Clock instead.
+
+
+async def eventually(
+    condition: Callable[[], bool | Awaitable[bool]],
+    *,
+    within: float = 2.5,
+    what: str = "the condition",
+    every: float = 0.02,
+) -> float:
+    """Poll ``condition`` (plain or async) until it holds; the seconds that took. Fails past
+    ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while not await _holds(condition):
+        assert loop.time() - started < within, f"not within {within}s: {what}"
+        await asyncio.sleep(every)
+    return loop.time() - started
+
+
+async def _holds(condition: Callable[[], bool | Awaitable[bool]]) -> bool:
+    held = condition()
+    return await held if inspect.isawaitable(held) else held
+
+
+def wait_until(
+    condition: Callable[[], bool], *, within: float = 30.0, what: str = "the condition"
+) -> None:
+    """:func:`eventually` outside the event loop (blocking), for starting processes."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not within {within}s: {what}")
+        time.sleep(0.05)
+
+
+def answers_http(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback only)
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port`` now."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def running(process: subprocess.Popen[str] | subprocess.Popen[bytes], name: str) -> bool:
+    """True while ``process`` runs; RuntimeError (with its stderr, if piped) once it exited."""
+    if process.poll() is None:
+        return True
+    stderr = process.stderr.read() if process.stderr else ""
+    raise RuntimeError(f"{name} exited with {process.returncode}: {stderr!r}")
+
+
 def wait_for_http(
     url: str, *, timeout: float = 30.0, process: subprocess.Popen[str] | None = None
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(
-                f"process exited with {process.returncode}: {process.stderr.read() if process.stderr else ''}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback only)
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
+    wait_until(
+        lambda: (process is None or running(process, "the process")) and answers_http(url),
+        within=timeout,
+        what=f"{url} answers",
+    )
+
+
+def serve(env: dict[str, str], port: int, **popen: Any) -> subprocess.Popen[Any]:
+    """``python -m llmgw serve`` on the loopback ``port``, not waited for; ``popen`` as
+    ``subprocess.Popen`` takes it."""
+    command = [sys.executable, "-m", "llmgw", "serve"]
+    return subprocess.Popen(command, env={**env, "BIND_ADDR": f"127.0.0.1:{port}"}, **popen)
 
 
 def start_gateway(env: dict[str, str], port: int) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "serve"],
-        env={**env, "BIND_ADDR": f"127.0.0.1:{port}"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """A gateway serving on ``port``, its output in pipes (read them only after it stopped)."""
+    process = serve(env, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_http(f"http://127.0.0.1:{port}/healthz", process=process)
     return process
 
 
-def stop(process: subprocess.Popen[str], *, timeout: float = 30.0) -> int:
+def stop(process: subprocess.Popen[Any], *, timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; its exit status."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

@@ -22,6 +22,9 @@ from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
 from tests.test_messages import read_events
 from tests.test_providers_routing import provider
 
+# Claude Code itself (node) against a gateway: pytest -m slow.
+pytestmark = pytest.mark.slow
+
 RECORDED = json.loads((Path(__file__).parent / "data" / "claude_code_request.json").read_text())
 MODEL = "qwen3-5-9b"
 

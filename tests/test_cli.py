@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from llmgw.auth.keys import hash_key
 from llmgw.storage import migrations
@@ -72,6 +73,7 @@ def test_external_database_not_at_head_refuses_to_start(empty_database: str) -> 
     assert current.stdout.startswith(migrations.head_revision())
 
 
+@pytest.mark.slow  # an embedded PostgreSQL from scratch
 def test_embedded_database_serves_with_no_setup_and_keeps_keys(tmp_path: Path) -> None:
     env = clean_env(VENICE_API_KEY="x", LLMGW_DATA_DIR=str(tmp_path / "data"))
     port = free_port()

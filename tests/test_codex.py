@@ -9,10 +9,14 @@ import re
 from pathlib import Path
 
 import orjson
+import pytest
 
 from llmgw.telemetry import semconv as sc
 from tests.agent_clis import CODEX, agent_cli, run_agent_cli
 from tests.conftest import Gateway, eventually
+
+# Codex itself (node) against a gateway: pytest -m slow.
+pytestmark = pytest.mark.slow
 
 README = Path(__file__).parent.parent / "README.md"
 MODEL = "qwen3-5-9b"

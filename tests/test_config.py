@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,11 @@ def base_env(tmp_path: Path) -> dict[str, str]:
     return clean_env(VENICE_API_KEY="x", LLMGW_DATA_DIR=str(tmp_path))
 
 
+def in_process_env(tmp_path: Path) -> dict[str, str]:
+    """:func:`base_env` less its BIND_ADDR (``serve_in_process`` chooses it)."""
+    return {k: v for k, v in base_env(tmp_path).items() if k != "BIND_ADDR"}
+
+
 def test_defaults_match_the_reference_design() -> None:
     settings = load_settings({})
     assert (settings.bind_host, settings.bind_port) == ("0.0.0.0", 3000)
@@ -71,17 +77,34 @@ def test_stream_bounds_are_read_from_the_environment() -> None:
     assert (settings.stream_max_seconds, settings.upstream_max_event_bytes) == (2.5, 4096)
 
 
+def assert_one_line_naming(variable: str, stderr: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert variable in lines[0]
+    assert "Traceback" not in stderr
+    assert "secret-password" not in stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_each_invalid_value_is_refused_with_one_line_naming_it(
+    serve_in_process: Callable[[dict[str, str]], int],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    variable: str,
+    value: str,
+) -> None:
+    assert serve_in_process({**in_process_env(tmp_path), variable: value}) == 2
+    assert_one_line_naming(variable, capsys.readouterr().err)
+
+
+@pytest.mark.slow  # a process per value: the same as above, through python -m llmgw
 @pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
 def test_each_invalid_value_exits_2_with_one_line_naming_it(
     tmp_path: Path, variable: str, value: str
 ) -> None:
     result = run_llmgw("serve", env={**base_env(tmp_path), variable: value})
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert variable in lines[0]
-    assert "Traceback" not in result.stderr
-    assert "secret-password" not in result.stderr
+    assert_one_line_naming(variable, result.stderr)
 
 
 def test_missing_venice_key_exits_2(tmp_path: Path) -> None:

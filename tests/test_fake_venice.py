@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from tests.fake_venice import (
     FakeVenice,
     expected_cost_usd,
 )
+from tests.processes import eventually
 from tests.recorded import recorded_answer
 
 AUTH = {"Authorization": f"Bearer {FAKE_VENICE_KEY}"}
@@ -215,10 +215,7 @@ async def test_client_going_away_cancels_stalled_stream(
     assert fake.active_streams == 1
 
     response.close()
-    for _ in range(100):
-        if fake.active_streams == 0:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: fake.active_streams == 0, within=1)
     assert (fake.active_streams, fake.cancelled_streams, fake.completed_streams) == (0, 1, 0)
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ import pytest
 
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
-from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
+from tests.conftest import GatewayProcess, gateway_env, serving
 from tests.fake_venice import Behaviour, FakeVenice, ThreadedFakeVenice
-from tests.processes import free_port
+from tests.processes import eventually
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 REQUEST_TIMEOUT = 1.5
@@ -76,10 +76,8 @@ def served(
         VENICE_MAX_RETRIES="1",
         REQUEST_BODY_LIMIT_BYTES=str(BODY_LIMIT),
     )
-    gateway = spawn_gateway(env, tmp_path_factory.mktemp("faults") / "gateway.log", free_port())
-    gateway.wait_ready()
-    yield gateway, key
-    assert gateway.stop() == 0
+    with serving(env, tmp_path_factory.mktemp("faults") / "gateway.log") as gateway:
+        yield gateway, key
 
 
 @pytest.fixture
@@ -129,24 +127,15 @@ async def chat(
         return response.status, await response.read(), request_id
 
 
-async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting until {what}")
-
-
 async def billing_record(gateway: GatewayProcess, request_id: str) -> dict[str, Any]:
     """The request's billing record; it is written when the request ends, so wait briefly."""
-    deadline = time.monotonic() + 5
-    while True:
-        found = [r for r in gateway.billing_records() if r.get("request_id") == request_id]
-        if found:
-            assert len(found) == 1, found
-            return found[0]
-        assert time.monotonic() < deadline, f"no billing record for request {request_id}"
-        await asyncio.sleep(0.05)
+
+    def found() -> list[dict[str, Any]]:
+        return [r for r in gateway.billing_records() if r.get("request_id") == request_id]
+
+    await eventually(found, within=5, what=f"a billing record for request {request_id}")
+    [record] = found()
+    return record
 
 
 def last_event(body: bytes) -> dict[str, Any]:
@@ -278,7 +267,9 @@ async def test_client_leaving_mid_request_cancels_the_upstream_call(
     received = len(venice.fake.received)
     request_id = uuid.uuid4().hex
     task = asyncio.create_task(chat(session, gateway, key, request_id=request_id))
-    await wait_until(lambda: len(venice.fake.received) > received, "Venice has the request")
+    await eventually(
+        lambda: len(venice.fake.received) > received, within=5, what="Venice has the request"
+    )
     task.cancel()  # closes the client's connection while Venice is still thinking
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -300,8 +291,10 @@ async def test_client_leaving_mid_stream_cancels_the_upstream_stream(
     ) as response:
         await response.content.readline()
         response.close()
-    await wait_until(
-        lambda: venice.fake.cancelled_streams > cancelled, "Venice's stream is cancelled"
+    await eventually(
+        lambda: venice.fake.cancelled_streams > cancelled,
+        within=5,
+        what="Venice's stream is cancelled",
     )
     record = await billing_record(gateway, request_id)
     assert record["outcome"] == "cancelled"
@@ -429,6 +422,7 @@ def own_postgres() -> Iterator[tuple[str, Any]]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped or stalled
 async def test_postgres_stopped_and_restarted_under_load(
     own_postgres: tuple[str, Any],
     gateway_processes: Any,
@@ -494,21 +488,21 @@ async def test_postgres_stopped_and_restarted_under_load(
     # No lost billing record: every answered request has its line in the log, and — once the
     # database is back — its row in the usage ledger.
     answered = {request_id for _, _, status, _, request_id in outcomes if status == 200}
-    await wait_until(  # a billing line is written within a flush interval of the answer
+    await eventually(  # a billing line is written within a flush interval of the answer
         lambda: answered <= {r["request_id"] for r in gateway.billing_records()},
-        "every answered request has its billing line",
+        within=5,
+        what="every answered request has its billing line",
     )
     connection = await asyncpg.connect(url)
     try:
-        deadline = time.monotonic() + 5
-        while True:
+
+        async def every_answer_stored() -> bool:
             rows = await connection.fetch("SELECT request_id FROM usage_events")
-            if answered <= {row["request_id"] for row in rows} or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.2)
+            return answered <= {row["request_id"] for row in rows}
+
+        await eventually(every_answer_stored, within=5, what="a row for every answered request")
     finally:
         await connection.close()
-    assert answered <= {row["request_id"] for row in rows}
     assert gateway.problems() == []
 
 
@@ -550,6 +544,7 @@ async def _timed(
     return status, body, time.monotonic() - started
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped or stalled
 async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
     pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:
@@ -578,12 +573,15 @@ async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
         print(f"stalled postgres: {len(answers)} answers, all 503, slowest {slowest:.2f}s")
     finally:
         _signal_cluster(pids, signal.SIGCONT)
-    await asyncio.sleep(0.5)
-    status, body, _ = await chat(session, gateway, key)
-    assert status == 200, body
+
+    async def served_again() -> bool:
+        return (await chat(session, gateway, key))[0] == 200
+
+    await eventually(served_again, within=5, what="an answer once the database is back")
     assert gateway.problems() == []
 
 
+@pytest.mark.slow  # a PostgreSQL server of its own, stopped or stalled
 async def test_the_first_requests_after_a_postgres_restart_succeed_on_an_idle_gateway(
     pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:

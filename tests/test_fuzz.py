@@ -39,11 +39,14 @@ from llmgw.api.openapi import build_document
 from llmgw.app import create_app
 from llmgw.auth.keys import PREFIX_LENGTH
 from llmgw.config import Settings
-from llmgw.console.app import CONSOLE_PREFIX
 from llmgw.routes import PUBLIC_PATHS
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
-from tests.processes import REPO_ROOT, free_port
+from tests.processes import REPO_ROOT, free_port, listening, running, wait_until
+from tests.test_routes import served_routes
+
+# Minutes of schemathesis and hypothesis against a gateway process: pytest -m slow.
+pytestmark = pytest.mark.slow
 
 REQUEST_TIMEOUT = 5.0
 ADMIN_TOKEN = "fuzz-admin-token-3c9e1b7a"
@@ -73,19 +76,6 @@ class Target:
         return {"Authorization": f"Bearer {token}"}
 
 
-def _wait_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the fake Venice exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        except OSError:
-            time.sleep(0.05)
-        else:
-            return
-    raise TimeoutError("the fake Venice did not listen")
-
-
 @pytest.fixture(scope="module")
 def target(
     database_url: str, tmp_path_factory: pytest.TempPathFactory, secret_scanner: Any
@@ -108,7 +98,11 @@ def target(
 
     secret_scanner.register(ADMIN_TOKEN, "the admin token")
     try:
-        _wait_port(venice_port, venice)
+        wait_until(
+            lambda: running(venice, "the fake Venice") and listening(venice_port),
+            within=20,
+            what="the fake Venice listens",
+        )
         issued = asyncio.run(mint())
         env = gateway_env(
             database_url,
@@ -193,20 +187,6 @@ def check_answer(
 # The OpenAPI document and the schema fuzzer
 
 
-def routes_of(app: web.Application) -> Iterator[tuple[str, str]]:
-    """Every API route; the console (browser pages, the admin API behind a cookie) is not one."""
-    for resource in app.router.resources():
-        if resource.canonical.startswith(CONSOLE_PREFIX):
-            continue
-        sub_app = resource.get_info().get("app")
-        if isinstance(sub_app, web.Application):
-            yield from routes_of(sub_app)
-            continue
-        for route in resource:
-            if route.method != "HEAD":
-                yield route.method, resource.canonical
-
-
 def test_openapi_document_lists_every_route(target: Target, http: requests.Session) -> None:
     response = http.get(f"{target.url}/openapi.json")
     assert response.status_code == 200
@@ -219,7 +199,7 @@ def test_openapi_document_lists_every_route(target: Target, http: requests.Sessi
     }
     settings = Settings(venice_api_key="unused", admin_token=ADMIN_TOKEN)
     app = create_app(settings, database_url="postgresql://unused")
-    assert described == set(routes_of(app))
+    assert described == {(method, path) for method, path, _ in served_routes(app)}
     assert ("POST", "/admin/v1/keys") in described
     for path, operations in document["paths"].items():
         for operation in operations.values():

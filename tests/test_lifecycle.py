@@ -22,7 +22,7 @@ import pytest
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, StartGateways, gateway_env, spawn_gateway
 from tests.fake_venice import Behaviour, FakeVenice
-from tests.processes import clean_env, free_port
+from tests.processes import clean_env, eventually, free_port, wait_until
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BODY = {"model": "qwen3-5-9b", "messages": MESSAGES}
@@ -48,11 +48,8 @@ async def timed_chat(base: str, key: str, body: dict[str, Any]) -> tuple[int, fl
         return response.status, time.monotonic() - started
 
 
-async def wait_for_log(gateway: GatewayProcess, text: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in gateway.log_text():
-        assert time.monotonic() < deadline, f"no log line with {text!r}"
-        await asyncio.sleep(0.05)
+async def wait_for_log(gateway: GatewayProcess, text: str) -> None:
+    await eventually(lambda: text in gateway.log_text(), within=10, what=f"a log line {text!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +228,7 @@ def embedded_data_dir(tmp_path: Path) -> Iterator[Path]:
             os.kill(pid, signal.SIGQUIT)
 
 
+@pytest.mark.slow  # an embedded PostgreSQL and three processes
 def test_the_last_live_process_stops_the_cluster_after_one_was_killed(
     embedded_data_dir: Path, tmp_path: Path, fake_venice: FakeVenice
 ) -> None:
@@ -250,7 +248,8 @@ def test_the_last_live_process_stops_the_cluster_after_one_was_killed(
     last = spawn_gateway(env, tmp_path / "last.log", free_port())
     last.wait_ready(timeout=120)
     assert last.stop() == 0
-    deadline = time.monotonic() + 20
-    while postmaster_pid(pgdata) is not None:
-        assert time.monotonic() < deadline, "the last live process did not stop the cluster"
-        time.sleep(0.1)
+    wait_until(
+        lambda: postmaster_pid(pgdata) is None,
+        within=20,
+        what="the last live process stops the cluster",
+    )

@@ -21,9 +21,8 @@ import openai
 import orjson
 import pytest
 
-from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
+from tests.conftest import GatewayProcess, gateway_env, serving
 from tests.fake_venice import Behaviour, ReceivedRequest, ThreadedFakeVenice
-from tests.processes import free_port
 from tests.test_faults import billing_record, mint_key
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -166,10 +165,8 @@ def served(
         LLMGW_CONFIG=str(config),
         REQUEST_TIMEOUT_SECONDS=str(REQUEST_TIMEOUT),
     )
-    gateway = spawn_gateway(env, folder / "gateway.log", free_port())
-    gateway.wait_ready()
-    yield gateway, key
-    assert gateway.stop() == 0
+    with serving(env, folder / "gateway.log") as gateway:
+        yield gateway, key
 
 
 @pytest.fixture

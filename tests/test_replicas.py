@@ -30,9 +30,10 @@ from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, StartGateways, gateway_env, spawn_gateway
 from tests.fake_venice import Behaviour, FakeVenice
 from tests.nginx import Nginx, require_nginx, start_nginx
-from tests.processes import REPO_ROOT, clean_env, free_port, wait_for_http
+from tests.processes import REPO_ROOT, clean_env, eventually, free_port, wait_for_http
 
-pytestmark = pytest.mark.replicas
+# A fleet of gateway processes behind nginx: pytest -m slow.
+pytestmark = [pytest.mark.replicas, pytest.mark.slow]
 
 REPLICAS = 3
 ADMIN_TOKEN = "replica-test-admin-token-6d1f0c"
@@ -239,11 +240,8 @@ async def test_sigterm_to_a_replica_under_load_loses_no_request(
         pinned = []
         for stream in (True, True, True, False, False, False):
             pinned.append(asyncio.create_task(chat(session, cluster.url, key, stream=stream)))
-            expected = len(pinned)
-            for _ in range(250):
-                if len(_completions(cluster.fake)) >= expected:
-                    break
-                await asyncio.sleep(0.01)
+            count = len(pinned)
+            await eventually(lambda n=count: len(_completions(cluster.fake)) >= n, within=2.5)
         assert len(_completions(cluster.fake)) == 6
 
         stop_load = asyncio.Event()

@@ -21,14 +21,14 @@ def _app() -> web.Application:
     return create_app(settings, database_url="postgresql://unused")
 
 
-def _served(app: web.Application) -> Iterator[tuple[str, str, Route | None]]:
+def served_routes(app: web.Application) -> Iterator[tuple[str, str, Route | None]]:
     """(method, path, record) of every API route; the console (browser pages) is not one."""
     for resource in app.router.resources():
         if resource.canonical.startswith(CONSOLE_PREFIX):
             continue
         sub_app = resource.get_info().get("app")
         if isinstance(sub_app, web.Application):
-            yield from _served(sub_app)
+            yield from served_routes(sub_app)
             continue
         for route in resource:
             if route.method != "HEAD":
@@ -37,7 +37,7 @@ def _served(app: web.Application) -> Iterator[tuple[str, str, Route | None]]:
 
 def test_every_route_has_its_operation_and_every_operation_a_route() -> None:
     app = _app()
-    served = list(_served(app))
+    served = list(served_routes(app))
     assert [(method, path) for method, path, record in served if record is None] == []
     document = build_document(app)
     operations = {

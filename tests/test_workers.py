@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -22,12 +21,14 @@ from tests.conftest import (
     GatewayProcess,
     PostgresServer,
     StartGateways,
-    eventually,
     gateway_env,
     spawn_gateway,
 )
 from tests.fake_venice import Behaviour, FakeVenice
-from tests.processes import free_port
+from tests.processes import eventually, free_port
+
+# Supervisors and their worker processes, restarted and killed: pytest -m slow.
+pytestmark = pytest.mark.slow
 
 BODY = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -41,15 +42,13 @@ def worker_pids(gateway: GatewayProcess, number: int) -> list[int]:
 
 async def wait_until_serving(gateway: GatewayProcess, *times: int, timeout: float = 60) -> None:
     """Until worker n has said it is serving ``times[n-1]`` times."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def serving() -> bool:
         text = gateway.log_text()
         counts = [text.count(f"worker {n} serving") for n in range(1, len(times) + 1)]
-        if all(count >= wanted for count, wanted in zip(counts, times, strict=True)):
-            return
-        assert gateway.process.poll() is None, gateway.log_text()[-2000:]
-        assert time.monotonic() < deadline, f"workers serving {counts}, wanted {times}"
-        await asyncio.sleep(0.1)
+        return gateway.running() and all(map(int.__ge__, counts, times))
+
+    await eventually(serving, within=timeout, what=f"workers serving {times} times")
 
 
 @pytest.fixture
@@ -221,11 +220,8 @@ async def test_a_worker_killed_right_after_its_answers_loses_no_ledger_row(
         rows = await db.fetch("SELECT request_id FROM usage_events")
         return sorted(row["request_id"] for row in rows)
 
-    deadline = time.monotonic() + 15
-    while True:
-        rows = await stored()
-        if rows == sorted(answered) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    assert rows == sorted(answered)  # every answered request's row, none twice
+    async def every_answered_row_once() -> bool:
+        return await stored() == sorted(answered)
+
+    await eventually(every_answered_row_once, within=15, what="every answered request's row")
     assert "were found in its spool; they are written now" in gateway.log_text()

@@ -90,7 +90,8 @@ def log_fast_paths() -> None:
 def fast_paths() -> tuple[FastPath, ...]:
     """Every private-name fast path llmgw has."""
     # Imported here: each dependency's module imports this one for FastPath.
+    from llmgw.compat.aiohttp import CONNECTION_HOOKS
     from llmgw.compat.opentelemetry_exporter_otlp import OTLP_SPAN_EXPORT
     from llmgw.compat.opentelemetry_sdk import LEAN_TRACER, METRIC_READER_HOOK
 
-    return (METRIC_READER_HOOK, LEAN_TRACER, OTLP_SPAN_EXPORT)
+    return (METRIC_READER_HOOK, LEAN_TRACER, OTLP_SPAN_EXPORT, CONNECTION_HOOKS)

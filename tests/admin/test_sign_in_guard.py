@@ -8,16 +8,9 @@ import pytest
 
 from llmgw.admin.sign_in_guard import SignInThrottle
 from llmgw.errors import RateLimited
+from tests.processes import Clock
 
 ROUTE = "/console/sign-in"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -13,6 +14,7 @@ from llmgw.auth.authenticator import Authenticator
 from llmgw.errors import AuthenticationFailed
 from llmgw.storage import api_keys
 from llmgw.storage.database import create_pool
+from tests.processes import Clock, eventually
 
 
 class CountingPool:
@@ -46,11 +48,8 @@ async def started(pool: CountingPool, database_url: str, **options: Any) -> Auth
     authenticator = Authenticator(pool.pool, database_url, **options)
     authenticator._pool = pool
     await authenticator.start()
-    for _ in range(200):
-        if authenticator._listening:
-            return authenticator
-        await asyncio.sleep(0.02)
-    raise AssertionError("the LISTEN connection did not come up")
+    await eventually(lambda: authenticator._listening, within=4, what="the LISTEN connection")
+    return authenticator
 
 
 async def new_key(db: asyncpg.Connection, name: str = "cache") -> str:
@@ -108,11 +107,9 @@ async def test_a_revoke_landing_during_a_lookup_is_not_cached_over(
         async def revoke_and_wait_for_the_notification() -> None:
             generation = authenticator._generation
             await db.execute("UPDATE api_keys SET is_active = false, revoked_at = now()")
-            for _ in range(200):
-                if authenticator._generation != generation:
-                    return
-                await asyncio.sleep(0.01)
-            raise AssertionError("the NOTIFY never arrived")
+            await eventually(
+                lambda: authenticator._generation != generation, within=2, what="the NOTIFY"
+            )
 
         pool.during_lookup = revoke_and_wait_for_the_notification
         # The lookup read the row before the revoke committed: this one request still passes...
@@ -120,5 +117,26 @@ async def test_a_revoke_landing_during_a_lookup_is_not_cached_over(
         # ...but what it read was not cached, so the next one sees the revocation.
         with pytest.raises(AuthenticationFailed):
             await authenticator.authenticate(key)
+    finally:
+        await authenticator.close()
+
+
+async def test_a_key_is_refused_once_the_wall_clock_passes_its_expiry_even_from_the_cache(
+    pool: CountingPool, database_url: str, db: asyncpg.Connection
+) -> None:
+    expires = datetime.now(UTC) + timedelta(hours=1)
+    settings = api_keys.KeySettings(name="expiring", expires_at=expires)
+    key = (await api_keys.create_key(db, settings)).plaintext
+    wall_clock = Clock(time.time())
+    authenticator = await started(pool, database_url, wall_clock=wall_clock)
+    try:
+        await authenticator.authenticate(key)
+        lookups = pool.lookups
+        wall_clock.now = expires.timestamp() - 1
+        await authenticator.authenticate(key)
+        wall_clock.now = expires.timestamp()
+        with pytest.raises(AuthenticationFailed):
+            await authenticator.authenticate(key)
+        assert pool.lookups == lookups  # the cached key: its expiry is checked on every use
     finally:
         await authenticator.close()

@@ -81,5 +81,6 @@ def test_one_line_at_start_names_every_fast_path(
     assert record.getMessage() == (
         "fast paths: metric-reader-hook off (opentelemetry-sdk 1.99.0, verified 1.43 to <1.46); "
         "lean-tracer off (opentelemetry-sdk 1.99.0, verified 1.43 to <1.46); "
-        "otlp-span-export off (opentelemetry-exporter-otlp-proto-http None, verified 1.45 to <1.46)"
+        "otlp-span-export off (opentelemetry-exporter-otlp-proto-http None, verified 1.45 to <1.46); "
+        "connection-hooks off (aiohttp None, verified 3.14 to <3.15)"
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +10,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import Gateway
+from tests.processes import eventually
 
 ADMIN_TOKEN = "console-admin-token-for-tests-0123456789"
 
@@ -42,11 +42,18 @@ async def sign_in(gateway: Gateway, session: aiohttp.ClientSession) -> str:
     return page[start : page.index('"', start)]
 
 
-async def wait_for_usage(db: asyncpg.Connection, requests: int, *, within: float = 5.0) -> None:
+async def wait_for_count(
+    db: asyncpg.Connection, query: str, at_least: int, *, within: float = 5.0
+) -> None:
+    """Wait until ``query`` counts ``at_least`` (the ledger and the refusal counts are written in
+    the background)."""
+
+    async def reached() -> bool:
+        return bool(await db.fetchval(query) >= at_least)
+
+    await eventually(reached, within=within, what=f"{query} reaches {at_least}")
+
+
+async def wait_for_usage(db: asyncpg.Connection, requests: int) -> None:
     """Wait until the ledger has written ``requests`` requests into the hourly rollup."""
-    query = "SELECT coalesce(sum(requests), 0) FROM usage_hourly"
-    for _ in range(int(within / 0.05)):
-        if await db.fetchval(query) >= requests:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the rollup did not reach {requests} requests within {within}s")
+    await wait_for_count(db, "SELECT coalesce(sum(requests), 0) FROM usage_hourly", requests)

@@ -24,7 +24,7 @@ from llmgw import app_keys
 from llmgw.storage import api_keys, subjects
 from llmgw.storage.usage import write_batch
 from tests.conftest import Gateway
-from tests.console.conftest import ADMIN_TOKEN, wait_for_usage
+from tests.console.conftest import ADMIN_TOKEN, wait_for_count, wait_for_usage
 from tests.fake_venice import Behaviour
 from tests.usage_records import usage_record
 
@@ -41,10 +41,13 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
-    reason="Debian's chromium is not installed (.ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
+        reason="Debian's chromium is not installed (.ci/run installs it)",
+    ),
+    pytest.mark.slow,  # a browser (Chromium) driving the console: pytest -m slow
+]
 
 
 @pytest.fixture(scope="session")
@@ -218,14 +221,6 @@ def _day_of_usage(day: datetime, keys: list[api_keys.ApiKeyRecord], scale: int) 
     return [r for r in records if r.occurred_at <= datetime.now(UTC)]
 
 
-async def eventually_in_db(db: Any, query: str, at_least: int, within: float = 10.0) -> None:
-    """Wait until ``query`` counts ``at_least`` (refusal counts are written every few seconds)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while await db.fetchval(query) < at_least:
-        assert asyncio.get_running_loop().time() < deadline, f"{query} stayed below {at_least}"
-        await asyncio.sleep(0.1)
-
-
 async def _sign_in(page: Page, gateway: Gateway) -> None:
     await page.goto(gateway.url("/console/sign-in"))
     await page.get_by_label("Admin token").fill(ADMIN_TOKEN)
@@ -333,7 +328,9 @@ async def test_charts_read_like_charts_with_one_day_and_thirty_days_of_data(
     live = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=alpha_key, max_retries=0)
     in_flight = asyncio.create_task(live.chat.completions.create(**chat))
 
-    await eventually_in_db(db, "SELECT coalesce(sum(requests), 0) FROM refusals_by_minute", 2)
+    # Refusal counts are written every few seconds.
+    query = "SELECT coalesce(sum(requests), 0) FROM refusals_by_minute"
+    await wait_for_count(db, query, 2, within=10)
     await wait_for_usage(db, len(seeded) + 1)  # and the limited key's one answered request
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     page = await context.new_page()

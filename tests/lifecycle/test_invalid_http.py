@@ -9,9 +9,15 @@ import asyncpg
 import orjson
 import pytest
 
+from llmgw.compat.aiohttp import CONNECTION_HOOKS
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, StartGateways, eventually, gateway_env
 from tests.fake_venice import FakeVenice
+
+pytestmark = pytest.mark.skipif(
+    not CONNECTION_HOOKS.enabled(),
+    reason="aiohttp's own answer where its connection hooks are off: tests/compat/test_aiohttp.py",
+)
 
 
 async def exchange(

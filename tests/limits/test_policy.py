@@ -15,6 +15,7 @@ from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnav
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.limits.policy import LimitPolicy
 from llmgw.providers.base import Deployment
+from tests.processes import Clock
 from tests.usage_records import usage_record
 
 NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC).timestamp()
@@ -23,14 +24,6 @@ BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_to
 
 class _Provider:
     name = "p"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def key(**fields: Any) -> AuthenticatedKey:
@@ -59,7 +52,7 @@ async def admit(
 
 
 async def test_concurrency_slots_are_taken_and_freed() -> None:
-    clock = Clock()
+    clock = Clock(NOW)
     limits = policy(clock)
     k = key(max_concurrent_requests=2)
     first, _ = await admit(limits, k), await admit(limits, k)
@@ -72,7 +65,7 @@ async def test_concurrency_slots_are_taken_and_freed() -> None:
 
 
 async def test_a_killed_replicas_slot_expires_with_its_lease() -> None:
-    clock = Clock()
+    clock = Clock(NOW)
     limits = policy(clock)
     k = key(max_concurrent_requests=1)
     await admit(limits, k)  # never settled
@@ -83,7 +76,7 @@ async def test_a_killed_replicas_slot_expires_with_its_lease() -> None:
 
 
 async def test_budget_reserves_the_worst_case_and_prices_are_required() -> None:
-    clock = Clock()
+    clock = Clock(NOW)
     price = Price(input_usd_per_mtok=1_000.0, output_usd_per_mtok=10_000.0)
     limits = policy(clock, m=price)
     # Worst case: ceil(len('[{"role":"user","content":"hi"}]') / 4) = 8 input + 10 output tokens.
@@ -112,7 +105,7 @@ async def test_a_media_call_reserves_its_media_price_not_tokens() -> None:
 
 
 async def test_a_subjects_reserved_spend_is_its_requests_in_flight() -> None:
-    clock = Clock()
+    clock = Clock(NOW)
     price = Price(input_usd_per_mtok=1_000.0, output_usd_per_mtok=10_000.0)
     limits = policy(clock, m=price)
     subject = uuid.uuid4()
@@ -127,7 +120,7 @@ async def test_a_subjects_reserved_spend_is_its_requests_in_flight() -> None:
 
 
 async def test_tokens_per_minute_reserve_in_the_current_minute() -> None:
-    clock = Clock()
+    clock = Clock(NOW)
     limits = policy(clock)
     k = key(tokens_per_minute=36)  # two worst cases of 18 tokens
     await admit(limits, k)
@@ -141,7 +134,7 @@ async def test_tokens_per_minute_reserve_in_the_current_minute() -> None:
 
 
 async def test_the_window_and_the_allowlist_come_first() -> None:
-    limits = policy(Clock())
+    limits = policy(Clock(NOW))
     with pytest.raises(ModelNotAllowed):
         await admit(limits, key(allowed_models=frozenset({"other"})))
     k = key(rate_limit_requests=1, max_concurrent_requests=5)
@@ -171,7 +164,7 @@ class _FlakyStore(MemoryLimitStore):
 
 
 async def test_a_settlement_the_store_refuses_is_sent_again() -> None:
-    clock = Clock()
+    clock = Clock(NOW)
     store = _FlakyStore(clock)
     limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
     k = key(max_concurrent_requests=1)

@@ -24,6 +24,7 @@ from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
 from llmgw.routing.strategy import ORDERED, Strategy
 from tests.limits.test_store_contract import REDIS, REDIS_URL
+from tests.processes import eventually
 
 BACKENDS = ["memory", "postgres", REDIS]
 
@@ -98,16 +99,6 @@ async def replicas(
         await pool.close()
 
 
-async def eventually(condition: object, within: float) -> float:
-    """Seconds until ``condition()`` held; fails past ``within``."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while not condition():  # type: ignore[operator]
-        assert loop.time() - started < within, "not within the time allowed"
-        await asyncio.sleep(0.01)
-    return loop.time() - started
-
-
 def route() -> list[Deployment]:
     prefix = uuid.uuid4().hex[:8]
     return [Deployment(StubProvider(f"{prefix}-{n}"), "m") for n in ("a", "b")]  # type: ignore[arg-type]
@@ -122,7 +113,9 @@ async def test_a_deployment_one_replica_found_down_is_skipped_by_the_other_withi
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
     assert replicas.first.plan(deployments, ORDERED) == [deployments[1]]
-    await eventually(lambda: replicas.second.plan(deployments, ORDERED) == [deployments[1]], 1.0)
+    await eventually(
+        lambda: replicas.second.plan(deployments, ORDERED) == [deployments[1]], within=1.0
+    )
     assert replicas.second.health(down.label).state == "open"
     # It recovers: the first replica's probe succeeds, and both return to it.
     await asyncio.sleep(0.5)
@@ -132,14 +125,16 @@ async def test_a_deployment_one_replica_found_down_is_skipped_by_the_other_withi
     attempt.answered()
     attempt.done()
     assert replicas.first.plan(deployments, ORDERED) == deployments
-    await eventually(lambda: replicas.second.health(down.label).state == "closed", 1.0)
+    await eventually(lambda: replicas.second.health(down.label).state == "closed", within=1.0)
     assert replicas.second.plan(deployments, ORDERED) == deployments
 
 
 async def test_a_429s_wait_reaches_the_other_replica(replicas: Replicas) -> None:
     deployments = route()
     replicas.first.attempt(deployments[0]).failed(retry_after=60.0)
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "open", within=1.0
+    )
     until = replicas.second.health(deployments[0].label).open_until
     assert until == replicas.first.health(deployments[0].label).open_until
 
@@ -171,7 +166,9 @@ async def test_a_message_that_cannot_be_read_changes_nothing(
     # Then a real change still arrives: the listener survived what came before it.
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "open", within=1.0
+    )
     assert replicas.second.health("x:m").state == "closed"
     assert replicas.second.health("x:m").in_flight_all_replicas == 0
 
@@ -183,12 +180,16 @@ async def test_least_busy_moves_traffic_away_from_a_deployment_busy_on_the_other
     least_busy = Strategy("least-busy")
     assert replicas.first.plan(deployments, least_busy) == deployments  # equal: listed order
     held = [replicas.second.attempt(deployments[0]) for _ in range(3)]
-    await eventually(lambda: replicas.first.plan(deployments, least_busy) == deployments[::-1], 1.5)
+    await eventually(
+        lambda: replicas.first.plan(deployments, least_busy) == deployments[::-1], within=1.5
+    )
     assert replicas.first.health(deployments[0].label).in_flight == 0  # none of its own
     assert replicas.first.health(deployments[0].label).in_flight_all_replicas == 3
     for attempt in held:
         attempt.done()
-    await eventually(lambda: replicas.first.plan(deployments, least_busy) == deployments, 1.5)
+    await eventually(
+        lambda: replicas.first.plan(deployments, least_busy) == deployments, within=1.5
+    )
 
 
 async def test_a_replica_that_starts_skips_a_deployment_found_down_before_it_started(
@@ -197,7 +198,9 @@ async def test_a_replica_that_starts_skips_a_deployment_found_down_before_it_sta
     deployments = route()
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "open", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "open", within=1.0
+    )
     started = await replicas.start()  # a replica started (or restarted) now: no change since
     assert started.plan(deployments, ORDERED) == [deployments[1]]
     assert started.health(deployments[0].label).open_until == (
@@ -217,7 +220,9 @@ async def test_a_replica_that_starts_does_not_skip_a_deployment_that_recovered(
     attempt = replicas.first.attempt(deployments[0])
     attempt.answered()
     attempt.done()
-    await eventually(lambda: replicas.second.health(deployments[0].label).state == "closed", 1.0)
+    await eventually(
+        lambda: replicas.second.health(deployments[0].label).state == "closed", within=1.0
+    )
     started = await replicas.start()
     assert started.plan(deployments, ORDERED) == deployments
 
@@ -229,7 +234,7 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     replicas.second.configure({down.provider.name: 0.3})
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
-    await eventually(lambda: replicas.second.health(down.label).state == "open", 1.0)
+    await eventually(lambda: replicas.second.health(down.label).state == "open", within=1.0)
     await asyncio.sleep(0.3)
     # Both plan it as their probe; the store lets one of them send it.
     assert replicas.first.plan(deployments, ORDERED) == deployments
@@ -241,12 +246,12 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     assert not await replicas.second.claim(down)
     # The probe's caller left: the claim is given back, and the other replica probes.
     replicas.first.attempt(down).abandoned()
-    await eventually(lambda: not replicas.first._releases, 1.0)
+    await eventually(lambda: not replicas.first._releases, within=1.0)
     assert replicas.second.plan(deployments, ORDERED) == deployments
     assert await replicas.second.claim(down)
     # Its probe fails: the breaker opens again, and the next probe is claimed afresh.
     replicas.second.attempt(down).failed()
-    await eventually(lambda: replicas.first.health(down.label).openings == 2, 1.0)
+    await eventually(lambda: replicas.first.health(down.label).openings == 2, within=1.0)
     await asyncio.sleep(0.6)
     assert replicas.first.plan(deployments, ORDERED) == deployments
     assert await replicas.first.claim(down)

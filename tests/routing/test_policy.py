@@ -13,14 +13,7 @@ from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.channel import HealthChange, LoadReport
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import EXPLORE_SHARE, ORDERED, Strategy
-
-
-@attrs.define
-class Clock:
-    now: float = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.processes import Clock
 
 
 @attrs.frozen
@@ -33,7 +26,7 @@ def deployments(*names: str) -> list[Deployment]:
 
 
 def policy(clock: Clock | None = None, *, seed: int = 7) -> RoutingPolicy:
-    clock = clock or Clock()
+    clock = clock or Clock(1_000_000.0)
     return RoutingPolicy(clock=clock, monotonic=clock, rng=random.Random(seed))
 
 
@@ -103,7 +96,7 @@ def test_least_busy_counts_the_requests_other_replicas_report() -> None:
 
 
 def test_least_latency_moves_traffic_to_the_faster_deployment_and_still_explores() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock, seed=11), deployments("slow", "fast")
     strategy = Strategy("least-latency")
     seconds = {"slow:m": 2.0, "fast:m": 0.2}
@@ -122,7 +115,7 @@ def test_least_latency_moves_traffic_to_the_faster_deployment_and_still_explores
 
 
 def test_least_latency_follows_a_deployment_that_got_slower() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock, seed=5), deployments("a", "b")
     strategy = Strategy("least-latency")
     seconds = {"a:m": 0.1, "b:m": 0.5}
@@ -148,7 +141,7 @@ def test_an_open_deployment_is_left_out_and_the_rest_keep_their_order() -> None:
 
 
 def test_when_every_deployment_is_open_the_least_recently_failed_is_tried() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b", "c")
     for deployment in (route[1], route[2], route[0]):
         take_down(routing, deployment)
@@ -157,7 +150,7 @@ def test_when_every_deployment_is_open_the_least_recently_failed_is_tried() -> N
 
 
 def test_after_the_cooldown_one_request_probes_first_and_its_success_brings_it_back() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     take_down(routing, route[0])
     clock.now += 30
@@ -172,7 +165,7 @@ def test_after_the_cooldown_one_request_probes_first_and_its_success_brings_it_b
 
 
 def test_a_failed_probe_keeps_it_out_twice_as_long() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     take_down(routing, route[0])
     clock.now += 30
@@ -182,7 +175,7 @@ def test_a_failed_probe_keeps_it_out_twice_as_long() -> None:
 
 
 def test_a_probe_whose_caller_left_frees_the_slot() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     take_down(routing, route[0])
     clock.now += 30
@@ -192,7 +185,7 @@ def test_a_probe_whose_caller_left_frees_the_slot() -> None:
 
 
 def test_retry_after_opens_it_for_that_long() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     routing.attempt(route[0]).failed(retry_after=12.0)
     assert labels(routing.plan(route, ORDERED)) == ["b"]
@@ -201,7 +194,7 @@ def test_retry_after_opens_it_for_that_long() -> None:
 
 
 def test_each_provider_has_its_own_cooldown() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     routing.configure({"a": 5.0})
     take_down(routing, route[0])
@@ -211,7 +204,7 @@ def test_each_provider_has_its_own_cooldown() -> None:
 
 
 def test_a_change_from_another_replica_is_taken_unless_older_than_what_is_known() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     routing.receive(HealthChange("a:m", clock.now + 30, 1, clock.now, changed_at=clock.now))
     assert labels(routing.plan(route, ORDERED)) == ["b"]
@@ -222,7 +215,7 @@ def test_a_change_from_another_replica_is_taken_unless_older_than_what_is_known(
 
 
 def test_a_stream_is_timed_to_its_first_token_not_its_headers() -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("quick-headers", "steady")
     for deployment, headers, first_token in ((route[0], 0.05, 3.0), (route[1], 0.4, 0.2)):
         attempt = routing.attempt(deployment)

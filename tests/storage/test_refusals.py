@@ -9,16 +9,9 @@ import asyncpg
 import pytest
 
 from llmgw.storage.refusals import RefusalCounts, refusals_since
+from tests.processes import Clock
 
 NOON = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOON.timestamp() + 30
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -32,7 +25,7 @@ async def pool(database_url: str, db: asyncpg.Connection) -> AsyncIterator[async
 async def test_counts_are_added_per_minute_and_read_per_status_and_code(
     pool: asyncpg.Pool, db: asyncpg.Connection
 ) -> None:
-    clock = Clock()
+    clock = Clock(NOON.timestamp() + 30)
     counts = RefusalCounts(pool, clock=clock)
     for _ in range(3):
         counts.count("/v1/chat/completions", 429, "rate_limit_exceeded")
@@ -56,7 +49,7 @@ async def test_counts_are_added_per_minute_and_read_per_status_and_code(
 async def test_counts_are_kept_while_the_database_does_not_answer(
     pool: asyncpg.Pool, db: asyncpg.Connection
 ) -> None:
-    counts = RefusalCounts(pool, clock=Clock())
+    counts = RefusalCounts(pool, clock=Clock(NOON.timestamp() + 30))
     counts.count("/v1/chat/completions", 401, "invalid_api_key")
     # Another session holds the table: the write waits, then times out like a stalled server.
     async with db.transaction():

@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import traceback
 import uuid
 import weakref
@@ -33,7 +32,7 @@ from llmgw.telemetry.logs import REQUEST_ID, BatchingStreamHandler, JsonFormatte
 from llmgw.telemetry.redact import redact
 from tests.conftest import Gateway, StartGateways, gateway_env
 from tests.fake_venice import FakeVenice
-from tests.processes import REPO_ROOT
+from tests.processes import REPO_ROOT, wait_until
 from tests.usage_records import usage_record
 
 _STANDARD_ATTRIBUTES = frozenset(
@@ -305,13 +304,6 @@ def messages(text: str) -> list[str]:
     return [orjson.loads(line)["message"] for line in text.splitlines()]
 
 
-def until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
-
-
 def test_many_lines_go_out_in_few_writes_all_of_them_in_order(
     start_logger: Any, stream: Stream
 ) -> None:
@@ -343,9 +335,11 @@ def test_a_line_goes_out_within_the_interval_with_nothing_after_it(
 ) -> None:
     logger, _ = start_logger(stream, interval=0.05)
     logger.info("alone")
-    until(lambda: messages(stream.getvalue()) == ["alone"], "the line is written")
+    wait_until(lambda: messages(stream.getvalue()) == ["alone"], what="the line is written")
     logger.info("later")
-    until(lambda: messages(stream.getvalue()) == ["alone", "later"], "the next one is too")
+    wait_until(
+        lambda: messages(stream.getvalue()) == ["alone", "later"], what="the next one is too"
+    )
 
 
 def test_close_writes_the_rest_and_stops_the_flusher(start_logger: Any, stream: Stream) -> None:

@@ -16,16 +16,9 @@ import pytest
 from llmgw.telemetry.logs import JsonFormatter
 from llmgw.telemetry.refusals import Refusal, RefusalLog
 from tests.conftest import Gateway
+from tests.processes import Clock
 
 LOGGER = "llmgw.refusals"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
