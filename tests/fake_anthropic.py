@@ -34,6 +34,7 @@ from aiohttp import web
 
 from llmgw.translation.anthropic import error_body
 from tests.fake_venice import split_reply
+from tests.processes import serve_here
 
 FAKE_ANTHROPIC_KEY = "sk-ant-fake-key-0a7c1e"
 FAKE_ANTHROPIC_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5")
@@ -119,11 +120,7 @@ class FakeAnthropic:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_here(app, access_log=None, shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

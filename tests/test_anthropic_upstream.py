@@ -117,11 +117,8 @@ async def ledger_rows(gateway: Gateway, count: int) -> list[Any]:
         rows = await gateway.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
         return len(rows) >= count
 
-    for _ in range(100):
-        if await enough():
-            return rows
-        await eventually(lambda: True)
-    raise AssertionError(f"{len(rows)} ledger rows, expected {count}")
+    await eventually(enough, what=f"{count} ledger rows")
+    return rows
 
 
 # Native Messages ---------------------------------------------------------------------------------
