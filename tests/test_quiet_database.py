@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
+from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
@@ -104,14 +105,16 @@ async def run_gateway(
     fake_venice: FakeVenice,
     key: str,
     rate: int,
+    slices: int = 0,
 ) -> Counted:
     """Commits from before a gateway starts until after it stopped, with one request and then
     ``rate`` requests a second for ``SECONDS`` (0: idle for as long)."""
-    database = database_url.rsplit("/", 1)[1]
+    database = urlsplit(database_url).path.lstrip("/")  # socket URLs carry ?host=/path
     admin = await asyncpg.connect(postgres_server.admin_url)
     try:
         before = await committed(admin, database)
-        (gateway,) = gateway_processes(gateway_env(database_url, fake_venice.base_url))
+        env = gateway_env(database_url, fake_venice.base_url, LIMIT_SLICE_REQUESTS=str(slices))
+        (gateway,) = gateway_processes(env)
         # Both runs look the key up and write one ledger row first: a burst of first requests
         # would each look it up before the first lookup is cached, which is not the steady state.
         assert await steady_load(gateway.url, key, 1, 1.0) == [200]
@@ -129,11 +132,15 @@ async def run_gateway(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "every_limit",
+    ("every_limit", "slices"),
     [
-        pytest.param(False, id="request-window"),
+        pytest.param(False, 0, id="request-window"),
+        # With capacity leases (llmgw.limits.leases) a replica admits from its slice and sends
+        # usage in the background, batched: the hot path has no transaction of its own.
+        pytest.param(True, 64, id="every-limit-with-slices"),
         pytest.param(
             True,
+            0,
             id="every-limit",
             marks=pytest.mark.xfail(
                 strict=True,
@@ -151,14 +158,15 @@ async def test_a_steady_load_commits_one_transaction_a_request_and_the_ledgers_b
     fake_venice: FakeVenice,
     db: asyncpg.Connection,
     every_limit: bool,
+    slices: int,
 ) -> None:
     key = await a_key(db, every_limit)
     await db.close()  # the database has no other client than the gateway
     idle = await run_gateway(
-        postgres_server, gateway_processes, database_url, fake_venice, key, rate=0
+        postgres_server, gateway_processes, database_url, fake_venice, key, rate=0, slices=slices
     )
     loaded = await run_gateway(
-        postgres_server, gateway_processes, database_url, fake_venice, key, rate=RATE
+        postgres_server, gateway_processes, database_url, fake_venice, key, rate=RATE, slices=slices
     )
     assert loaded.statuses == [200] * loaded.requests, collections.Counter(loaded.statuses)
     added = loaded.commits - idle.commits
