@@ -25,6 +25,7 @@ from typing import Any, Final
 import attrs
 import orjson
 
+from llmgw.config_converter import check
 from llmgw.errors import InvalidRequest, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,
@@ -34,12 +35,12 @@ from llmgw.providers.base import (
     UpstreamStream,
 )
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
-from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
+from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 from llmgw.streaming.sse import SSEScanner, event_data
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.messages_to_chat import ChatChunks, chat_error_body, completion_from_message
 
-__all__ = ["ANTHROPIC_VERSION", "PLUGIN", "AnthropicProvider"]
+__all__ = ["ANTHROPIC_VERSION", "PLUGIN", "AnthropicOptions", "AnthropicProvider"]
 
 # The version both anthropic SDKs send; a caller's own goes instead when its body is forwarded.
 ANTHROPIC_VERSION: Final = "2023-06-01"
@@ -56,6 +57,21 @@ _EVENT_STREAM: Final = "text/event-stream"
 ANTHROPIC_CAPABILITIES: Final = Capabilities(reasoning=True, prefill=True, native_messages=True)
 
 
+AUTH_SCHEMES: Final = ("x-api-key", "bearer")
+
+
+@attrs.frozen
+class AnthropicOptions:
+    """The keys of a ``kind = "anthropic"`` entry beyond every provider's."""
+
+    # How the key is sent: an Anthropic API key as ``x-api-key``; a token (OAuth, or a gateway in
+    # front of Anthropic) as ``Authorization: Bearer``, as the anthropic SDK sends its auth_token.
+    auth: str = attrs.field(
+        default="x-api-key",
+        validator=check(lambda scheme: scheme in AUTH_SCHEMES, '"x-api-key" or "bearer"'),
+    )
+
+
 class AnthropicProvider(OpenAICompatibleProvider):
     def __init__(
         self,
@@ -63,8 +79,10 @@ class AnthropicProvider(OpenAICompatibleProvider):
         base_url: str,
         headers: Mapping[str, str] | None = None,
         capabilities: Capabilities = ANTHROPIC_CAPABILITIES,
+        auth: str = "x-api-key",
         **options: Any,
     ) -> None:
+        self._auth = auth  # read by _credentials, which the base class calls while it starts
         super().__init__(
             base_url=base_url.rstrip("/") + "/v1",
             headers={"anthropic-version": ANTHROPIC_VERSION, **(headers or {})},
@@ -73,6 +91,8 @@ class AnthropicProvider(OpenAICompatibleProvider):
         )
 
     def _credentials(self, api_key: str) -> Mapping[str, str]:
+        if self._auth == "bearer":
+            return super()._credentials(api_key)
         return {"x-api-key": api_key}
 
     def _url(self, path: str, model: str | None) -> str:
@@ -157,8 +177,13 @@ class AnthropicProvider(OpenAICompatibleProvider):
         return attrs.evolve(answer, body=orjson.dumps({"object": "list", "data": models}))
 
 
-PLUGIN: Final[ProviderPlugin[NoOptions]] = ProviderPlugin(
-    factory=AnthropicProvider.from_setup,
+def _from_setup(setup: ProviderSetup[AnthropicOptions]) -> AnthropicProvider:
+    return AnthropicProvider.from_setup(setup, auth=setup.options.auth)
+
+
+PLUGIN: Final[ProviderPlugin[AnthropicOptions]] = ProviderPlugin(
+    factory=_from_setup,
+    options=AnthropicOptions,
     capabilities=ANTHROPIC_CAPABILITIES,
     summary="Anthropic's Messages API (/v1/messages forwarded as sent; chat and Responses translated)",
 )
