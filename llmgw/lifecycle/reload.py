@@ -85,10 +85,11 @@ class ConfigReloader:
         """Apply the configuration file as it is now; False (and a log line) if it is invalid."""
         try:
             settings = load_settings(require_venice_key=True)
+            registry = self._build_registry(settings)  # a plugin's factory may refuse its entry
         except ConfigError as exc:
             log.error("configuration reload failed, the running configuration stays: %s", exc)
             return False
-        retired = self._registry.replace_with(self._build_registry(settings))
+        retired = self._registry.replace_with(registry)
         self._models_cache.clear()
         if self._prices is not None:
             self._prices.reconfigure(

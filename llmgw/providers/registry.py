@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from llmgw.config import Settings
+from llmgw.config import ConfigError, Settings
 from llmgw.provider_config import ModelAlias, ProviderSpec
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
-from llmgw.providers.kinds import load_kind
+from llmgw.providers.kinds import KindError, load_kind
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
@@ -21,7 +21,7 @@ from llmgw.providers.retry import RetryPolicy
 from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
-__all__ = ["ProviderRegistry", "build_registry"]
+__all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry"]
 
 
 class ProviderRegistry:
@@ -118,7 +118,23 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         max_connections=spec.max_connections,
         max_response_bytes=settings.upstream_max_response_bytes,
     )
-    return load_kind(spec.kind).factory(setup)
+    try:
+        return load_kind(spec.kind).factory(setup)
+    except KindError as exc:
+        raise ProviderBuildError(spec.name, str(exc)) from None
+    except Exception as exc:  # a plugin's factory may fail in any way; say so in one line
+        raise ProviderBuildError(
+            spec.name, f'kind "{spec.kind}" could not build it: {type(exc).__name__}: {exc}'
+        ) from None
+
+
+class ProviderBuildError(ConfigError):
+    """A provider's kind could not make it from its (valid) entry; one line naming the provider."""
+
+    def __init__(self, provider: str, problem: str) -> None:
+        # Not ConfigError's "VARIABLE has invalid value" sentence: the entry was valid.
+        Exception.__init__(self, f"LLMGW_CONFIG: provider {provider!r}: {problem}")
+        self.variable = "LLMGW_CONFIG"
 
 
 def build_registry(settings: Settings) -> ProviderRegistry:

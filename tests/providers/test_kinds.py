@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.config import ConfigError, load_settings
 from llmgw.provider_config import ProviderConfigError, load_provider_config
 from llmgw.providers.kinds import installed_kinds, load_kind
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
+from llmgw.providers.registry import build_registry
 from tests.providers.installed import install
 
 # A plugin module: kind "regional", with a required key of its own and one with a checked range.
@@ -18,6 +20,7 @@ REGIONAL = """
 import attrs
 from llmgw.config_converter import check
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
+from llmgw.providers.registry import build_registry
 from tests.providers.installed import install
 
 @attrs.frozen
@@ -30,6 +33,16 @@ PLUGIN = ProviderPlugin(
     options=Options,
     capabilities=Capabilities(reasoning=True, native_messages=True),
 )
+"""
+
+# A plugin whose factory refuses the entry it was given (a valid one, by its options).
+FAILING = """
+from llmgw.providers.plugin import ProviderPlugin
+
+def factory(setup):
+    raise RuntimeError(f"no region serves {setup.base_url}")
+
+PLUGIN = ProviderPlugin(factory=factory)
 """
 
 
@@ -45,10 +58,12 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             "regional": "llmgw_test_regional:PLUGIN",
             "broken": "llmgw_test_broken:PLUGIN",
             "not-a-plugin": "llmgw_test_regional:Options",
+            "failing": "llmgw_test_failing:PLUGIN",
         },
         {
             "llmgw_test_regional": REGIONAL,
             "llmgw_test_broken": "import llmgw_no_such_module\n",
+            "llmgw_test_failing": FAILING,
         },
     )
     return path
@@ -116,7 +131,7 @@ def test_an_unknown_key_lists_the_kind_s_own_keys_too(tmp_path: Path, site: Path
 def test_an_unknown_kind_lists_the_installed_ones(tmp_path: Path, site: Path) -> None:
     assert problem(tmp_path, "foo") == (
         'providers[0].kind: no provider kind "foo" is installed; installed kinds: '
-        '"anthropic", "azure-openai", "broken", "not-a-plugin", "openai-compatible", "regional", "venice"'
+        '"anthropic", "azure-openai", "broken", "failing", "not-a-plugin", "openai-compatible", "regional", "venice"'
     )
 
 
@@ -128,4 +143,20 @@ def test_a_plugin_that_fails_to_load_is_named_in_one_line(tmp_path: Path, site: 
     )
     assert problem(tmp_path, "not-a-plugin").endswith(
         "is a type, not an llmgw.providers.plugin.ProviderPlugin"
+    )
+
+
+async def test_a_plugin_whose_factory_fails_is_named_in_one_line(
+    tmp_path: Path, site: Path
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        '[[providers]]\nname = "p"\nkind = "failing"\nbase_url = "http://127.0.0.1:9"\n'
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path)})
+    with pytest.raises(ConfigError) as refused:
+        build_registry(settings)
+    assert str(refused.value) == (
+        "LLMGW_CONFIG: provider 'p': kind \"failing\" could not build it: "
+        "RuntimeError: no region serves http://127.0.0.1:9"
     )
