@@ -137,7 +137,7 @@ class PostgresHealthChannel:
                 await connection.add_listener(CHANNEL, self._on_notify)
                 await connection.add_listener(LOAD_CHANNEL, self._on_notify)
                 # After LISTEN: a change made meanwhile arrives as well (taken if newer).
-                rows = await connection.fetch(_OPEN)
+                rows = await self._open_breakers(connection)
         except BaseException:
             connection.terminate()
             raise
@@ -145,3 +145,16 @@ class PostgresHealthChannel:
             for row in rows:
                 self._receive(HealthChange(**dict(row)))
         return connection
+
+    async def _open_breakers(self, connection: asyncpg.Connection) -> list[asyncpg.Record]:
+        """The breakers kept open; none while the schema is behind (/readyz says so, and the
+        replica still serves: it only learns of breakers as they change)."""
+        try:
+            rows: list[asyncpg.Record] = await connection.fetch(_OPEN)
+        except asyncpg.UndefinedTableError:
+            log.warning(
+                "deployment health: no deployment_health table (the schema is behind: "
+                "llmgw db upgrade); breakers kept open by other replicas are not loaded"
+            )
+            return []
+        return rows
