@@ -15,6 +15,9 @@ from llmgw.storage import migrations
 from tests.processes import clean_env, free_port, start_gateway, stop
 from tests.processes import run_llmgw as llmgw
 
+# Each test runs llmgw's CLI as a process (a second or more each): run by .ci/run's `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 
 async def test_keys_create_list_revoke_rotate(database_url: str, db: asyncpg.Connection) -> None:
     env = clean_env(DATABASE_URL=database_url)

@@ -166,6 +166,7 @@ async def test_venice_down_is_502_and_the_gateway_recovers_when_it_returns(
     assert (await billing_record(gateway, request_id))["outcome"] == "completed"
 
 
+@pytest.mark.slow
 async def test_venice_too_slow_to_answer_is_504_within_the_timeout(
     gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
 ) -> None:
@@ -178,6 +179,7 @@ async def test_venice_too_slow_to_answer_is_504_within_the_timeout(
         assert (await billing_record(gateway, request_id))["status"] == 504
 
 
+@pytest.mark.slow
 async def test_venice_going_silent_mid_stream_ends_it_with_an_error_event(
     gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
 ) -> None:
@@ -318,6 +320,7 @@ async def read_response(reader: asyncio.StreamReader, limit: float) -> bytes:
     return await asyncio.wait_for(read(), limit)
 
 
+@pytest.mark.slow
 async def test_slow_loris_clients_are_cut_off_by_the_timeout(
     gateway: GatewayProcess, key: str
 ) -> None:

@@ -56,6 +56,7 @@ async def wait_for_log(gateway: GatewayProcess, text: str) -> None:
 # Timeouts
 
 
+@pytest.mark.slow
 async def test_upstream_timeout_of_5s_is_met_within_10_percent(
     gateway_processes: StartGateways, database_url: str, fake_venice: FakeVenice, db: Any
 ) -> None:
@@ -87,6 +88,7 @@ def silent_collector() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.mark.slow
 async def test_sigterm_exits_within_the_grace_whatever_the_collector_does(
     gateway_processes: StartGateways,
     database_url: str,
@@ -163,6 +165,7 @@ def providers_file(path: Path, base_url: str) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_sighup_rereads_the_config_without_dropping_a_request(
     gateway_processes: StartGateways,
     database_url: str,

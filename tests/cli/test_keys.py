@@ -10,6 +10,9 @@ import pytest
 
 from tests.processes import clean_env, run_llmgw
 
+# Each test runs llmgw's CLI as a process (a second or more each): run by .ci/run's `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 
 def create(env: dict[str, str], *args: str) -> str:
     created = run_llmgw("keys", "create", "--name", "cli", *args, env=env)

@@ -12,11 +12,15 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import pytest
 
 from tests.conftest import Gateway
 from tests.console.conftest import wait_for_usage
 from tests.processes import clean_env
 from tests.test_cli import llmgw
+
+# Each test runs llmgw's CLI as a process (a second or more each): run by .ci/run's `pytest -m slow`.
+pytestmark = pytest.mark.slow
 
 ADMIN_TOKEN = "cli-parity-admin-token-0123456789"
 

@@ -24,6 +24,9 @@ from tests.conftest import with_database
 from tests.fake_venice import FAKE_VENICE_KEY
 from tests.processes import clean_env, free_port, run_llmgw
 
+# Each test runs llmgw's CLI as a process (a second or more each): run by .ci/run's `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 
 def assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -> str:
     lines = result.stderr.strip().splitlines()

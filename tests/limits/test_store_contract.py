@@ -338,6 +338,7 @@ class _Replica:
         self.process.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["postgres", REDIS])
 async def test_leased_replica_processes_never_exceed_any_cap_even_when_one_is_killed(
     backend: str, database_url: str

@@ -317,6 +317,7 @@ def test_an_answer_with_a_wrong_type_anywhere_is_translated_or_refused() -> None
     assert not found, "\n".join(found)
 
 
+@pytest.mark.slow
 def test_a_stream_with_a_wrong_type_anywhere_is_translated_or_ends_in_an_error() -> None:
     found = []
     for path in cases("stream"):
