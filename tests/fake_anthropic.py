@@ -34,7 +34,7 @@ from aiohttp import web
 
 from llmgw.translation.anthropic import error_body
 from tests.fake_venice import split_reply
-from tests.processes import serve_here
+from tests.processes import ServedHere
 
 FAKE_ANTHROPIC_KEY = "sk-ant-fake-key-0a7c1e"
 FAKE_ANTHROPIC_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5")
@@ -89,7 +89,7 @@ def _event(kind: str, payload: dict[str, Any]) -> bytes:
     )
 
 
-class FakeAnthropic:
+class FakeAnthropic(ServedHere):
     def __init__(self, *, reply: str = "Hello from fake Claude!", chunks: int = 3) -> None:
         self.reply = reply
         self.chunks = chunks
@@ -97,8 +97,6 @@ class FakeAnthropic:
         self.streamed: list[bytes] = []  # each stream's bytes, as written
         self._failures: collections.deque[int] = collections.deque()
         self._mid_stream_errors: collections.deque[str] = collections.deque()
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     @property
     def base_url(self) -> str:
@@ -115,17 +113,12 @@ class FakeAnthropic:
     def calls(self, path: str) -> list[Received]:
         return [r for r in self.received if r.path == path]
 
-    async def __aenter__(self) -> FakeAnthropic:
+    def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
-        self._runner, self.port = await serve_here(app, access_log=None, shutdown_timeout=0.5)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     async def _admit(self, request: web.Request) -> dict[str, Any] | web.Response:
         raw = await request.read()

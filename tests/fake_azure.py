@@ -42,7 +42,7 @@ from tests.fake_venice import (
     count_prompt_tokens,
     split_reply,
 )
-from tests.processes import serve_here
+from tests.processes import ServedHere
 
 FAKE_AZURE_KEY = "fake-azure-key-7f3a9c2e4b"
 # Deployment names (what callers and llmgw name) and the model each one runs (what Azure answers).
@@ -139,7 +139,7 @@ def azure_error(status: int, code: str, message: str, **headers: str) -> web.Res
     )
 
 
-class FakeAzure:
+class FakeAzure(ServedHere):
     def __init__(self, *, reply: str = "Hello from fake Azure!", chunks: int = 4) -> None:
         self.reply = reply
         self.chunks = chunks
@@ -148,8 +148,6 @@ class FakeAzure:
         self.usage: dict[str, Any] | None = None
         self.received: list[ReceivedRequest] = []
         self._outcomes: collections.deque[Outcome] = collections.deque()
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     @property
     def endpoint(self) -> str:
@@ -164,18 +162,13 @@ class FakeAzure:
         """What was received at ``path`` (without the query)."""
         return [r for r in self.received if r.path.partition("?")[0] == path]
 
-    async def __aenter__(self) -> FakeAzure:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self._chat)
         app.router.add_post("/openai/deployments/{deployment}/embeddings", self._embeddings)
         app.router.add_post("/openai/v1/chat/completions", self._chat)
         app.router.add_post("/openai/v1/embeddings", self._embeddings)
-        self._runner, self.port = await serve_here(app, access_log=None, shutdown_timeout=0.5)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     # Admission -------------------------------------------------------------------------------
 

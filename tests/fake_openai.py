@@ -25,7 +25,7 @@ from tests.fake_venice import (
     count_prompt_tokens,
     split_reply,
 )
-from tests.processes import serve_here
+from tests.processes import ServedHere
 
 FAKE_OPENAI_KEY = "sk-fake-openai-key-51c0de"
 FAKE_OPENAI_MODELS = ("gpt-4o-mini", "text-embedding-3-small")
@@ -41,14 +41,12 @@ def openai_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {**error, "param": None, "code": None}}, status=status)
 
 
-class FakeOpenAI:
+class FakeOpenAI(ServedHere):
     def __init__(self, *, reply: str = "Hello from fake OpenAI!", chunks: int = 4) -> None:
         self.reply = reply
         self.chunks = chunks
         self.received: list[ReceivedRequest] = []
         self._failures: collections.deque[int] = collections.deque()
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     @property
     def base_url(self) -> str:
@@ -61,17 +59,12 @@ class FakeOpenAI:
     def calls(self, path: str) -> list[ReceivedRequest]:
         return [r for r in self.received if r.path == path]
 
-    async def __aenter__(self) -> FakeOpenAI:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
-        self._runner, self.port = await serve_here(app, access_log=None, shutdown_timeout=0.5)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     async def _admit(self, request: web.Request) -> dict[str, Any] | web.Response:
         body = orjson.loads(await request.read() or b"null")

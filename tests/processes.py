@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 from aiohttp import web
@@ -84,6 +84,27 @@ async def serve_here(app: web.Application, **options: Any) -> tuple[web.AppRunne
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     return runner, runner.addresses[0][1]
+
+
+class ServedHere:
+    """A fake API served in this process on a free loopback port while its ``async with`` lasts;
+    a subclass says what it serves (``app``)."""
+
+    port = 0
+    _runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._runner, self.port = await serve_here(
+            self.app(), access_log=None, shutdown_timeout=0.5
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 @attrs.define
