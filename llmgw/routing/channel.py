@@ -3,8 +3,9 @@
 - a breaker's change (:class:`HealthChange`): a replica publishes when a breaker of its own opens
   or closes; every replica (itself included) receives it and takes it when it is newer than what it
   knows. A few hundred bytes of JSON: the deployment, until when it is open (null: closed), how
-  often it opened in a row and when it last failed. The stores also keep the open ones, so a
-  replica that starts is told of them before it serves (:meth:`HealthChannel.start`);
+  often it opened in a row and when it last failed. The stores also keep the newest per deployment
+  (newest by ``changed_at``, whatever order replicas wrote them in), so a replica that starts is
+  told of the open ones before it serves (:meth:`HealthChannel.start`);
 - a replica's load (:class:`LoadReport`, :mod:`llmgw.routing.load`): its requests in flight per
   deployment, at most four times a second and only when they changed. It travels on a channel of
   its own (``LOAD_CHANNEL``), so a replica of an older version is not sent what it cannot read.
@@ -24,6 +25,7 @@ import orjson
 
 __all__ = [
     "CHANNEL",
+    "KEEP_SECONDS",
     "LOAD_CHANNEL",
     "HealthChange",
     "HealthChannel",
@@ -32,6 +34,7 @@ __all__ = [
     "Receiver",
     "decode",
     "encode",
+    "kept_until",
 ]
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,10 @@ log = logging.getLogger(__name__)
 # The Postgres NOTIFY channels and the Redis pub/sub channels (breakers, load).
 CHANNEL = "llmgw_deployment_health"
 LOAD_CHANNEL = "llmgw_deployment_load"
+# A change stays in the store this long after it stops mattering (the breaker closed, or its
+# opening ran out): an older change that a late replica writes after it is then known to be older
+# and not kept. Writes are late by seconds (a publish gives up after 2 s).
+KEEP_SECONDS = 300.0
 
 
 @attrs.frozen(slots=True)
@@ -57,6 +64,11 @@ class LoadReport:
     ttl: float  # seconds the receiver counts it (by its own clock: clocks need not agree)
 
 
+def kept_until(change: HealthChange) -> float:
+    """Until when the store keeps ``change`` (wall-clock seconds)."""
+    return (change.changed_at if change.open_until is None else change.open_until) + KEEP_SECONDS
+
+
 Message = HealthChange | LoadReport
 Receiver = Callable[[Message], None]
 
@@ -69,8 +81,8 @@ class HealthChannel(Protocol):
         ...
 
     async def publish(self, message: Message) -> None:
-        """Send ``message`` to every replica (and keep an open breaker, forget a closed one);
-        raises when the store cannot be reached."""
+        """Send ``message`` to every replica (and keep a breaker's change unless a newer one of
+        the same deployment is kept); raises when the store cannot be reached."""
         ...
 
     async def close(self) -> None: ...

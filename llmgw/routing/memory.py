@@ -12,11 +12,13 @@ __all__ = ["MemoryHealthChannel", "MemoryHealthHub"]
 
 class MemoryHealthHub:
     """What a Postgres or a Redis server is to replicas: every message reaches every channel, and
-    the open breakers are kept for a channel that starts."""
+    the newest change per deployment is kept (the open ones are told to a channel that starts)."""
 
     def __init__(self) -> None:
         self.receivers: list[Receiver] = []
-        self.open: dict[str, HealthChange] = {}  # deployment -> its newest change, while open
+        # deployment -> its newest change, closed ones too (a late older one is not kept); as many
+        # as deployments, so nothing is forgotten
+        self.kept: dict[str, HealthChange] = {}
 
 
 class MemoryHealthChannel:
@@ -26,17 +28,16 @@ class MemoryHealthChannel:
 
     async def start(self, receive: Receiver) -> None:
         self._receive = receive
-        for change in self._hub.open.values():
-            receive(change)
+        for change in self._hub.kept.values():
+            if change.open_until is not None:
+                receive(change)
         self._hub.receivers.append(receive)
 
     async def publish(self, message: Message) -> None:
         if isinstance(message, HealthChange):
-            kept = self._hub.open.get(message.deployment)
+            kept = self._hub.kept.get(message.deployment)
             if kept is None or kept.changed_at <= message.changed_at:
-                self._hub.open.pop(message.deployment, None)
-                if message.open_until is not None:
-                    self._hub.open[message.deployment] = message
+                self._hub.kept[message.deployment] = message
         loop = asyncio.get_running_loop()
         for receive in self._hub.receivers:
             loop.call_soon(receive, message)  # later, as a message from a server would arrive

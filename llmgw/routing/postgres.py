@@ -20,6 +20,7 @@ import asyncpg
 from llmgw.background import cancel_and_wait
 from llmgw.routing.channel import (
     CHANNEL,
+    KEEP_SECONDS,
     LOAD_CHANNEL,
     HealthChange,
     Message,
@@ -34,7 +35,7 @@ __all__ = ["PostgresHealthChannel"]
 log = logging.getLogger(__name__)
 
 # Keeps the newest change per deployment (an older one arriving late is not kept) and notifies in
-# the same statement; rows of breakers closed or expired, other than this one, go on the way out.
+# the same statement; rows of other deployments kept past ``kept_until`` go on the way out.
 _KEEP_AND_NOTIFY = """
 WITH kept AS (
     INSERT INTO deployment_health AS h
@@ -49,7 +50,7 @@ WITH kept AS (
 ), pruned AS (
     DELETE FROM deployment_health
     WHERE deployment <> $3
-      AND (open_until IS NULL OR open_until < extract(epoch FROM clock_timestamp()))
+      AND coalesce(open_until, changed_at) + $8 < extract(epoch FROM clock_timestamp())
 )
 SELECT pg_notify($1, $2)
 """
@@ -89,6 +90,7 @@ class PostgresHealthChannel:
                 message.openings,
                 message.last_failure_at,
                 message.changed_at,
+                KEEP_SECONDS,
                 timeout=self._timeout,
             )
         else:

@@ -1,11 +1,12 @@
 """Health changes through Redis: PUBLISH on two channels (breakers, load), SUBSCRIBEd to by every
 replica.
 
-An open breaker is also kept, as the message that announced it, under ``<channel>:open:<deployment>``
-until it ends (``PX``), and deleted when it closes, in the same round trip as the PUBLISH; each
-time the subscription opens the keys there are delivered, so a replica that starts, or comes back
-from an outage, knows at once which deployments are down. A lost subscription is opened again every
-half second; the outage is logged once.
+A breaker's newest change is also kept, as the message that announced it, under
+``<channel>:open:<deployment>`` (the name older versions read) until :func:`kept_until` (``PX``),
+by the script that publishes it: one written later by a replica whose write was late does not
+replace a newer one. Each time the subscription opens the open breakers kept there are delivered,
+so a replica that starts, or comes back from an outage, knows at once which deployments are down. A
+lost subscription is opened again every half second; the outage is logged once.
 """
 
 from __future__ import annotations
@@ -30,11 +31,28 @@ from llmgw.routing.channel import (
     Receiver,
     decode,
     encode,
+    kept_until,
 )
 
 __all__ = ["RedisHealthChannel"]
 
 log = logging.getLogger(__name__)
+
+# KEYS[1]: the deployment's key; ARGV: the change, its changed_at, how long to keep it (ms, none
+# when <= 0), the channel. Newest wins as in Postgres: an equal changed_at replaces.
+_KEEP_AND_PUBLISH = """
+local kept = redis.call('GET', KEYS[1])
+local newer = false
+if kept then
+    local ok, change = pcall(cjson.decode, kept)
+    newer = ok and type(change) == 'table' and type(change.changed_at) == 'number'
+        and change.changed_at > tonumber(ARGV[2])
+end
+if not newer and tonumber(ARGV[3]) > 0 then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+end
+return redis.call('PUBLISH', ARGV[4], ARGV[1])
+"""
 
 
 class RedisHealthChannel:
@@ -46,7 +64,8 @@ class RedisHealthChannel:
         self._channel = channel
         # The default names stay the Postgres ones; a test's own channel gets its own load channel.
         self._load_channel = LOAD_CHANNEL if channel == CHANNEL else f"{channel}:load"
-        self._clock = clock  # how long an open breaker is kept
+        self._clock = clock  # how long a change is kept, and whether a kept one is still open
+        self._keep_and_publish: Any = self._client.register_script(_KEEP_AND_PUBLISH)
         self._receive: Receiver | None = None
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
@@ -64,23 +83,20 @@ class RedisHealthChannel:
             if not isinstance(message, HealthChange):
                 await self._client.publish(self._load_channel, payload)
                 return
-            key = f"{self._channel}:open:{message.deployment}"
-            pipe = self._client.pipeline(transaction=False)
-            left = None if message.open_until is None else message.open_until - self._clock()
-            if left is None or left <= 0:
-                pipe.delete(key)
-            else:
-                pipe.set(key, payload, px=math.ceil(left * 1000))
-            pipe.publish(self._channel, payload)
-            await pipe.execute()
+            keep_ms = math.ceil((kept_until(message) - self._clock()) * 1000)
+            await self._keep_and_publish(
+                keys=[f"{self._channel}:open:{message.deployment}"],
+                args=[payload, repr(message.changed_at), keep_ms, self._channel],
+            )
 
     async def _deliver_open(self) -> None:
         """Every breaker kept open, to the receiver (after SUBSCRIBE: none is missed)."""
         assert self._receive is not None
         keys = [key async for key in self._client.scan_iter(match=f"{self._channel}:open:*")]
+        now = self._clock()
         for payload in await self._client.mget(keys) if keys else []:
             change = None if payload is None else decode(payload)
-            if isinstance(change, HealthChange):
+            if isinstance(change, HealthChange) and (change.open_until or 0.0) > now:
                 self._receive(change)
 
     async def close(self) -> None:

@@ -6,6 +6,7 @@ cannot be read changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -18,7 +19,7 @@ from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
 from llmgw.providers.base import Deployment
 from llmgw.routing.breaker import FAILURES_TO_OPEN
-from llmgw.routing.channel import CHANNEL, LOAD_CHANNEL, HealthChannel
+from llmgw.routing.channel import CHANNEL, LOAD_CHANNEL, HealthChange, HealthChannel
 from llmgw.routing.memory import MemoryHealthChannel, MemoryHealthHub
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
@@ -255,3 +256,40 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     await asyncio.sleep(0.6)
     assert replicas.first.plan(deployments, ORDERED) == deployments
     assert await replicas.first.claim(down)
+
+
+async def publish_in_turn(replicas: Replicas, changes: list[HealthChange]) -> None:
+    """Written to the store in this order, as two replicas' late and early writes may be."""
+    channel = replicas.channel()
+    await channel.start(lambda _message: None)
+    try:
+        for change in changes:
+            await channel.publish(change)
+    finally:
+        await channel.close()
+
+
+def change(label: str, changed_at: float, open_for: float | None) -> HealthChange:
+    until = None if open_for is None else changed_at + open_for
+    return HealthChange(label, until, 1 if until else 0, changed_at, changed_at)
+
+
+@pytest.mark.parametrize("later", ["closed", "open for less", "open for more"])
+async def test_a_replica_that_starts_is_told_the_newest_change_whatever_order_it_was_written_in(
+    replicas: Replicas, later: str
+) -> None:
+    deployments = route()
+    label, other = deployments[0].label, deployments[1].label
+    now = time.time()
+    newest = change(label, now + 2, None if later == "closed" else 30.0)
+    older = change(label, now + 1, 20.0 if later == "open for more" else 60.0)
+    # Between the two, a change of another deployment (what Postgres tidies up on).
+    await publish_in_turn(replicas, [newest, change(other, now, 5.0), older])
+    started = await replicas.start()
+    health = started.health(label)
+    assert (health.state, health.open_until) == (
+        ("closed", None) if later == "closed" else ("open", newest.open_until)
+    )
+    # The replicas already running were told of both, and took the newest.
+    for policy in replicas.started:
+        await eventually(lambda p=policy: p.health(label).open_until == newest.open_until)
