@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import asyncpg
@@ -59,7 +59,7 @@ from llmgw.telemetry.setup import build_providers
 
 __all__ = ["create_app"]
 
-ProvidersFactory = Callable[[Settings], ProviderRegistry]
+ProvidersFactory = Callable[[Settings], Awaitable[ProviderRegistry]]
 
 
 def _health_channel(settings: Settings, database_url: str) -> HealthChannel:
@@ -172,7 +172,7 @@ def create_app(
     generations = RequestGenerations()
 
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
-        registry = providers(settings)
+        registry = await providers(settings)
         app[app_keys.PROVIDERS] = registry
         observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)

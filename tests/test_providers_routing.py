@@ -431,7 +431,9 @@ def test_without_a_file_venice_is_the_only_provider() -> None:
 
 
 async def test_each_provider_gets_its_max_connections() -> None:
-    registry = build_registry(load_settings({"VENICE_API_KEY": "k", "VENICE_MAX_CONNECTIONS": "7"}))
+    registry = await build_registry(
+        load_settings({"VENICE_API_KEY": "k", "VENICE_MAX_CONNECTIONS": "7"})
+    )
     try:
         assert [pool.max_connections for pool in registry.connection_pools()] == [7]
     finally:

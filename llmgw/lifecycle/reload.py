@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 
 from aiohttp import web
 
@@ -18,7 +18,7 @@ from llmgw.accounting.prices import PriceTable, configured_prices, publishers
 from llmgw.api.models import ModelListCache
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.providers.registry import ProviderRegistry, close_providers
 
 __all__ = ["RELOADER", "ConfigReloader", "RequestGenerations"]
 
@@ -69,7 +69,7 @@ class ConfigReloader:
     def __init__(
         self,
         registry: ProviderRegistry,
-        build_registry: Callable[[Settings], ProviderRegistry],
+        build_registry: Callable[[Settings], Awaitable[ProviderRegistry]],
         models_cache: ModelListCache,
         generations: RequestGenerations,
         prices: PriceTable | None = None,
@@ -79,13 +79,20 @@ class ConfigReloader:
         self._build_registry = build_registry
         self._models_cache = models_cache
         self._generations = generations
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()  # reloads, and closes of what they replaced
 
-    def reload(self) -> bool:
-        """Apply the configuration file as it is now; False (and a log line) if it is invalid."""
+    def reload_soon(self) -> None:
+        """SIGHUP's handler: :meth:`reload` in a task of its own (the handler cannot wait)."""
+        self._track(self.reload())
+
+    async def reload(self) -> bool:
+        """Apply the configuration file as it is now; False (and a log line) if it is invalid.
+
+        Nothing waits between reading the file and routing with it (only a failed build waits, to
+        close what it built), so reloads apply in the order they were asked for."""
         try:
             settings = load_settings(require_venice_key=True)
-            registry = self._build_registry(settings)  # a plugin's factory may refuse its entry
+            registry = await self._build_registry(settings)  # a plugin may refuse its entry
         except ConfigError as exc:
             log.error("configuration reload failed, the running configuration stays: %s", exc)
             return False
@@ -95,9 +102,7 @@ class ConfigReloader:
             self._prices.reconfigure(
                 configured_prices(settings), publishers(self._registry.providers)
             )
-        task = asyncio.create_task(self._close_when_drained(self._generations.advance(), retired))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._track(self._close_when_drained(self._generations.advance(), retired))
         log.info(
             "configuration reloaded: providers %s; model aliases %s",
             ", ".join(provider.name for provider in self._registry.providers),
@@ -105,16 +110,22 @@ class ConfigReloader:
         )
         return True
 
+    def _track(self, work: Coroutine[None, None, object]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _close_when_drained(
         self, generation: _Generation, providers: tuple[Provider, ...]
     ) -> None:
         await generation.drained.wait()
-        for provider in providers:
-            await provider.close()
+        await close_providers(providers)
 
     async def close(self) -> None:
-        """At shutdown, after the server stopped: close what earlier reloads replaced."""
-        await asyncio.gather(*self._retiring, return_exceptions=True)
+        """At shutdown, after the server stopped: finish the reloads under way and close what
+        reloads replaced (a reload that ends meanwhile may add a close to wait for)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 RELOADER = web.AppKey("reloader", ConfigReloader)

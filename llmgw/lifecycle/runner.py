@@ -113,7 +113,7 @@ async def _serve(
     try:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, app[RELOADER].reload)
+        loop.add_signal_handler(signal.SIGHUP, app[RELOADER].reload_soon)
         # The site listens again, with its own backlog: the same one, or it would be 128.
         await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
         _tune_garbage_collection()

@@ -7,7 +7,7 @@ never needs to know a provider's kind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from llmgw.config import ConfigError, Settings
 from llmgw.provider_config import ModelAlias, ProviderSpec
@@ -21,7 +21,7 @@ from llmgw.providers.retry import RetryPolicy
 from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
-__all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry"]
+__all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry", "close_providers"]
 
 
 class ProviderRegistry:
@@ -87,8 +87,13 @@ class ProviderRegistry:
         return [p.connections for p in self.providers if isinstance(p, OpenAICompatibleProvider)]
 
     async def close(self) -> None:
-        for provider in self.providers:
-            await provider.close()
+        await close_providers(self.providers)
+
+
+async def close_providers(providers: Iterable[Provider]) -> None:
+    """Close each provider (its session), in order."""
+    for provider in providers:
+        await provider.close()
 
 
 def _venice_from_environment(settings: Settings) -> ProviderSpec:
@@ -137,11 +142,20 @@ class ProviderBuildError(ConfigError):
         self.variable = "LLMGW_CONFIG"
 
 
-def build_registry(settings: Settings) -> ProviderRegistry:
-    """Every configured provider, each with its own session. Call inside the event loop."""
+async def build_registry(settings: Settings) -> ProviderRegistry:
+    """Every configured provider, each with its own session. When one cannot be built, those
+    built before it are closed before ProviderBuildError is raised: nothing is left open, at start
+    or on a reload that keeps the running configuration."""
     specs = settings.providers or (_venice_from_environment(settings),)
+    built: list[Provider] = []
+    try:
+        for spec in specs:
+            built.append(_build_provider(spec, settings))
+    except ProviderBuildError:
+        await close_providers(built)
+        raise
     return ProviderRegistry(
-        [_build_provider(spec, settings) for spec in specs],
+        built,
         settings.model_aliases,
         cooldowns={spec.name: spec.circuit_cooldown_seconds for spec in specs},
         caps={spec.name: AccountCap(spec.rpm, spec.tpm) for spec in specs},

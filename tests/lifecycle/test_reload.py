@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,13 @@ def registry_of(name: str) -> ProviderRegistry:
     return ProviderRegistry([StubProvider(name)])  # type: ignore[list-item]
 
 
+def builds(name: str) -> Callable[[Settings], Awaitable[ProviderRegistry]]:
+    async def build(_settings: Settings) -> ProviderRegistry:
+        return registry_of(name)
+
+    return build
+
+
 @pytest.fixture
 def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for variable in ("LLMGW_CONFIG", "DATABASE_URL"):
@@ -44,7 +52,7 @@ async def test_old_providers_close_when_the_last_request_that_may_use_them_ends(
 ) -> None:
     built: list[ProviderRegistry] = []
 
-    def build(_settings: Settings) -> ProviderRegistry:
+    async def build(_settings: Settings) -> ProviderRegistry:
         built.append(registry_of(f"new-{len(built)}"))
         return built[-1]
 
@@ -61,7 +69,7 @@ async def test_old_providers_close_when_the_last_request_that_may_use_them_ends(
     request: Any = None
     in_flight = asyncio.create_task(generations.middleware(request, slow_handler))
     await asyncio.sleep(0)
-    assert reloader.reload() is True
+    assert await reloader.reload() is True
     assert [p.name for p in registry.providers] == ["new-0"]
     await asyncio.sleep(0.01)
     assert not old.closed, "a request that started before the reload may still use it"
@@ -82,11 +90,9 @@ async def test_an_invalid_file_keeps_the_running_configuration(
     config.write_text("[[providers]]\nname = 'unterminated\n")
     monkeypatch.setenv("LLMGW_CONFIG", str(config))
     registry = registry_of("running")
-    reloader = ConfigReloader(
-        registry, lambda _s: registry_of("never"), ModelListCache(), RequestGenerations()
-    )
+    reloader = ConfigReloader(registry, builds("never"), ModelListCache(), RequestGenerations())
     with caplog.at_level(logging.ERROR, logger="llmgw.lifecycle.reload"):
-        assert reloader.reload() is False
+        assert await reloader.reload() is False
     assert [p.name for p in registry.providers] == ["running"]
     assert "configuration reload failed, the running configuration stays" in caplog.text
     assert str(config) in caplog.text
@@ -108,15 +114,15 @@ async def test_a_reload_brings_the_new_files_prices(
     prices = PriceTable([PriceRule("local:*", Price(9.0, 9.0))])
     reloader = ConfigReloader(
         registry_of("local"),
-        lambda _s: registry_of("local"),
+        builds("local"),
         ModelListCache(),
         RequestGenerations(),
         prices,
     )
-    assert reloader.reload() is True
+    assert await reloader.reload() is True
     assert prices.price("local", "any-model") == Price(0.5, 2.0)
     config.write_text(config.read_text().replace("2.0", "3.0"))
-    assert reloader.reload() is True
+    assert await reloader.reload() is True
     assert prices.price("local", "any-model") == Price(0.5, 3.0)
     await reloader.close()
     await prices.close()

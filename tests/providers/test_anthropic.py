@@ -49,7 +49,7 @@ async def test_the_kinds_defaults_an_override_and_a_mixed_route(tmp_path: Path) 
     claude, old, _ = settings.providers
     assert claude.capabilities == Capabilities(reasoning=True, prefill=True, native_messages=True)
     assert old.capabilities == Capabilities(reasoning=True, prefill=False, native_messages=False)
-    registry = build_registry(settings)
+    registry = await build_registry(settings)
     try:
         provider = registry.resolve("claude/claude-sonnet-4-5").deployments[0].provider
         assert isinstance(provider, AnthropicProvider)
@@ -79,7 +79,7 @@ async def test_the_key_is_sent_as_x_api_key_or_as_a_bearer_token(
             'api_key_env = "ANTHROPIC_KEY"\n' + ("" if auth is None else f"auth = {auth}\n")
         )
         settings = load_settings({"LLMGW_CONFIG": str(path), "ANTHROPIC_KEY": FAKE_ANTHROPIC_KEY})
-        registry = build_registry(settings)
+        registry = await build_registry(settings)
         try:
             body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "Hi"}]}
             call = UpstreamCall(

@@ -4,15 +4,20 @@ validates. A kind that is missing or does not load is one configuration error na
 
 from __future__ import annotations
 
+import gc
+import logging
 from pathlib import Path
 
 import pytest
 
+from llmgw.api.models import ModelListCache
 from llmgw.config import ConfigError, load_settings
+from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from llmgw.provider_config import ProviderConfigError, load_provider_config
 from llmgw.providers.kinds import installed_kinds, load_kind
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
-from llmgw.providers.registry import build_registry
+from llmgw.providers.registry import ProviderRegistry, build_registry
+from tests.lifecycle.test_reload import StubProvider
 from tests.providers.installed import install
 
 # A plugin module: kind "regional", with a required key of its own and one with a checked range.
@@ -155,8 +160,42 @@ async def test_a_plugin_whose_factory_fails_is_named_in_one_line(
     )
     settings = load_settings({"LLMGW_CONFIG": str(path)})
     with pytest.raises(ConfigError) as refused:
-        build_registry(settings)
+        await build_registry(settings)
     assert str(refused.value) == (
         "LLMGW_CONFIG: provider 'p': kind \"failing\" could not build it: "
         "RuntimeError: no region serves http://127.0.0.1:9"
     )
+
+
+@pytest.mark.parametrize("when", ["start", "reload"])
+async def test_the_providers_built_before_a_factory_fails_are_closed(
+    tmp_path: Path,
+    site: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        "".join(
+            f'[[providers]]\nname = "{name}"\nkind = "{kind}"\nbase_url = "http://127.0.0.1:9"\n'
+            for name, kind in (("a", "openai-compatible"), ("b", "venice"), ("p", "failing"))
+        )
+    )
+    monkeypatch.setenv("LLMGW_CONFIG", str(path))
+    monkeypatch.setenv("VENICE_API_KEY", "unused")
+    with caplog.at_level(logging.ERROR):
+        if when == "start":
+            with pytest.raises(ConfigError, match="provider 'p'"):
+                await build_registry(load_settings(require_venice_key=True))
+        else:
+            running = ProviderRegistry([StubProvider("running")])  # type: ignore[list-item]
+            reloader = ConfigReloader(
+                running, build_registry, ModelListCache(), RequestGenerations()
+            )
+            assert await reloader.reload() is False
+            assert [p.name for p in running.providers] == ["running"]
+            assert "the running configuration stays: LLMGW_CONFIG: provider 'p'" in caplog.text
+            await reloader.close()
+        gc.collect()  # an unclosed aiohttp session says so as it is collected
+    assert "Unclosed" not in caplog.text
