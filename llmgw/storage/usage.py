@@ -39,10 +39,8 @@ INSERT INTO usage_events (
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
           $21, $22, $23, $24, $25, $26, $27)
 ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
 """
-# Rows of the batch already stored (a replayed spool, or a batch retried after its commit was cut
-# off): skipped, so neither the row nor the running totals and rollup count them twice.
-_STORED = "SELECT event_id FROM usage_events WHERE event_id = ANY($1::uuid[])"
 # Saturates just below what numeric(30,18) holds, so no amount of spend can make a later row of
 # the same subject unstorable (each row's cost is bounded by accounting.usage.MAX_COST).
 _ADD_SPEND = """
@@ -80,41 +78,43 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
     """Insert the rows and add them to the running totals and the hourly rollup, in one transaction;
     rows already stored (by event id) are skipped."""
     async with conn.transaction():
-        stored = {row[0] for row in await conn.fetch(_STORED, [r.event_id for r in records])}
-        fresh = {r.event_id: r for r in records if r.event_id not in stored}  # and once each
-        await _write_new(conn, list(fresh.values()))
+        await _write_new(conn, records)
 
 
 async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
-    if not records:
+    rows = [
+        (
+            r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
+            r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
+            r.input_tokens, r.output_tokens, _decimal(r.cost_usd), _decimal(r.cost_diem),
+            r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
+            r.cost_computed, r.event_id, r.cache_read_input_tokens,
+            r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
+            r.reasoning_output_tokens, r.deployment, r.attempts,
+        )
+        for r in records
+    ]  # fmt: skip
+    # Only the rows this insert stored are counted. Those already stored (a replayed spool, a
+    # batch retried after its commit was cut off, one still committing when this one began, which
+    # the insert waits for) or twice in the batch are not, so no total counts a row twice.
+    stored = {row[0] for row in await conn.fetchmany(_INSERT, rows)}
+    fresh = list({r.event_id: r for r in records if r.event_id in stored}.values())
+    if not fresh:
         return
     spend: defaultdict[tuple[uuid.UUID, date], Decimal] = defaultdict(Decimal)
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
-    rows = []
-    for r in records:
+    for r in fresh:
         cost_usd = _decimal(r.cost_usd)
-        rows.append(
-            (
-                r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
-                r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
-                r.input_tokens, r.output_tokens, cost_usd, _decimal(r.cost_diem),
-                r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
-                r.cost_computed, r.event_id, r.cache_read_input_tokens,
-                r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
-                r.reasoning_output_tokens, r.deployment, r.attempts,
-            )
-        )  # fmt: skip
         if r.subject_id is not None and cost_usd:
             spend[(r.subject_id, month_start(r.occurred_at))] += cost_usd
         used = (r.input_tokens or 0) + (r.output_tokens or 0)
         if used:
             tokens[(r.api_key_id, minute_start(r.occurred_at))] += used
-    await conn.executemany(_INSERT, rows)
     if spend:
         await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
     if tokens:
         await conn.executemany(_ADD_TOKENS, [(k, w, n) for (k, w), n in tokens.items()])
-    await add_to_rollup(conn, records)
+    await add_to_rollup(conn, fresh)
 
 
 async def set_aside(conn: asyncpg.Connection, record: UsageRecord, error: BaseException) -> None:

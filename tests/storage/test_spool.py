@@ -16,6 +16,7 @@ import pytest
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.spool import Spool, from_line, to_line
 from llmgw.storage.usage import write_batch
+from tests.processes import eventually
 from tests.usage_records import usage_record
 
 SUBJECT = uuid.UUID(int=7)
@@ -67,6 +68,38 @@ async def test_the_rows_of_a_killed_process_are_written_once_by_the_next(
     spend = await db.fetchval("SELECT spend_usd FROM subject_monthly_spend")
     assert spend == Decimal("2.5")  # the two rows written before were not counted again
     assert files(tmp_path, "*") == []  # all written: nothing kept
+
+
+async def test_a_replay_that_meets_a_batch_still_committing_counts_each_row_once(
+    tmp_path: Path, pool: asyncpg.Pool, db: asyncpg.Connection, database_url: str
+) -> None:
+    records = [usage_record(request_id=f"r{i}", subject_id=SUBJECT, cost_usd=0.5) for i in range(4)]
+    stalled = await asyncpg.connect(database_url)  # a batch whose commit has not come back yet
+    try:
+        transaction = stalled.transaction()
+        await transaction.start()
+        await write_batch(stalled, records)
+        spool = Spool.open(tmp_path)
+        assert spool is not None
+        for record in records:  # the same rows, spooled by the process that wrote them
+            spool.append(record)
+        spool.close(empty=False)
+        ledger = UsageLedger(pool, spool=Spool.open(tmp_path))
+        await ledger.start()  # adopts them
+        replay = asyncio.create_task(ledger.flush())
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        await eventually(lambda: db.fetchval(waiting), what="the replay waits on the batch")
+        await transaction.commit()
+        assert await replay
+        await ledger.close()
+    finally:
+        await stalled.close()
+    assert await db.fetchval("SELECT count(*) FROM usage_events") == 4
+    assert await db.fetchval("SELECT spend_usd FROM subject_monthly_spend") == Decimal("2.0")
+    assert await db.fetchval("SELECT sum(requests) FROM usage_hourly") == 4
 
 
 async def test_a_live_process_keeps_its_spool_and_a_clean_stop_leaves_none(
