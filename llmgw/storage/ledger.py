@@ -66,6 +66,15 @@ class UsageLedger:
         self._writer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._closing = False
+        self._dropping = False  # said once, until a flush writes everything it began with
+        # The queue keeps the order rows were taken (and spooled) in, and rows leave it from the
+        # front: rows written so far are the first ``_done`` of the ``_taken``. A segment closed
+        # when ``_taken`` was n holds none of the rows after n, so it goes once ``_done`` >= n,
+        # also when a flush wrote only some of its batches: the spool never holds much more than
+        # the queue (at most the rows of the oldest segment already written).
+        self._taken = 0
+        self._done = 0
+        self._segments: collections.deque[tuple[int, int]] = collections.deque()
 
     @property
     def pending(self) -> int:
@@ -74,7 +83,13 @@ class UsageLedger:
     def record(self, record: UsageRecord) -> None:
         if len(self._queue) >= self._capacity:
             self._on_drop(1)
-            log.warning("usage ledger queue is full (%d rows); a row was dropped", self._capacity)
+            if not self._dropping:
+                log.warning(
+                    "usage ledger queue is full (%d rows): rows are dropped (counted in "
+                    "llmgw.usage_ledger.dropped) until the database has taken what is queued",
+                    self._capacity,
+                )
+            self._dropping = True
             return
         self._take(record)
         if len(self._queue) >= self._batch_size:
@@ -82,6 +97,7 @@ class UsageLedger:
 
     def _take(self, record: UsageRecord) -> None:
         self._queue.append(record)
+        self._taken += 1
         if self._spool is not None:
             self._spool.append(record)
 
@@ -120,8 +136,8 @@ class UsageLedger:
         flush interval (or a full batch).
         """
         async with self._lock:
-            # The segments up to ``spooled`` hold only rows queued now: deleted once they are written.
-            spooled = None if self._spool is None or not self._queue else self._spool.rotate()
+            if self._spool is not None and self._queue:
+                self._segments.append((self._spool.rotate(), self._taken))
             left = len(self._queue)
             while left:
                 count = min(self._batch_size, left)
@@ -138,16 +154,24 @@ class UsageLedger:
                 except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
                     self._put_back(parts)
                     log.warning("usage ledger write failed (%s); will retry", type(exc).__name__)
-                    if self._spool is not None and spooled is not None:
+                    self._discard_written()
+                    if self._spool is not None and self._segments:
                         # They may wait a while: on disk, they survive the machine too.
-                        await asyncio.to_thread(self._spool.sync, spooled)
+                        await asyncio.to_thread(self._spool.sync, self._segments[-1][0])
                     return False
                 except BaseException:
                     self._put_back(parts)  # cancelled: the rows stay queued
                     raise
-            if self._spool is not None and spooled is not None:
-                self._spool.discard(spooled)
+            self._discard_written()
+            self._dropping = False
         return True
+
+    def _discard_written(self) -> None:
+        through = None
+        while self._segments and self._segments[0][1] <= self._done:
+            through, _ = self._segments.popleft()
+        if self._spool is not None and through is not None:
+            self._spool.discard(through)
 
     async def _write(self, connection: asyncpg.Connection, parts: list[list[UsageRecord]]) -> None:
         while parts:
@@ -160,7 +184,7 @@ class UsageLedger:
                     parts[-1:] = [part[middle:], part[:middle]]
                     continue
                 await self._set_aside(connection, part[0], exc)
-            parts.pop()
+            self._done += len(parts.pop())
 
     async def _set_aside(
         self, connection: asyncpg.Connection, record: UsageRecord, error: Exception

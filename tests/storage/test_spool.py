@@ -4,6 +4,7 @@ each once, and a live process's spool is never taken."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -13,6 +14,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from llmgw.accounting.usage import UsageRecord
+from llmgw.storage import ledger as ledger_module
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.spool import Spool, from_line, to_line
 from llmgw.storage.usage import write_batch
@@ -35,6 +38,10 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def files(directory: Path, pattern: str) -> list[str]:
     return sorted(path.name for path in directory.glob(pattern))
+
+
+def spooled_rows(directory: Path) -> int:
+    return sum(len(path.read_bytes().splitlines()) for path in directory.glob("*.jsonl"))
 
 
 @pytest.fixture
@@ -100,6 +107,42 @@ async def test_a_replay_that_meets_a_batch_still_committing_counts_each_row_once
     assert await db.fetchval("SELECT count(*) FROM usage_events") == 4
     assert await db.fetchval("SELECT spend_usd FROM subject_monthly_spend") == Decimal("2.0")
     assert await db.fetchval("SELECT sum(requests) FROM usage_hourly") == 4
+
+
+async def test_the_spool_stays_bounded_while_the_database_takes_only_some_batches(
+    tmp_path: Path,
+    pool: asyncpg.Pool,
+    db: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An overloaded database times out every other batch: no flush writes all it began with, for
+    as long as that lasts. The spool keeps the rows still queued and at most one flush's worth more,
+    never every row since the last flush that wrote everything; rows past the queue's capacity are
+    dropped, counted, and said once."""
+    dropped: list[int] = []
+    ledger = UsageLedger(
+        pool, capacity=8, batch_size=2, on_drop=dropped.append, spool=Spool.open(tmp_path)
+    )
+    batches = itertools.count()
+
+    async def overloaded(connection: asyncpg.Connection, records: list[UsageRecord]) -> None:
+        if next(batches) % 2:
+            raise TimeoutError
+        await write_batch(connection, records)
+
+    monkeypatch.setattr(ledger_module, "write_batch", overloaded)
+    for flush in range(20):
+        for index in range(4):
+            ledger.record(usage_record(request_id=f"{flush}-{index}"))
+        assert await ledger.flush() is False
+        assert spooled_rows(tmp_path) <= 2 * 8, f"after flush {flush}"
+    assert sum(dropped) > 0
+    assert caplog.text.count("usage ledger queue is full") == 1
+    monkeypatch.setattr(ledger_module, "write_batch", write_batch)  # it recovers
+    await ledger.close()
+    assert await db.fetchval("SELECT count(*) FROM usage_events") == 80 - sum(dropped)
+    assert files(tmp_path, "*") == []
 
 
 async def test_a_live_process_keeps_its_spool_and_a_clean_stop_leaves_none(
