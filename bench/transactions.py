@@ -33,7 +33,11 @@ _SHOWN = 12
 
 
 async def _statements(admin: asyncpg.Connection, database: str) -> dict[str, int]:
-    rows = await admin.fetch(_STATEMENTS, database)
+    """Calls by statement; none on a server that does not preload pg_stat_statements."""
+    try:
+        rows = await admin.fetch(_STATEMENTS, database)
+    except asyncpg.ObjectNotInPrerequisiteStateError:
+        return {}
     return {" ".join(row["query"].split())[:70]: row["calls"] for row in rows}
 
 

@@ -184,7 +184,9 @@ class LeasedLimitStore:
         assert result.window is not None
         return result.window
 
-    async def admit(self, admission: Admission) -> AdmissionResult:
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        if settling:
+            await self.settle(settling)
         now = self._clock()
         wanted = list(admission.reservations)
         window = admission.window

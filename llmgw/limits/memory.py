@@ -84,7 +84,9 @@ class MemoryLimitStore:
                 counter.reserved = max(0.0, counter.reserved - amount)
         return counter
 
-    async def admit(self, admission: Admission) -> AdmissionResult:
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        if settling:
+            await self.settle(settling)
         now = self._clock()
         self._prune(now)
         if self._cancelled.get(admission.lease_id, -math.inf) >= now:

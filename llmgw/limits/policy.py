@@ -9,25 +9,35 @@
   month (UTC): 429 ``budget_exceeded``; a model with no known price: 403 ``price_unknown``.
 
 Everything a request reserves is taken in one store round trip together with its window hit, all or
-nothing. When the request ends, :meth:`LimitPolicy.settle` queues the actual figures; a background
-task sends them in batches (one round trip each, never before the answer). Live leases are renewed
-while their request runs (long streams); a killed replica's leases expire after ``lease_seconds``.
+nothing. When the request ends, :meth:`LimitPolicy.settle` queues the actual figures, and they leave
+in batches, never on the request path: the next admission on this replica carries what is queued
+(the store settles it first, in the same round trip: no transaction of its own), and a replica that
+admits nothing meanwhile sends it by itself ``settle_seconds`` (0.25 s) after it was queued, or at
+once when a batch is full. So a replica's released slots and unused reservations count for its own
+next admission at once, and for other replicas' within ``settle_seconds``. An admission refused on a
+counter while a release of that counter was still on its way (queued beyond the batch it carried,
+or carried by another call in flight) waits for it to land and asks once more: a caller that sends
+its requests one after another is never refused for the slot its previous request held.
+
+Live leases are renewed while their request runs (long streams); a killed replica's leases expire
+after ``lease_seconds``.
 
 An admission the request stopped waiting for (the store stalled past its timeout, or the client
-left) may still reach the store later. It is cancelled by its lease id, by the same background task:
-the store gives back what it reserved if it landed, and refuses it if it lands afterwards, so a stall
-never holds a key's slots or budget until the lease expires.
+left) may still reach the store later. It is cancelled by its lease id, sent as settlements are by
+an idle replica: the store gives back what it reserved if it landed, and refuses it if it lands
+afterwards, so a stall never holds a key's slots or budget until the lease expires.
 """
 
 from __future__ import annotations
 
 import asyncio
 import calendar
+import contextlib
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -43,6 +53,7 @@ from llmgw.background import cancel_and_wait
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
 from llmgw.limits.store import (
     Admission,
+    AdmissionResult,
     Charge,
     LimitStore,
     RateLimitDecision,
@@ -61,6 +72,9 @@ _BUDGET = "budget"
 # Float sums in a store may land a hair above an exactly-fitting cap; this much is not an overshoot.
 _CAP_SLACK = 1e-9
 _MAX_QUEUED_CHARGES = 100_000
+# Settlements one round trip carries at most (an admission's, or an idle replica's own); a queue this
+# long is sent at once, not after ``settle_seconds``.
+_BATCH = 1_000
 # How long a store refuses a cancelled admission that reaches it late, in leases: past this, a
 # statement held up that long would at worst hold its slots for one lease, as a killed replica does.
 _CANCEL_MEMORY_LEASES = 10
@@ -68,14 +82,11 @@ _CANCEL_MEMORY_LEASES = 10
 T = TypeVar("T")
 
 
-async def _send(queue: list[T], send: Callable[[list[T]], Awaitable[None]], what: str) -> bool:
-    """Send everything queued in one round trip; False if the store was unreachable."""
-    if not queue:
-        return True
-    batch = queue.copy()
-    queue.clear()
+async def _send(queue: list[T], batch: list[T], send: Awaitable[None], what: str) -> bool:
+    """Send ``batch`` (taken from ``queue``) in one round trip; False if the store was unreachable
+    (the batch is queued again, in front: it is older than what was queued meanwhile)."""
     try:
-        await send(batch)
+        await send
     except ServiceUnavailable:
         # Kept for the next try, up to a bound: past it, the oldest leases expire instead.
         queue[:0] = batch[-_MAX_QUEUED_CHARGES:]
@@ -87,6 +98,12 @@ async def _send(queue: list[T], send: Callable[[list[T]], Awaitable[None]], what
         # A batch the store refuses is not retried forever; its leases expire.
         log.exception("limit %s of %d items was refused", what, len(batch))
     return True
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A shielded call's failure is handled where it happened, whether or not anyone awaits it."""
+    if not task.cancelled():
+        task.exception()
 
 
 @attrs.frozen(slots=True)
@@ -135,6 +152,7 @@ class LimitPolicy:
         *,
         default_max_output_tokens: int = 4096,
         lease_seconds: float = 60.0,
+        settle_seconds: float = 0.25,
         clock: Callable[[], float] = time.time,
         on_window_refusal: Callable[[], None] = lambda: None,
     ) -> None:
@@ -142,12 +160,16 @@ class LimitPolicy:
         self.prices = prices
         self._default_max_output = default_max_output_tokens
         self._lease_seconds = lease_seconds
+        self._settle_seconds = settle_seconds
         self._clock = clock
         self._on_window_refusal = on_window_refusal
         self._live: dict[uuid.UUID, tuple[str, ...]] = {}
         self._charges: list[Charge] = []
         self._cancels: list[tuple[uuid.UUID, tuple[str, ...]]] = []
-        self._wake = asyncio.Event()
+        self._due: float | None = None  # when what is queued is sent if no admission carries it
+        # Store calls carrying settlements or cancellations, until they end: the counters of each.
+        self._in_flight: dict[asyncio.Future[Any], frozenset[str]] = {}
+        self._wake = asyncio.Event()  # the queue started, or filled a batch
         self._flushing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -235,19 +257,18 @@ class LimitPolicy:
         reservations = self._reservations(key, worst, now)
         lease_id = uuid.uuid4()
         counters = tuple(r.counter for r in reservations)
+        admission = Admission(
+            lease_id=lease_id,
+            lease_seconds=self._lease_seconds,
+            window=None if window_counted else self._window(key),
+            reservations=reservations,
+        )
         try:
-            result = await self.store.admit(
-                Admission(
-                    lease_id=lease_id,
-                    lease_seconds=self._lease_seconds,
-                    window=None if window_counted else self._window(key),
-                    reservations=reservations,
-                )
-            )
+            result = await self._admit(admission)
         except BaseException:
             # Timed out, cut off or cancelled: the store may still run it, so take it back.
             self._cancels.append((lease_id, counters))
-            self._wake.set()
+            self._queued()
             raise
         if result.window is not None:
             self._check_window(key, result.window)
@@ -258,6 +279,71 @@ class LimitPolicy:
             raise refusal
         self._live[lease_id] = counters
         return Admitted(result.window, lease_id, counters, worst)
+
+    async def _admit(self, admission: Admission, *, again: bool = True) -> AdmissionResult:
+        """One store admission carrying the oldest queued settlements; once more if it was refused
+        on a counter whose release was still on its way (after waiting for that to land)."""
+        carried = self._charges[:_BATCH]
+        del self._charges[:_BATCH]
+        if not self._charges and not self._cancels:
+            self._due = None
+        on_the_way = self._on_the_way()  # what the store may not have seen when it admits this
+        if carried:
+            # Shielded: a caller that leaves does not cut off the settlements the call carries.
+            call = asyncio.ensure_future(self._admit_carrying(admission, carried))
+            call.add_done_callback(_retrieved)
+            result = await asyncio.shield(call)
+        else:
+            result = await self.store.admit(admission)
+        refused = result.refused
+        if not again or refused is None or refused.counter not in on_the_way:
+            return result
+        await self._land(refused.counter)
+        return await self._admit(admission, again=False)
+
+    async def _admit_carrying(self, admission: Admission, carried: list[Charge]) -> AdmissionResult:
+        with self._sending(carried, []):
+            try:
+                return await self.store.admit(admission, carried)
+            except (ServiceUnavailable, asyncio.CancelledError):
+                self._charges[:0] = carried  # for the next try (as a failed flush keeps them)
+                self._queued()
+                raise
+            except Exception:
+                log.exception("limit settlement of %d items was refused", len(carried))
+                raise
+
+    @contextlib.contextmanager
+    def _sending(
+        self, charges: list[Charge], cancels: list[tuple[uuid.UUID, tuple[str, ...]]]
+    ) -> Iterator[None]:
+        """Marks the counters of ``charges`` and ``cancels`` as on their way while in the block."""
+        sent = asyncio.get_running_loop().create_future()
+        self._in_flight[sent] = frozenset(c.counter for c in charges).union(
+            *(counters for _, counters in cancels)
+        )
+        try:
+            yield
+        finally:
+            del self._in_flight[sent]
+            sent.set_result(None)
+
+    def _on_the_way(self) -> frozenset[str]:
+        """Counters with a release queued or in flight."""
+        return frozenset(charge.counter for charge in self._charges).union(
+            *(counters for _, counters in self._cancels), *self._in_flight.values()
+        )
+
+    async def _land(self, counter: str) -> None:
+        """Until what was on its way to ``counter`` when this was called has reached the store
+        (or failed to)."""
+        sending = [sent for sent, counters in self._in_flight.items() if counter in counters]
+        if sending:
+            await asyncio.wait(sending)
+        if any(c.counter == counter for c in self._charges) or any(
+            counter in counters for _, counters in self._cancels
+        ):
+            await self.flush()
 
     def worst_case(
         self,
@@ -406,22 +492,51 @@ class LimitPolicy:
         """Queue settlements of reservations made on the store outside :meth:`admit` (a
         provider's account caps, ``llmgw.routing.caps``); never blocks, never raises."""
         self._charges.extend(charges)
-        self._wake.set()
+        self._queued()
+
+    def _queued(self) -> None:
+        """Something was queued: due in ``settle_seconds`` unless an admission carries it first,
+        at once if a batch is full."""
+        if not self._charges and not self._cancels:
+            return
+        if self._due is None:
+            self._due = time.monotonic() + self._settle_seconds
+            self._wake.set()
+        if len(self._charges) >= _BATCH:
+            self._wake.set()
 
     async def flush(self) -> bool:
         """Send every queued cancellation and settlement now; False if the store was unreachable
         (what was not sent stays queued)."""
         async with self._flushing:
+            cancels, charges = self._cancels, self._charges
+            self._cancels, self._charges, self._due = [], [], None
             cancel_seconds = self._lease_seconds * _CANCEL_MEMORY_LEASES
-            return await _send(
-                self._cancels, lambda batch: self.store.cancel(batch, cancel_seconds), "cancel"
-            ) and await _send(self._charges, self.store.settle, "settlement")
+            try:
+                with self._sending(charges, cancels):
+                    sent = not cancels or await _send(
+                        self._cancels, cancels, self.store.cancel(cancels, cancel_seconds), "cancel"
+                    )
+                    if sent and charges:
+                        handed, charges = charges, []
+                        sent = await _send(
+                            self._charges, handed, self.store.settle(handed), "settlement"
+                        )
+            finally:
+                self._charges[:0] = charges  # not sent: the cancellations did not get through
+                self._queued()
+            return sent
 
     async def _settle_forever(self) -> None:
         failing = False  # logged once when sending starts failing and once when it works again
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            due = self._due
+            wait = None if due is None else due - time.monotonic()
+            if wait is None or (wait > 0 and len(self._charges) < _BATCH):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                self._wake.clear()
+                continue
             if await self.flush():
                 if failing:
                     log.warning("limit settlements and cancellations are sent again")
@@ -434,7 +549,6 @@ class LimitPolicy:
                 )
             failing = True
             await asyncio.sleep(1.0)
-            self._wake.set()
 
     async def _renew_forever(self) -> None:
         while True:

@@ -3,10 +3,11 @@
 A plain request window (keys with no reservable limit) is today's single ``INSERT … ON CONFLICT DO
 UPDATE … WHERE request_count < limit``: the row lock serialises concurrent requests on any number
 of replicas, so exactly ``limit`` of them see a row come back. A request with reservations calls
-``llmgw_limits_admit`` (migration 0005), which does the window hit and every reservation all or
-nothing in the same single statement; ``llmgw_limits_settle`` settles a batch. Admissions go
-through ``llmgw_limits_admit_unless_cancelled`` (migration 0010), which refuses a lease that
-``llmgw_limits_cancel`` cancelled first.
+``llmgw_limits_settle_then_admit`` (migration 0014), which does the window hit and every
+reservation all or nothing in the same single statement, refuses a lease that
+``llmgw_limits_cancel`` (migration 0010) cancelled first, and first settles the batch of
+settlements that rides along (so a busy replica's settlements cost no transaction of their own);
+``llmgw_limits_settle`` settles a batch by itself (an idle replica's).
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ WITH clock AS (
 SELECT (SELECT request_count FROM counted) AS request_count,
        (SELECT reset_seconds FROM window_bounds)::float8 AS reset_seconds
 """
-_ADMIT = "SELECT * FROM llmgw_limits_admit_unless_cancelled($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+_ADMIT = """
+SELECT * FROM llmgw_limits_settle_then_admit(
+    $1::uuid[], $2::text[], $3::float8[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
+"""
 _SETTLE = "SELECT llmgw_limits_settle($1::uuid[], $2::text[], $3::float8[])"
 _CANCEL = "SELECT llmgw_limits_cancel($1::uuid[], $2::float8)"
 _RENEW = """
@@ -115,12 +119,15 @@ class PostgresLimitStore:
         assert row is not None
         return _decision(window.limit, row["request_count"], row["reset_seconds"])
 
-    async def admit(self, admission: Admission) -> AdmissionResult:
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
         window = admission.window
         reservations = admission.reservations
         with database_errors():
             row = await self._connections.fetchrow(
                 _ADMIT,
+                [c.lease_id for c in settling],
+                [c.counter for c in settling],
+                [c.actual for c in settling],
                 None if window is None else window.key_id,
                 None if window is None else window.seconds,
                 None if window is None else window.limit,

@@ -32,7 +32,7 @@ __all__ = ["RedisLimitStore"]
 
 log = logging.getLogger(__name__)
 
-# Shared by the scripts: the clock, and giving back a lease (settled, cancelled or expired).
+# Shared by the scripts: the clock, giving back a lease (settled, cancelled or expired), settling.
 _PRELUDE = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1000000
@@ -42,6 +42,14 @@ local function give_back(counter, lease)
     if given then
         redis.call('HDEL', counter .. ':a', lease)
         redis.call('HINCRBYFLOAT', counter, 'reserved', -tonumber(given))
+    end
+end
+local function settle(counter, lease, actual)
+    if redis.call('EXISTS', counter) == 1 then
+        give_back(counter, lease)
+        if actual ~= 0 then
+            redis.call('HINCRBYFLOAT', counter, 'used', actual)
+        end
     end
 end
 local function expire_leases(counter)
@@ -57,10 +65,12 @@ local function taken(counter)
 end
 """
 
-# KEYS[1]: the key's window prefix ('' for none); KEYS[2]: the lease's cancel mark; KEYS[3..]:
-# counters. ARGV: window limit ('' for none), window seconds, lease id, lease seconds, then per
-# counter: cap, amount, keep seconds. Returns {window allowed, count, reset, refused counter index}
-# (index -1: the lease was cancelled, nothing counted).
+# KEYS[1]: the key's window prefix ('' for none); KEYS[2]: the lease's cancel mark; KEYS[3..m+2]:
+# the m counters; KEYS[m+3..]: the counters of the settlements that ride along. ARGV: window limit
+# ('' for none), window seconds, lease id, lease seconds, m, then per counter: cap, amount, keep
+# seconds, then per settlement: lease id, actual. The settlements are applied first, whatever the
+# admission's outcome. Returns {window allowed, count, reset, refused counter index} (index -1: the
+# lease was cancelled, nothing counted).
 _HIT_WINDOW = """
 local function window_state(prefix, limit, seconds)
     local start = math.floor(now / seconds) * seconds
@@ -93,6 +103,11 @@ _ADMIT = (
     _PRELUDE
     + _HIT_WINDOW
     + """
+local m = tonumber(ARGV[5])
+for i = m + 3, #KEYS do
+    local at = 6 + 3 * m + 2 * (i - m - 3)
+    settle(KEYS[i], ARGV[at], tonumber(ARGV[at + 1]))
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
     return {0, 0, '0', -1}
 end
@@ -105,8 +120,8 @@ if limit then
     end
 end
 local lease, lease_seconds = ARGV[3], tonumber(ARGV[4])
-for i = 3, #KEYS do
-    local at = 5 + (i - 3) * 3
+for i = 3, m + 2 do
+    local at = 6 + (i - 3) * 3
     expire_leases(KEYS[i])
     if taken(KEYS[i]) + tonumber(ARGV[at + 1]) > tonumber(ARGV[at]) then
         return {1, count, tostring(reset), i - 2}
@@ -115,8 +130,8 @@ end
 if window_key then
     count = count_window(window_key, ends)
 end
-for i = 3, #KEYS do
-    local at = 5 + (i - 3) * 3
+for i = 3, m + 2 do
+    local at = 6 + (i - 3) * 3
     local counter, amount, keep = KEYS[i], ARGV[at + 1], math.ceil(tonumber(ARGV[at + 2]))
     redis.call('HINCRBYFLOAT', counter, 'reserved', amount)
     redis.call('ZADD', counter .. ':l', now + lease_seconds, lease)
@@ -136,13 +151,7 @@ _SETTLE = (
     _PRELUDE
     + """
 for i = 1, #KEYS do
-    local counter, lease, actual = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
-    if redis.call('EXISTS', counter) == 1 then
-        give_back(counter, lease)
-        if actual ~= 0 then
-            redis.call('HINCRBYFLOAT', counter, 'used', actual)
-        end
-    end
+    settle(KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i]))
 end
 return 0
 """
@@ -259,13 +268,14 @@ class RedisLimitStore:
             reset_seconds=float(reset),
         )
 
-    async def admit(self, admission: Admission) -> AdmissionResult:
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
         window = admission.window
         args: list[Any] = [
             "" if window is None else window.limit,
             0 if window is None else window.seconds,
             str(admission.lease_id),
             admission.lease_seconds,
+            len(admission.reservations),
         ]
         for reservation in admission.reservations:
             args.extend((repr(reservation.cap), repr(reservation.amount), reservation.keep_seconds))
@@ -273,7 +283,9 @@ class RedisLimitStore:
             "" if window is None else f"{self._key_prefix}:{window.key_id}",
             self._cancel_mark(admission.lease_id),
             *(self._counter(r.counter) for r in admission.reservations),
+            *(self._counter(c.counter) for c in settling),
         ]
+        args.extend(self._settle_args(settling))
         with self._reachability.errors():
             allowed, count, reset, refused = await self._admit(keys=keys, args=args)
         index = int(refused)
@@ -289,12 +301,15 @@ class RedisLimitStore:
             )
         return AdmissionResult(decision, admission.reservations[index - 1] if index > 0 else None)
 
+    @staticmethod
+    def _settle_args(charges: Sequence[Charge]) -> list[str]:
+        return [arg for c in charges for arg in (str(c.lease_id), repr(c.actual))]
+
     async def settle(self, charges: Sequence[Charge]) -> None:
-        args: list[Any] = []
-        for charge in charges:
-            args.extend((str(charge.lease_id), repr(charge.actual)))
         with self._reachability.errors():
-            await self._settle(keys=[self._counter(c.counter) for c in charges], args=args)
+            await self._settle(
+                keys=[self._counter(c.counter) for c in charges], args=self._settle_args(charges)
+            )
 
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float

@@ -122,7 +122,11 @@ class LimitStore(Protocol):
         """Count one request against the window (today's per-request path: nothing reserved)."""
         ...
 
-    async def admit(self, admission: Admission) -> AdmissionResult: ...
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        """Settle ``settling`` (as :meth:`settle` would, whatever the admission's outcome), then
+        admit, in the same round trip: settlements ride along with admissions instead of costing
+        a round trip (a transaction) of their own."""
+        ...
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         """Settle many leases at once (one round trip); settling twice changes nothing more."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,8 +16,9 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.limits.policy import LimitPolicy
+from llmgw.limits.store import Admission, Charge
 from llmgw.providers.base import Deployment
-from tests.processes import Clock
+from tests.processes import Clock, eventually
 from tests.usage_records import usage_record
 
 NOW = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC).timestamp()
@@ -170,7 +173,92 @@ async def test_a_settlement_the_store_refuses_is_sent_again() -> None:
     k = key(max_concurrent_requests=1)
     limits.settle(await admit(limits, k), None)
     assert not await limits.flush()
-    with pytest.raises(RateLimited):
-        await admit(limits, k)  # the slot is still taken...
+    assert await store.usage(f"concurrency:{k.id}") == (0.0, 1.0)  # the slot is still taken...
+    await admit(limits, k)  # ...until the settlement got through, with the next admission
+
+
+class _Counting(MemoryLimitStore):
+    """Counts round trips; settlements (alone or riding along) can be held up by ``gate``."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.admissions = self.settlements = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.down = False
+
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> Any:
+        self.admissions += 1
+        if self.down:
+            raise ServiceUnavailable("down")
+        if settling:
+            await self.gate.wait()
+        return await super().admit(admission, settling)
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        self.settlements += 1
+        await self.gate.wait()
+        await super().settle(charges)
+
+
+async def test_a_release_rides_along_with_the_next_admission() -> None:
+    clock = Clock(NOW)
+    store = _Counting(clock)
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)  # no settler runs
+    k = key(max_concurrent_requests=1)
+    for _ in range(5):  # one after another: each finds the slot its previous request held free
+        limits.settle(await admit(limits, k), _record(k))
+    assert (store.admissions, store.settlements) == (5, 4)  # the last one is still queued
     assert await limits.flush()
-    await admit(limits, k)  # ...until the settlement got through
+    assert await store.usage(f"concurrency:{k.id}") == (0.0, 0.0)
+
+
+async def test_an_idle_replica_sends_its_settlements_in_one_batch_after_a_while() -> None:
+    clock = Clock(NOW)
+    store = _Counting(clock)
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, settle_seconds=0.1, clock=clock)
+    await limits.start()
+    try:
+        k = key(max_concurrent_requests=3)
+        held = [await admit(limits, k) for _ in range(3)]
+        for admitted in held:
+            limits.settle(admitted, None)
+        await eventually(lambda: store.settlements == 1, what="the batch was sent")
+        assert await store.usage(f"concurrency:{k.id}") == (0.0, 0.0)
+        assert (store.admissions, store.settlements) == (3, 1)
+    finally:
+        await limits.close()
+
+
+async def test_a_refusal_waits_for_the_release_on_its_way_and_asks_again() -> None:
+    clock = Clock(NOW)
+    store = _Counting(clock)
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
+    k = key(max_concurrent_requests=1)
+    limits.settle(await admit(limits, k), None)
+    store.gate.clear()  # the release is held up on its way to the store
+    flushing = asyncio.create_task(limits.flush())
+    admitting = asyncio.create_task(admit(limits, k))
+    await eventually(lambda: store.admissions == 2, what="the admission reached the store")
+    assert not admitting.done()  # refused once: waiting for the release, not answering 429
+    store.gate.set()
+    assert await flushing
+    await admitting
+    assert store.admissions == 3
+    with pytest.raises(RateLimited):
+        await admit(limits, k)  # nothing on its way: refused at once
+    assert store.admissions == 4
+
+
+async def test_what_an_admission_carried_is_queued_again_if_it_fails() -> None:
+    clock = Clock(NOW)
+    store = _Counting(clock)
+    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
+    k = key(max_concurrent_requests=2)
+    limits.settle(await admit(limits, k), None)
+    store.down = True
+    with pytest.raises(ServiceUnavailable):
+        await admit(limits, k)
+    store.down = False
+    assert await limits.flush()  # the release and the cut-off admission's cancellation
+    assert await store.usage(f"concurrency:{k.id}") == (0.0, 0.0)

@@ -102,6 +102,80 @@ async def test_settling_gives_back_the_difference(store: LimitStore) -> None:
     assert (await store.admit(admission(counter, 100.0, 60.0))).admitted
 
 
+async def test_settlements_riding_along_are_settled_first_whatever_the_outcome(
+    store: LimitStore,
+) -> None:
+    slot, before, after = (f"{kind}:{uuid.uuid4()}" for kind in ("m", "a", "z"))
+    first = admission(slot, 1.0, 1.0)
+    spent = [admission(before, 10.0, 4.0), admission(after, 10.0, 4.0)]
+    for admitted in (first, *spent):
+        assert (await store.admit(admitted)).admitted
+    # Refused (the slot is held): the counters before and after it in the locking order are
+    # settled all the same.
+    charges = [Charge(spent[0].lease_id, before, 1.0), Charge(spent[1].lease_id, after, 2.0)]
+    assert (await store.admit(admission(slot, 1.0, 1.0), charges)).refused is not None
+    assert [await store.usage(c) for c in (before, after)] == [(1.0, 0.0), (2.0, 0.0)]
+    # The slot's own release riding along with the next admission of it frees it first.
+    second = admission(slot, 1.0, 1.0)
+    assert (await store.admit(second, [Charge(first.lease_id, slot, 0.0)])).admitted
+    assert await store.usage(slot) == (0.0, 1.0)
+
+
+async def test_a_cancelled_or_window_refused_admission_still_settles_what_rides_along(
+    store: LimitStore, db: asyncpg.Connection
+) -> None:
+    window = Window(await new_key(db), limit=1, seconds=60)
+    counter = f"tokens:{uuid.uuid4()}:0"
+    held = [admission(counter, 10.0, 4.0) for _ in range(2)]
+    for admitted in held:
+        assert (await store.admit(admitted)).admitted
+    assert (await store.hit(window)).allowed  # the window is full now
+    full = Admission(uuid.uuid4(), 30.0, window, (Reservation(counter, 10.0, 1.0, 120),))
+    result = await store.admit(full, [Charge(held[0].lease_id, counter, 1.0)])
+    assert result.window is not None and not result.window.allowed
+    late = admission(counter, 10.0, 1.0)
+    await store.cancel([(late.lease_id, (counter,))], 60.0)
+    assert (await store.admit(late, [Charge(held[1].lease_id, counter, 2.0)])).cancelled
+    assert await store.usage(counter) == (3.0, 0.0)
+
+
+async def test_admissions_carrying_settlements_of_other_keys_never_deadlock(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Three replicas' connections (12), each admitting for one key while settling the other's
+    counters: locks taken in one order (window, then counters by name) never wait in a cycle
+    (PostgreSQL would break one with an error after its deadlock_timeout)."""
+    keys = [await new_key(db) for _ in range(2)]
+
+    def admission_of(key_id: uuid.UUID) -> Admission:
+        counters = (f"concurrency:{key_id}", f"tokens:{key_id}:0")
+        return Admission(
+            uuid.uuid4(),
+            30.0,
+            Window(key_id, 1_000_000, 60),
+            tuple(Reservation(name, 1e9, 1.0, 120) for name in counters),
+        )
+
+    async def admitting(store: LimitStore, first: int) -> None:
+        carried: list[Charge] = []
+        for turn in range(first, first + 25):
+            admitted = admission_of(keys[turn % 2])
+            assert (await store.admit(admitted, carried)).admitted
+            carried = [Charge(admitted.lease_id, r.counter, 1.0) for r in admitted.reservations]
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    stores = [PostgresLimitStore(pool, database_url) for _ in range(3)]
+    try:
+        await asyncio.gather(*(admitting(s, turn) for s in stores for turn in range(4)))
+        usage = [await stores[0].usage(f"concurrency:{key_id}") for key_id in keys]
+        assert sum(reserved for _, reserved in usage) == 12  # the last lease of each loop
+        assert sum(used for used, _ in usage) == 12 * 24
+    finally:
+        for store in stores:
+            await store.close()
+        await pool.close()
+
+
 async def test_a_refusal_reserves_nothing_and_counts_no_request(
     store: LimitStore, db: asyncpg.Connection
 ) -> None:
