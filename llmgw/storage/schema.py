@@ -281,7 +281,7 @@ limit_leases = sa.Table(
 )
 
 # Admissions whose caller gave up waiting: refused should they still reach the database, until
-# expires_at (llmgw_limits_admit_unless_cancelled; pruned afterwards).
+# expires_at (llmgw_limits_settle_then_admit; pruned afterwards).
 limit_cancelled_leases = sa.Table(
     "limit_cancelled_leases",
     metadata,
