@@ -201,10 +201,17 @@ class _Counting(MemoryLimitStore):
         await super().settle(charges)
 
 
-async def test_a_release_rides_along_with_the_next_admission() -> None:
+def counted(settle_seconds: float = 0.25) -> tuple[_Counting, LimitPolicy]:
+    """A policy over a :class:`_Counting` store (no settler runs unless the test starts it)."""
     clock = Clock(NOW)
     store = _Counting(clock)
-    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)  # no settler runs
+    return store, LimitPolicy(
+        store, PriceTable(), lease_seconds=30, settle_seconds=settle_seconds, clock=clock
+    )
+
+
+async def test_a_release_rides_along_with_the_next_admission() -> None:
+    store, limits = counted()
     k = key(max_concurrent_requests=1)
     for _ in range(5):  # one after another: each finds the slot its previous request held free
         limits.settle(await admit(limits, k), _record(k))
@@ -214,9 +221,7 @@ async def test_a_release_rides_along_with_the_next_admission() -> None:
 
 
 async def test_an_idle_replica_sends_its_settlements_in_one_batch_after_a_while() -> None:
-    clock = Clock(NOW)
-    store = _Counting(clock)
-    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, settle_seconds=0.1, clock=clock)
+    store, limits = counted(settle_seconds=0.1)
     await limits.start()
     try:
         k = key(max_concurrent_requests=3)
@@ -231,9 +236,7 @@ async def test_an_idle_replica_sends_its_settlements_in_one_batch_after_a_while(
 
 
 async def test_a_refusal_waits_for_the_release_on_its_way_and_asks_again() -> None:
-    clock = Clock(NOW)
-    store = _Counting(clock)
-    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
+    store, limits = counted()
     k = key(max_concurrent_requests=1)
     limits.settle(await admit(limits, k), None)
     store.gate.clear()  # the release is held up on its way to the store
@@ -251,9 +254,7 @@ async def test_a_refusal_waits_for_the_release_on_its_way_and_asks_again() -> No
 
 
 async def test_what_an_admission_carried_is_queued_again_if_it_fails() -> None:
-    clock = Clock(NOW)
-    store = _Counting(clock)
-    limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
+    store, limits = counted()
     k = key(max_concurrent_requests=2)
     limits.settle(await admit(limits, k), None)
     store.down = True
