@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
@@ -22,6 +22,7 @@ from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.background import cancel_and_wait
+from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
@@ -43,6 +44,7 @@ from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.route_table import add_routes, admitting
 from llmgw.routes import PUBLIC_PATHS, body_limits, gateway_routes
 from llmgw.routing.channel import HealthChannel
+from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
 from llmgw.routing.views import observe_health
 from llmgw.storage.database import create_pool
@@ -59,16 +61,14 @@ from llmgw.telemetry.setup import build_providers
 
 __all__ = ["create_app"]
 
-ProvidersFactory = Callable[[Settings], Awaitable[ProviderRegistry]]
 
-
-def _health_channel(settings: Settings, database_url: str) -> HealthChannel:
+def _health_channel(settings: Settings, database_url: str, clocks: Clocks) -> HealthChannel:
     """Breaker changes travel through the limits store the replicas already share."""
     if settings.rate_limit_backend == "redis":
         from llmgw.routing.redis import RedisHealthChannel
 
         assert settings.redis_url is not None  # load_settings requires it for this backend
-        return RedisHealthChannel(settings.redis_url)
+        return RedisHealthChannel(settings.redis_url, clock=clocks.wall)
     return PostgresHealthChannel(database_url)
 
 
@@ -107,10 +107,10 @@ def create_app(
     *,
     database_url: str,
     telemetry: Telemetry | None = None,
-    providers: ProvidersFactory = build_registry,
+    clocks: Clocks = SYSTEM_CLOCKS,
     check_provider_credentials: bool = False,
 ) -> web.Application:
-    """The gateway application. Tests pass their own telemetry and provider factory.
+    """The gateway application. Tests pass their own telemetry, and clocks they move.
 
     ``check_provider_credentials``: at start, list each provider's models in the background, so a
     refused key is logged at once and the listing (the model names metrics may carry) is cached
@@ -126,13 +126,15 @@ def create_app(
     app = web.Application(client_max_size=settings.request_body_limit_bytes)
     app[app_keys.SETTINGS] = settings
     app[app_keys.TELEMETRY] = telemetry
-    app[MODELS_CACHE] = ModelListCache()
+    app[MODELS_CACHE] = ModelListCache(clock=clocks.monotonic)
     prices = PriceTable(configured_prices(settings), refresh_seconds=settings.price_refresh_seconds)
 
     async def database(app: web.Application) -> AsyncIterator[None]:
         pool = await create_pool(database_url)
         app[app_keys.POOL] = pool
-        authenticator = Authenticator(pool, database_url)
+        authenticator = Authenticator(
+            pool, database_url, clock=clocks.monotonic, wall_clock=clocks.wall
+        )
         await authenticator.start()
         app[app_keys.AUTHENTICATOR] = authenticator
         limits = LimitPolicy(
@@ -172,18 +174,21 @@ def create_app(
     generations = RequestGenerations()
 
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
-        registry = await providers(settings)
+        # Its routing policy outlives reloads; the registries a reload builds lend it providers.
+        registry = await build_registry(
+            settings, RoutingPolicy(clock=clocks.wall, monotonic=clocks.monotonic)
+        )
         app[app_keys.PROVIDERS] = registry
         observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)
-        await registry.routing.start(_health_channel(settings, database_url))
+        await registry.routing.start(_health_channel(settings, database_url, clocks))
         registry.routing.use(
             app[app_keys.LIMITS].store,
             default_max_output_tokens=settings.default_max_output_tokens,
         )
         observe_health(telemetry.providers.meter_provider, registry)
         await prices.start(publishers(registry.providers))
-        reloader = ConfigReloader(registry, providers, app[MODELS_CACHE], generations, prices)
+        reloader = ConfigReloader(registry, build_registry, app[MODELS_CACHE], generations, prices)
         app[RELOADER] = reloader
         check = (
             asyncio.create_task(
@@ -225,7 +230,10 @@ def create_app(
     add_routes(app, routes)
     if settings.admin_token is not None:
         # One throttle for both ways in: a guesser gains nothing by alternating them.
-        guard = SignInGuard(SignInThrottle(), trust_forwarded=settings.trust_forwarded_headers)
+        guard = SignInGuard(
+            SignInThrottle(clock=clocks.monotonic),
+            trust_forwarded=settings.trust_forwarded_headers,
+        )
         app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token, guard)))
         app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
         app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token, guard))

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmgw.app import create_app
 from llmgw.cli import main
+from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
@@ -247,14 +248,15 @@ class Gateway:
 async def start_gateway(
     fake_venice: FakeVenice, database_url: str, db: asyncpg.Connection
 ) -> AsyncIterator[Any]:
-    """Start a gateway with settings overrides: ``gateway = await start_gateway(upstream_max_retries=0)``."""
+    """Start a gateway with settings overrides: ``gateway = await start_gateway(upstream_max_retries=0)``;
+    ``clocks``: what its own timing reads (a test's, to move instead of waiting)."""
     servers: list[TestServer] = []
 
-    async def start(**overrides: Any) -> Gateway:
+    async def start(clocks: Clocks = SYSTEM_CLOCKS, **overrides: Any) -> Gateway:
         settings = make_settings(fake_venice, database_url, **overrides)
         telemetry = make_telemetry(settings)
         app: web.Application = create_app(
-            settings, database_url=database_url, telemetry=telemetry.telemetry
+            settings, database_url=database_url, telemetry=telemetry.telemetry, clocks=clocks
         )
         server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
         await server.start_server()

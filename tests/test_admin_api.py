@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import math
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import aiohttp
 import pytest
 
 from llmgw import app_keys
+from llmgw.clocks import Clocks
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
-from tests.processes import eventually
+from tests.processes import Clock, eventually
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 CHAT = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
 
 
 class Admin:
-    def __init__(self, gateway: Gateway, session: aiohttp.ClientSession) -> None:
+    def __init__(self, gateway: Gateway, session: aiohttp.ClientSession, clock: Clock) -> None:
         self.gateway = gateway
         self.session = session
+        self.clock = clock  # the gateway's wall clock (a key's expiry); the database keeps its own
 
     async def call(
         self, method: str, path: str, body: Any = None, token: str | None = ADMIN_TOKEN, **kw: Any
@@ -48,9 +51,10 @@ class Admin:
 
 @pytest.fixture
 async def admin(start_gateway: Any) -> Any:
-    gateway = await start_gateway(admin_token=ADMIN_TOKEN)
+    clock = Clock(time.time())
+    gateway = await start_gateway(admin_token=ADMIN_TOKEN, clocks=Clocks(wall=clock))
     async with aiohttp.ClientSession() as session:
-        yield Admin(gateway, session)
+        yield Admin(gateway, session, clock)
 
 
 async def test_admin_api_is_404_when_no_token_is_configured(gateway: Gateway) -> None:
@@ -174,22 +178,37 @@ async def test_rotation_with_grace_keeps_the_old_key_working_for_a_while(admin: 
     # The old key says what replaced it, still active until its grace ends.
     assert rotated["replaces"]["replaced_by"] == rotated["id"]
     assert rotated["replaces"]["is_active"] is True
+    grace_ends = datetime.fromisoformat(rotated["replaces"]["expires_at"]).timestamp()
+    assert grace_ends - time.time() == pytest.approx(1.5, abs=1.0)
     assert await admin.chat(created["key"]) == 200
     assert await admin.chat(rotated["key"]) == 200
-    await asyncio.sleep(1.6)
+    admin.clock.now = grace_ends - 0.01
+    assert await admin.chat(created["key"]) == 200
+    admin.clock.now = grace_ends
     assert await admin.chat(created["key"]) == 401
+    assert await admin.chat(rotated["key"]) == 200
 
 
 async def test_expired_keys_are_refused_like_revoked_ones(admin: Admin) -> None:
     _, created = await admin.call("POST", "/keys", {"name": "short-lived"})
     assert await admin.chat(created["key"]) == 200
-    soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2))
-    status, _ = await admin.call("PATCH", f"/keys/{created['id']}", {"expires_at": soon})
+    soon = math.floor(admin.clock.now) + 2
+    status, _ = await admin.call("PATCH", f"/keys/{created['id']}", {"expires_at": _iso(soon)})
     assert status == 200
-    await asyncio.sleep(2.2)
+    assert await admin.chat(created["key"]) == 200
+    admin.clock.now = soon
     assert await admin.chat(created["key"]) == 401
+    # The listing reads the database's clock, which no test moves: an expiry already past there.
+    status, _ = await admin.call(
+        "PATCH", f"/keys/{created['id']}", {"expires_at": _iso(math.floor(time.time()) - 1)}
+    )
+    assert status == 200
     _, listed = await admin.call("GET", "/keys?state=expired")
     assert [k["id"] for k in listed["data"]] == [created["id"]]
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 @pytest.mark.parametrize(

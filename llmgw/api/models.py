@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -35,8 +37,14 @@ _JSON = "application/json"
 
 class ModelListCache:
     def __init__(
-        self, ttl: float = 60.0, partial_ttl: float = 5.0, failure_ttl: float = 5.0
+        self,
+        ttl: float = 60.0,
+        partial_ttl: float = 5.0,
+        failure_ttl: float = 5.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock  # the lifetimes; a listing's deadline is the event loop's
         self._ttl = ttl
         self._partial_ttl = partial_ttl  # a list missing a provider is refreshed sooner
         self._failure_ttl = failure_ttl  # every provider failed: answer that, briefly, at once
@@ -51,7 +59,7 @@ class ModelListCache:
         self._value = None
 
     async def get(self, registry: ProviderRegistry, timeout: float) -> bytes:
-        now = asyncio.get_running_loop().time()
+        now = self._clock()
         if self._value is not None and now < self._expires_at:
             return self._value
         failed_recently = self._failure is not None and now < self._failure_until
@@ -67,17 +75,17 @@ class ModelListCache:
         return await asyncio.shield(self._refresh)
 
     async def _load(self, registry: ProviderRegistry, timeout: float) -> bytes:
-        loop = asyncio.get_running_loop()
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            value, complete = await _merged_listing(registry, loop.time() + timeout)
+            value, complete = await _merged_listing(registry, deadline)
         except (GatewayError, UpstreamHTTPError) as exc:
-            self._failure, self._failure_until = exc, loop.time() + self._failure_ttl
+            self._failure, self._failure_until = exc, self._clock() + self._failure_ttl
             raise
         finally:
             self._refresh = None
         self._value, self._failure = value, None
         remember_listed(_ids(value))
-        self._expires_at = loop.time() + (self._ttl if complete else self._partial_ttl)
+        self._expires_at = self._clock() + (self._ttl if complete else self._partial_ttl)
         return value
 
 

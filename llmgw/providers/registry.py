@@ -34,10 +34,11 @@ class ProviderRegistry:
         *,
         cooldowns: Mapping[str, float] | None = None,
         caps: Mapping[str, AccountCap] | None = None,
+        routing: RoutingPolicy | None = None,
     ) -> None:
         if not providers:
             raise ValueError("at least one provider is required")
-        self.routing = RoutingPolicy()
+        self.routing = routing or RoutingPolicy()
         self._use(providers, aliases, cooldowns or {}, caps or {})
 
     def _use(
@@ -142,10 +143,14 @@ class ProviderBuildError(ConfigError):
         self.variable = "LLMGW_CONFIG"
 
 
-async def build_registry(settings: Settings) -> ProviderRegistry:
+async def build_registry(
+    settings: Settings, routing: RoutingPolicy | None = None
+) -> ProviderRegistry:
     """Every configured provider, each with its own session. When one cannot be built, those
     built before it are closed before ProviderBuildError is raised: nothing is left open, at start
-    or on a reload that keeps the running configuration."""
+    or on a reload that keeps the running configuration.
+
+    ``routing``: the policy to route with (its clocks); a new one otherwise."""
     specs = settings.providers or (_venice_from_environment(settings),)
     built: list[Provider] = []
     try:
@@ -159,4 +164,5 @@ async def build_registry(settings: Settings) -> ProviderRegistry:
         settings.model_aliases,
         cooldowns={spec.name: spec.circuit_cooldown_seconds for spec in specs},
         caps={spec.name: AccountCap(spec.rpm, spec.tpm) for spec in specs},
+        routing=routing,
     )
