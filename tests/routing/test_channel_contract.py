@@ -5,7 +5,6 @@ cannot be read changes nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +24,7 @@ from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
 from llmgw.routing.strategy import ORDERED, Strategy
 from tests.limits.test_store_contract import REDIS, REDIS_URL
-from tests.processes import eventually
+from tests.processes import Clock, eventually
 
 BACKENDS = ["memory", "postgres", REDIS]
 
@@ -41,11 +40,12 @@ class Replicas:
     channel_name: str
     store: LimitStore  # the limits store they share (probe claims)
     channel: Callable[[], HealthChannel]
+    clock: Clock  # the replicas' wall clock: a test moves it past a cooldown
     started: list[RoutingPolicy] = attrs.Factory(list)
 
     async def start(self) -> RoutingPolicy:
         """One more replica's routing policy on the shared store."""
-        policy = RoutingPolicy()
+        policy = RoutingPolicy(clock=self.clock)
         await policy.start(self.channel())
         policy.use(self.store, default_max_output_tokens=16)
         self.started.append(policy)
@@ -65,6 +65,7 @@ async def replicas(
     request: pytest.FixtureRequest, database_url: str, db: asyncpg.Connection
 ) -> AsyncIterator[Replicas]:
     hub = MemoryHealthHub()
+    clock = Clock(time.time())
     name = f"llmgw_health_test_{uuid.uuid4().hex[:8]}"
     store: LimitStore
     if request.param == "memory":
@@ -87,9 +88,9 @@ async def replicas(
         from llmgw.routing.redis import RedisHealthChannel
 
         assert REDIS_URL is not None
-        return RedisHealthChannel(REDIS_URL, channel=name)
+        return RedisHealthChannel(REDIS_URL, channel=name, clock=clock)
 
-    replicas = Replicas(request.param, name, store, channel)
+    replicas = Replicas(request.param, name, store, channel, clock)
     for _ in range(2):
         await replicas.start()
     yield replicas
@@ -119,7 +120,11 @@ async def test_a_deployment_one_replica_found_down_is_skipped_by_the_other_withi
     )
     assert replicas.second.health(down.label).state == "open"
     # It recovers: the first replica's probe succeeds, and both return to it.
-    await asyncio.sleep(0.5)
+    reopens = replicas.first.health(down.label).open_until
+    assert reopens is not None
+    replicas.clock.now = reopens - 0.01
+    assert replicas.first.plan(deployments, ORDERED) == [deployments[1]]
+    replicas.clock.now = reopens
     probe = replicas.first.plan(deployments, ORDERED)
     assert probe == deployments
     attempt = replicas.first.attempt(down)
@@ -216,7 +221,7 @@ async def test_a_replica_that_starts_does_not_skip_a_deployment_that_recovered(
     replicas.first.configure({deployments[0].provider.name: 0.2})
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
-    await asyncio.sleep(0.2)
+    replicas.clock.now += 0.2
     assert replicas.first.plan(deployments, ORDERED) == deployments  # its probe
     attempt = replicas.first.attempt(deployments[0])
     attempt.answered()
@@ -236,7 +241,7 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
     await eventually(lambda: replicas.second.health(down.label).state == "open", within=1.0)
-    await asyncio.sleep(0.3)
+    replicas.clock.now += 0.3
     # Both plan it as their probe; the store lets one of them send it.
     assert replicas.first.plan(deployments, ORDERED) == deployments
     assert replicas.second.plan(deployments, ORDERED) == deployments
@@ -253,7 +258,11 @@ async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> 
     # Its probe fails: the breaker opens again, and the next probe is claimed afresh.
     replicas.second.attempt(down).failed()
     await eventually(lambda: replicas.first.health(down.label).openings == 2, within=1.0)
-    await asyncio.sleep(0.6)
+    reopens = replicas.first.health(down.label).open_until
+    assert reopens == pytest.approx(replicas.clock.now + 0.6)  # twice the cooldown, this time
+    replicas.clock.now = reopens - 0.01
+    assert replicas.first.plan(deployments, ORDERED) == [deployments[1]]
+    replicas.clock.now = reopens
     assert replicas.first.plan(deployments, ORDERED) == deployments
     assert await replicas.first.claim(down)
 
