@@ -1052,6 +1052,10 @@ class FakeVenice:
     def enqueue(self, *behaviours: Behaviour) -> None:
         self._behaviours.extend(behaviours)
 
+    def chats(self) -> list[ReceivedRequest]:
+        """The chat completions received: not the model listings a gateway makes on its own."""
+        return [r for r in self.received if r.path.endswith("/chat/completions")]
+
     def fail_times(self, n: int, status: int = 503, retry_after: str | None = None) -> None:
         self.enqueue(*(Behaviour(status=status, retry_after=retry_after) for _ in range(n)))
 

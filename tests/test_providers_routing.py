@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import random
@@ -19,6 +18,7 @@ import openai
 import pytest
 
 from llmgw import app_keys
+from llmgw.clocks import Clocks
 from llmgw.config import load_settings
 from llmgw.middleware import OMITTED_PARAMS_HEADER
 from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderConfigError, ProviderSpec
@@ -32,7 +32,7 @@ from tests.conftest import Gateway, eventually, gateway_env
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.limits.test_store_contract import REDIS, REDIS_URL
-from tests.processes import clean_env, free_port, run_llmgw
+from tests.processes import Clock, clean_env, free_port, run_llmgw
 
 MESSAGES = [{"role": "user", "content": "route me"}]
 VENICE_TEXT = "Hello from fake Venice!"
@@ -416,7 +416,7 @@ async def test_each_deployment_of_a_route_is_sent_what_it_accepts(
     fake_venice.fail_times(1, status=503)
     status, headers, _ = await post_json(gateway, "/v1/chat/completions", body)
     assert (status, headers.get(OMITTED_PARAMS_HEADER)) == (200, "reasoning_effort")
-    to_venice = [r.json for r in fake_venice.received if r.path.endswith("/chat/completions")]
+    to_venice = [r.json for r in fake_venice.chats()]
     assert [sent["reasoning_effort"] for sent in to_venice] == ["high", "high"]
     sent = fake_openai.calls("/v1/chat/completions")[-1].json
     assert sent == {"model": "gpt-4o-mini", "messages": MESSAGES}
@@ -737,8 +737,9 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
     overrides["admin_token"] = ADMIN_TOKEN
     if backend == "redis":
         overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
-    first: Gateway = await start_gateway(**overrides)
-    second: Gateway = await start_gateway(**overrides)
+    clock = Clock(time.time())  # the replicas' wall clock: the test moves it past the cooldown
+    first: Gateway = await start_gateway(clocks=Clocks(wall=clock), **overrides)
+    second: Gateway = await start_gateway(clocks=Clocks(wall=clock), **overrides)
     key = await first.create_key(name="replicas")
     first_client, second_client = first.client(key), second.client(key)
     primary = "venice:qwen3-5-9b"
@@ -750,13 +751,20 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
     await eventually(
         lambda: _in_state(second, primary, "open"), within=1.0, what="the second replica learns"
     )
-    venice_calls = len(fake_venice.received)
+    venice_calls = len(fake_venice.chats())  # a replica lists the models too, when it starts
     for client in (first_client, second_client):
         assert await answer(client, "sturdy", stream=True) == OPENAI_TEXT
-    assert len(fake_venice.received) == venice_calls, "an open deployment was tried"
+    assert len(fake_venice.chats()) == venice_calls, "an open deployment was tried"
 
     # Venice recovered; after the cooldown one request probes it and both replicas return to it.
-    await asyncio.sleep(1.0)
+    reopens = first.server.app[app_keys.PROVIDERS].routing.health(primary).open_until
+    assert reopens is not None
+    clock.now = reopens - 0.01
+    assert await answer(second_client, "sturdy", stream=False) == OPENAI_TEXT
+    assert len(fake_venice.chats()) == venice_calls, (
+        "a deployment was tried before its cooldown ended"
+    )
+    clock.now = reopens
     assert await answer(second_client, "sturdy", stream=False) == VENICE_TEXT
     await eventually(
         lambda: _in_state(first, primary, "closed"), within=1.0, what="the first replica learns"
@@ -1055,5 +1063,5 @@ async def test_when_every_provider_is_at_its_cap_the_caller_gets_429_with_retry_
             document = await response.json()
     assert document["type"] == "error"
     assert document["error"]["type"] == "rate_limit_error"
-    assert len([r for r in fake_venice.received if r.path.endswith("/chat/completions")]) == 2
+    assert len(fake_venice.chats()) == 2
     assert len(fake_openai.calls("/v1/chat/completions")) == 1
