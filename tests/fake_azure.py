@@ -24,25 +24,21 @@ Tests script the next answers with :meth:`FakeAzure.fail_next` (``PROMPT_FILTERE
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import time
 from typing import Any
 
 import attrs
-import orjson
 from aiohttp import web
 
-from tests.fake_openai import _event, _tool_call
+from tests.fake_openai import RecordingFake, _event, _tool_call, end_stream, reply_deltas
 from tests.fake_venice import (
-    ReceivedRequest,
     _embeddings_body,
     _hang_up,
     count_prompt_tokens,
     split_reply,
 )
-from tests.processes import ServedHere
 
 FAKE_AZURE_KEY = "fake-azure-key-7f3a9c2e4b"
 # Deployment names (what callers and llmgw name) and the model each one runs (what Azure answers).
@@ -139,28 +135,17 @@ def azure_error(status: int, code: str, message: str, **headers: str) -> web.Res
     )
 
 
-class FakeAzure(ServedHere):
+class FakeAzure(RecordingFake[Outcome]):
     def __init__(self, *, reply: str = "Hello from fake Azure!", chunks: int = 4) -> None:
-        self.reply = reply
-        self.chunks = chunks
+        super().__init__(reply=reply, chunks=chunks)
         # Reported instead of the fake's own count (cached and reasoning tokens, as Azure
         # reports them in OpenAI's shape, Z5), when set.
         self.usage: dict[str, Any] | None = None
-        self.received: list[ReceivedRequest] = []
-        self._outcomes: collections.deque[Outcome] = collections.deque()
 
     @property
     def endpoint(self) -> str:
         """The resource's endpoint: what an Azure provider's ``base_url`` is."""
         return f"http://127.0.0.1:{self.port}"
-
-    def fail_next(self, *outcomes: Outcome) -> None:
-        """The next chat/embeddings requests answer these, one each, in order."""
-        self._outcomes.extend(outcomes)
-
-    def calls(self, path: str) -> list[ReceivedRequest]:
-        """What was received at ``path`` (without the query)."""
-        return [r for r in self.received if r.path.partition("?")[0] == path]
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -174,9 +159,8 @@ class FakeAzure(ServedHere):
 
     async def _admit(self, request: web.Request) -> tuple[dict[str, Any], str] | web.Response:
         """The body and the deployment's model, or the error Azure answers instead."""
-        body = orjson.loads(await request.read() or b"null")
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        self.received.append(ReceivedRequest(request.method, request.path_qs, headers, body))
+        received = await self._record(request)
+        body, headers = received.json, received.headers
         classic = "deployment" in request.match_info
         version = request.query.get("api-version")
         if classic and version not in API_VERSIONS:
@@ -213,9 +197,9 @@ class FakeAzure(ServedHere):
         return refusal if refusal is not None else (body, model)
 
     def _refusal(self, version: str) -> web.Response | None:
-        if not self._outcomes or self._outcomes[0] in _ANSWER_OUTCOMES:
+        if not self._failures or self._failures[0] in _ANSWER_OUTCOMES:
             return None  # an answer, filtered or cut while it is written
-        outcome = self._outcomes.popleft()
+        outcome = self._failures.popleft()
         if outcome == PROMPT_FILTERED:
             return web.json_response(PROMPT_FILTERED_BODY, status=400)
         if isinstance(outcome, RateLimited):
@@ -248,7 +232,7 @@ class FakeAzure(ServedHere):
         if isinstance(admitted, web.Response):
             return admitted
         body, model = admitted
-        shaped = self._outcomes.popleft() if self._outcomes else None
+        shaped = self._failures.popleft() if self._failures else None
         filtered = shaped == OUTPUT_FILTERED
         base = {
             "id": "chatcmpl-" + os.urandom(12).hex(),
@@ -299,31 +283,14 @@ class FakeAzure(ServedHere):
         deltas: list[tuple[dict[str, Any], dict[str, Any]]] = [
             ({"content": "", "refusal": None, "role": "assistant"}, {})
         ]
-        if call is None:
-            deltas += [({"content": p}, OUTPUT_VERDICTS) for p in pieces]
-        else:
-            named = {
-                **call,
-                "index": 0,
-                "function": {"name": call["function"]["name"], "arguments": ""},
-            }
-            deltas.append(({"tool_calls": [named]}, OUTPUT_VERDICTS))
-            deltas += [
-                ({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}, OUTPUT_VERDICTS)
-                for p in pieces
-            ]
+        deltas += [(delta, OUTPUT_VERDICTS) for delta in reply_deltas(call, pieces)]
         for sent, (delta, results) in enumerate(deltas):
             if shaped == STREAM_DROPPED and sent > _DROPPED_AFTER_CONTENT_CHUNKS:
                 _hang_up(request)
                 return response
             await response.write(_event({**chunk, "choices": [_delta(delta, results, None)]}))
         finish = _delta({}, FILTERED_OUTPUT_VERDICTS if filtered else {}, finish_reason)
-        await response.write(_event({**chunk, "choices": [finish]}))
-        options = body.get("stream_options")
-        if isinstance(options, dict) and options.get("include_usage") is True:
-            await response.write(_event({**chunk, "choices": [], "usage": usage}))
-        await response.write(b"data: [DONE]\n\n")
-        return response
+        return await end_stream(response, chunk, finish, body, usage)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         admitted = await self._admit(request)

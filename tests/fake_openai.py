@@ -13,7 +13,7 @@ import collections
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 from aiohttp import web
@@ -31,6 +31,7 @@ FAKE_OPENAI_KEY = "sk-fake-openai-key-51c0de"
 FAKE_OPENAI_MODELS = ("gpt-4o-mini", "text-embedding-3-small")
 
 JSON = "application/json"
+Failure = TypeVar("Failure")
 
 
 def openai_error(status: int, message: str) -> web.Response:
@@ -41,23 +42,41 @@ def openai_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {**error, "param": None, "code": None}}, status=status)
 
 
-class FakeOpenAI(ServedHere):
-    def __init__(self, *, reply: str = "Hello from fake OpenAI!", chunks: int = 4) -> None:
+class RecordingFake(ServedHere, Generic[Failure]):
+    """A fake of an OpenAI-shaped API (OpenAI's, Azure's) that keeps every request it received
+    and answers the failures it is told to, first."""
+
+    def __init__(self, *, reply: str, chunks: int) -> None:
         self.reply = reply
         self.chunks = chunks
         self.received: list[ReceivedRequest] = []
-        self._failures: collections.deque[int] = collections.deque()
+        self._failures: collections.deque[Failure] = collections.deque()
+
+    def fail_next(self, *failures: Failure) -> None:
+        """The next chat/embeddings requests answer these, one each, in order."""
+        self._failures.extend(failures)
+
+    def calls(self, path: str) -> list[ReceivedRequest]:
+        """What was received at ``path`` (without the query)."""
+        return [r for r in self.received if r.path.partition("?")[0] == path]
+
+    async def _record(self, request: web.Request) -> ReceivedRequest:
+        """``request`` kept, its path with the query and its JSON body (None if it has none)."""
+        body = orjson.loads(await request.read() or b"null")
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        self.received.append(ReceivedRequest(request.method, request.path_qs, headers, body))
+        return self.received[-1]
+
+
+class FakeOpenAI(RecordingFake[int]):
+    """``fail_next`` takes statuses."""
+
+    def __init__(self, *, reply: str = "Hello from fake OpenAI!", chunks: int = 4) -> None:
+        super().__init__(reply=reply, chunks=chunks)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def fail_next(self, *statuses: int) -> None:
-        """The next chat/embeddings requests answer these statuses, one each, in order."""
-        self._failures.extend(statuses)
-
-    def calls(self, path: str) -> list[ReceivedRequest]:
-        return [r for r in self.received if r.path == path]
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -67,9 +86,7 @@ class FakeOpenAI(ServedHere):
         return app
 
     async def _admit(self, request: web.Request) -> dict[str, Any] | web.Response:
-        body = orjson.loads(await request.read() or b"null")
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        self.received.append(ReceivedRequest(request.method, request.path, headers, body))
+        body = (await self._record(request)).json
         if request.headers.get("Authorization") != f"Bearer {FAKE_OPENAI_KEY}":
             return openai_error(401, "Incorrect API key provided.")
         if self._failures:
@@ -104,26 +121,12 @@ class FakeOpenAI(ServedHere):
         await response.prepare(request)
         chunk = {**base, "object": "chat.completion.chunk"}
         deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-        if call is None:
-            deltas += [{"content": p} for p in pieces]
-        else:
-            named = {
-                **call,
-                "index": 0,
-                "function": {"name": call["function"]["name"], "arguments": ""},
-            }
-            deltas.append({"tool_calls": [named]})
-            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+        deltas += reply_deltas(call, pieces)
         for delta in deltas:
             choice = {"index": 0, "delta": delta, "finish_reason": None}
             await response.write(_event({**chunk, "choices": [choice]}))
         finish = {"index": 0, "delta": {}, "finish_reason": finish_reason}
-        await response.write(_event({**chunk, "choices": [finish]}))
-        options = body.get("stream_options")
-        if isinstance(options, dict) and options.get("include_usage") is True:
-            await response.write(_event({**chunk, "choices": [], "usage": usage}))
-        await response.write(b"data: [DONE]\n\n")
-        return response
+        return await end_stream(response, chunk, finish, body, usage)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await self._admit(request)
@@ -138,6 +141,33 @@ class FakeOpenAI(ServedHere):
             for model in FAKE_OPENAI_MODELS
         ]
         return web.json_response({"object": "list", "data": data})
+
+
+def reply_deltas(call: dict[str, Any] | None, pieces: list[str]) -> list[dict[str, Any]]:
+    """A stream's deltas after the first: the reply's pieces, or ``call`` named and then its
+    arguments in pieces."""
+    if call is None:
+        return [{"content": p} for p in pieces]
+    named = {**call, "index": 0, "function": {"name": call["function"]["name"], "arguments": ""}}
+    arguments = [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+    return [{"tool_calls": [named]}, *arguments]
+
+
+async def end_stream(
+    response: web.StreamResponse,
+    chunk: dict[str, Any],
+    finish: dict[str, Any],
+    body: dict[str, Any],
+    usage: dict[str, Any],
+) -> web.StreamResponse:
+    """A chat stream's last events: the ``finish`` choice, the usage if ``body`` asked for it,
+    and [DONE]."""
+    await response.write(_event({**chunk, "choices": [finish]}))
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        await response.write(_event({**chunk, "choices": [], "usage": usage}))
+    await response.write(b"data: [DONE]\n\n")
+    return response
 
 
 def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
