@@ -199,12 +199,18 @@ async def test_an_unsettled_lease_expires(store: LimitStore) -> None:
 
 
 async def test_a_renewed_lease_does_not_expire(store: LimitStore) -> None:
-    counter = f"concurrency:{uuid.uuid4()}"
+    counter, alongside = f"concurrency:{uuid.uuid4()}", f"concurrency:{uuid.uuid4()}"
     held = admission(counter, 1.0, 1.0, lease_seconds=0.3)
     assert (await store.admit(held)).admitted
+    assert (await store.admit(admission(alongside, 1.0, 1.0, lease_seconds=0.3))).admitted
     await store.renew([(held.lease_id, (counter,))], 30.0)
-    # Past the lease it was given: the store's clock is the server's, which no test can move.
-    await asyncio.sleep(0.5)
+
+    async def expired_alongside() -> bool:
+        return bool((await store.admit(admission(alongside, 1.0, 1.0))).admitted)
+
+    # Past the lease it was given, as the lease taken with it and not renewed shows: the store's
+    # clock is the server's, which no test can move.
+    await eventually(expired_alongside, within=5, what="the lease not renewed expired")
     assert not (await store.admit(admission(counter, 1.0, 1.0))).admitted
 
 
@@ -261,6 +267,14 @@ async def _no_lease_survives_a_stall(store: LimitStore, stall: Stall, key_id: uu
 async def test_no_lease_survives_a_postgres_stall(
     database_url: str, db: asyncpg.Connection
 ) -> None:
+    async def no_statement_runs() -> bool:
+        running = await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND datname = current_database() AND state = 'active' "
+            "AND query LIKE '%llmgw_limits_%'"  # not another run's, on a shared server
+        )
+        return not running
+
     @contextlib.asynccontextmanager
     async def row_lock(counter: str) -> AsyncIterator[None]:
         """Another session holds the counter's row: admissions wait in the database."""
@@ -272,15 +286,7 @@ async def test_no_lease_survives_a_postgres_stall(
                 )
                 yield
             # The waiting statements run now; wait until they have.
-            async with asyncio.timeout(10):
-                while True:
-                    running = await db.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                        "AND state = 'active' AND query LIKE '%llmgw_limits_%'"
-                    )
-                    if not running:
-                        break
-                    await asyncio.sleep(0.02)
+            await eventually(no_statement_runs, within=10, what="the waiting statements ran")
         finally:
             await locker.close()
 
