@@ -448,19 +448,29 @@ async def test_postgres_stopped_and_restarted_under_load(
             status, body, request_id = await chat(session, gateway, key)
             outcomes.append((seen_in, time.monotonic(), status, body, request_id))
 
+    def answered_in(seen_in: str) -> int:
+        return sum(1 for outcome in outcomes if outcome[0] == seen_in)
+
+    async def not_ready() -> bool:
+        async with session.get(f"{gateway.url}/readyz") as response:
+            return response.status == 503
+
+    def answering_again_for_half_a_second() -> bool:
+        recovered = [at for _, at, status, _, _ in outcomes if status == 200 and at > up_at]
+        return bool(recovered) and any(at > min(recovered) + 0.5 for _, at, _, _, _ in outcomes)
+
     workers = [asyncio.create_task(worker()) for _ in range(6)]
-    await asyncio.sleep(0.5)
+    await eventually(lambda: answered_in("up") >= 6, within=10, what="answers while Postgres is up")
     await asyncio.to_thread(_stop_postgres, server)
     phase = "down"
     down_at = time.monotonic()
-    await asyncio.sleep(1.5)
-    async with session.get(f"{gateway.url}/readyz") as response:
-        assert response.status == 503
+    await eventually(not_ready, within=1.5, what="/readyz says the database is down")
+    await eventually(lambda: answered_in("down") >= 30, within=10, what="answers while it is down")
     phase = "restarting"
     await asyncio.to_thread(_start_postgres, server)
     up_at = time.monotonic()
     phase = "back"
-    await asyncio.sleep(2.5)
+    await eventually(answering_again_for_half_a_second, within=10, what="answers after it is back")
     stop_load.set()
     await asyncio.gather(*workers)
 
