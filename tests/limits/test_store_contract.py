@@ -36,14 +36,13 @@ REDIS = pytest.param("redis", marks=[pytest.mark.redis, pytest.mark.skipif(
 BACKENDS = ["memory", "postgres", REDIS]
 
 
-@pytest.fixture(params=BACKENDS)
-async def store(
-    request: pytest.FixtureRequest, database_url: str, db: asyncpg.Connection
-) -> AsyncIterator[LimitStore]:
+@contextlib.asynccontextmanager
+async def started_store(backend: str, database_url: str) -> AsyncIterator[LimitStore]:
+    """A started limit store of ``backend`` (memory, postgres or redis, on keys of its own)."""
     made: LimitStore
-    if request.param == "memory":
+    if backend == "memory":
         made = MemoryLimitStore()
-    elif request.param == "postgres":
+    elif backend == "postgres":
         pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
         made = PostgresLimitStore(pool, database_url)
     else:
@@ -52,10 +51,20 @@ async def store(
         assert REDIS_URL is not None
         made = RedisLimitStore(REDIS_URL, key_prefix=f"llmgw-test:{uuid.uuid4().hex}")
     await made.start()
-    yield made
-    await made.close()
-    if request.param == "postgres":
-        await pool.close()
+    try:
+        yield made
+    finally:
+        await made.close()
+        if backend == "postgres":
+            await pool.close()
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(
+    request: pytest.FixtureRequest, database_url: str, db: asyncpg.Connection
+) -> AsyncIterator[LimitStore]:
+    async with started_store(request.param, database_url) as made:
+        yield made
 
 
 async def new_key(db: asyncpg.Connection) -> uuid.UUID:

@@ -13,8 +13,6 @@ import asyncpg
 import attrs
 import pytest
 
-from llmgw.limits.memory import MemoryLimitStore
-from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
 from llmgw.providers.base import Deployment
 from llmgw.routing.breaker import FAILURES_TO_OPEN
@@ -23,7 +21,7 @@ from llmgw.routing.memory import MemoryHealthChannel, MemoryHealthHub
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
 from llmgw.routing.strategy import ORDERED, Strategy
-from tests.limits.test_store_contract import REDIS, REDIS_URL
+from tests.limits.test_store_contract import REDIS, REDIS_URL, started_store
 from tests.processes import Clock, eventually
 
 BACKENDS = ["memory", "postgres", REDIS]
@@ -67,18 +65,6 @@ async def replicas(
     hub = MemoryHealthHub()
     clock = Clock(time.time())
     name = f"llmgw_health_test_{uuid.uuid4().hex[:8]}"
-    store: LimitStore
-    if request.param == "memory":
-        store = MemoryLimitStore()
-    elif request.param == "postgres":
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-        store = PostgresLimitStore(pool, database_url)
-    else:
-        from llmgw.limits.redis import RedisLimitStore
-
-        assert REDIS_URL is not None
-        store = RedisLimitStore(REDIS_URL, key_prefix=f"llmgw-test:{uuid.uuid4().hex}")
-    await store.start()
 
     def channel() -> HealthChannel:
         if request.param == "memory":
@@ -90,15 +76,13 @@ async def replicas(
         assert REDIS_URL is not None
         return RedisHealthChannel(REDIS_URL, channel=name, clock=clock)
 
-    replicas = Replicas(request.param, name, store, channel, clock)
-    for _ in range(2):
-        await replicas.start()
-    yield replicas
-    for policy in replicas.started:
-        await policy.close()
-    await store.close()
-    if request.param == "postgres":
-        await pool.close()
+    async with started_store(request.param, database_url) as store:
+        replicas = Replicas(request.param, name, store, channel, clock)
+        for _ in range(2):
+            await replicas.start()
+        yield replicas
+        for policy in replicas.started:
+            await policy.close()
 
 
 def route() -> list[Deployment]:
