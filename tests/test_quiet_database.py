@@ -22,6 +22,7 @@ import pytest
 from llmgw.storage import api_keys, subjects
 from tests.conftest import PostgresServer, StartGateways, gateway_env
 from tests.fake_venice import FakeVenice
+from tests.processes import eventually
 
 RATE = 40  # requests a second
 SECONDS = 8.0
@@ -43,12 +44,11 @@ class Counted:
 async def committed(admin: asyncpg.Connection, database: str) -> int:
     """The database's commits so far, once no backend is connected to it (the observer is
     connected to another one, so its own reads are not counted)."""
-    for _ in range(600):  # 30 s at most
-        if not await admin.fetchval(_CONNECTED, database):
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise TimeoutError(f"backends still connected to {database}")
+
+    async def none_connected() -> bool:
+        return not await admin.fetchval(_CONNECTED, database)
+
+    await eventually(none_connected, within=30, what=f"no backend is connected to {database}")
     await admin.execute("SELECT pg_stat_clear_snapshot()")
     commits: int = await admin.fetchval(_COMMITS, database)
     return commits
