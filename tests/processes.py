@@ -13,10 +13,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Self
 
+import aiohttp
 import attrs
 from aiohttp import web
 
@@ -182,6 +184,31 @@ def listening(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+async def post_chat(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    key: str,
+    *,
+    stream: bool = False,
+    request_id: str | None = None,
+    timeout: float = 15.0,
+) -> tuple[int, bytes, str]:
+    """A chat completion ("hi" to qwen3-5-9b) through the gateway at ``base_url``: its status, its
+    body, and its request id (``request_id``, or a new one)."""
+    request_id = request_id or uuid.uuid4().hex
+    async with session.post(
+        f"{base_url}/v1/chat/completions",
+        json={
+            "model": "qwen3-5-9b",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream,
+        },
+        headers={"Authorization": f"Bearer {key}", "X-Request-Id": request_id},
+        timeout=aiohttp.ClientTimeout(total=timeout),
+    ) as response:
+        return response.status, await response.read(), request_id
 
 
 def running(process: subprocess.Popen[str] | subprocess.Popen[bytes], name: str) -> bool:

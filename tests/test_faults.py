@@ -30,7 +30,7 @@ from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
 from tests.conftest import GatewayProcess, gateway_env, serving
 from tests.fake_venice import Behaviour, FakeVenice, ThreadedFakeVenice
-from tests.processes import eventually
+from tests.processes import eventually, post_chat
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 REQUEST_TIMEOUT = 1.5
@@ -109,24 +109,6 @@ def assert_openai_error(status: int, body: bytes, expected_status: int, code: st
     assert b"Traceback" not in body
 
 
-async def chat(
-    session: aiohttp.ClientSession,
-    gateway: GatewayProcess,
-    key: str,
-    *,
-    stream: bool = False,
-    request_id: str | None = None,
-) -> tuple[int, bytes, str]:
-    request_id = request_id or uuid.uuid4().hex
-    async with session.post(
-        f"{gateway.url}/v1/chat/completions",
-        json={"model": "qwen3-5-9b", "messages": MESSAGES, "stream": stream},
-        headers={"Authorization": f"Bearer {key}", "X-Request-Id": request_id},
-        timeout=aiohttp.ClientTimeout(total=15),
-    ) as response:
-        return response.status, await response.read(), request_id
-
-
 async def billing_record(gateway: GatewayProcess, request_id: str) -> dict[str, Any]:
     """The request's billing record; it is written when the request ends, so wait briefly."""
 
@@ -155,13 +137,13 @@ async def test_venice_down_is_502_and_the_gateway_recovers_when_it_returns(
     try:
         for stream in (False, True):
             started = time.monotonic()
-            status, body, request_id = await chat(session, gateway, key, stream=stream)
+            status, body, request_id = await post_chat(session, gateway.url, key, stream=stream)
             assert time.monotonic() - started < REQUEST_TIMEOUT + 1
             assert_openai_error(status, body, 502, "upstream_unavailable")
             assert (await billing_record(gateway, request_id))["status"] == 502
     finally:
         venice.start_serving()
-    status, _, request_id = await chat(session, gateway, key)
+    status, _, request_id = await post_chat(session, gateway.url, key)
     assert status == 200
     assert (await billing_record(gateway, request_id))["outcome"] == "completed"
 
@@ -173,7 +155,7 @@ async def test_venice_too_slow_to_answer_is_504_within_the_timeout(
     venice.behave(Behaviour(delay_before_headers=REQUEST_TIMEOUT + 2))
     for stream in (False, True):
         started = time.monotonic()
-        status, body, request_id = await chat(session, gateway, key, stream=stream)
+        status, body, request_id = await post_chat(session, gateway.url, key, stream=stream)
         assert time.monotonic() - started < REQUEST_TIMEOUT + 1
         assert_openai_error(status, body, 504, "upstream_timeout")
         assert (await billing_record(gateway, request_id))["status"] == 504
@@ -186,7 +168,7 @@ async def test_venice_going_silent_mid_stream_ends_it_with_an_error_event(
     # Silent again when asked for the rest (the continuation): the caller gets the timeout.
     venice.enqueue(Behaviour(stall_after_chunks=2), Behaviour(stall_after_chunks=1))
     started = time.monotonic()
-    status, body, request_id = await chat(session, gateway, key, stream=True)
+    status, body, request_id = await post_chat(session, gateway.url, key, stream=True)
     assert time.monotonic() - started < 2 * REQUEST_TIMEOUT + 2
     assert status == 200
     assert last_event(body)["error"]["code"] == "upstream_stream_timeout"
@@ -205,7 +187,7 @@ async def test_venice_answering_garbage_is_a_clear_error(
     # A stream of nothing but garbage is dropped event by event and ends unfinished; its
     # continuation is garbage too.
     venice.enqueue(*[Behaviour(garbage=True)] * (2 if stream else 1))
-    status, body, request_id = await chat(session, gateway, key, stream=stream)
+    status, body, request_id = await post_chat(session, gateway.url, key, stream=stream)
     code = "upstream_stream_incomplete" if stream else "upstream_invalid_response"
     if stream:
         assert status == 200
@@ -221,7 +203,7 @@ async def test_venice_closing_mid_body_is_502(
     gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
 ) -> None:
     venice.behave(Behaviour(close_mid_body=True))
-    status, body, request_id = await chat(session, gateway, key)
+    status, body, request_id = await post_chat(session, gateway.url, key)
     assert_openai_error(status, body, 502, "upstream_unavailable")
     assert (await billing_record(gateway, request_id))["status"] == 502
 
@@ -230,7 +212,7 @@ async def test_venice_closing_mid_stream_ends_it_with_an_error_event(
     gateway: GatewayProcess, key: str, venice: ThreadedFakeVenice, session: aiohttp.ClientSession
 ) -> None:
     venice.enqueue(Behaviour(drop_after_chunks=2), Behaviour(drop_after_chunks=1))
-    status, body, request_id = await chat(session, gateway, key, stream=True)
+    status, body, request_id = await post_chat(session, gateway.url, key, stream=True)
     assert status == 200
     assert body.count(b'"content"') >= 2, "the chunks before the cut reach the client"
     assert last_event(body)["error"]["code"] == "upstream_stream_interrupted"
@@ -244,14 +226,14 @@ async def test_venice_429_with_retry_after_is_waited_out_or_passed_on(
     # A Retry-After the request's time allows: waited out, then the retry succeeds.
     venice.enqueue(Behaviour(status=429, retry_after="1"))
     started = time.monotonic()
-    status, _, request_id = await chat(session, gateway, key)
+    status, _, request_id = await post_chat(session, gateway.url, key)
     assert status == 200
     assert time.monotonic() - started >= 1.0
     assert (await billing_record(gateway, request_id))["outcome"] == "completed"
     # One it does not allow: Venice's 429 goes back at once, with Venice's body.
     venice.enqueue(Behaviour(status=429, retry_after="30"))
     started = time.monotonic()
-    status, body, request_id = await chat(session, gateway, key)
+    status, body, request_id = await post_chat(session, gateway.url, key)
     assert time.monotonic() - started < 1.0
     assert status == 429
     assert orjson.loads(body) == {"error": "Rate limit exceeded"}
@@ -268,7 +250,7 @@ async def test_client_leaving_mid_request_cancels_the_upstream_call(
     venice.enqueue(Behaviour(delay_before_headers=REQUEST_TIMEOUT - 0.5))
     received = len(venice.fake.received)
     request_id = uuid.uuid4().hex
-    task = asyncio.create_task(chat(session, gateway, key, request_id=request_id))
+    task = asyncio.create_task(post_chat(session, gateway.url, key, request_id=request_id))
     await eventually(
         lambda: len(venice.fake.received) > received, within=5, what="Venice has the request"
     )
@@ -445,7 +427,7 @@ async def test_postgres_stopped_and_restarted_under_load(
     async def worker() -> None:
         while not stop_load.is_set():
             seen_in = phase
-            status, body, request_id = await chat(session, gateway, key)
+            status, body, request_id = await post_chat(session, gateway.url, key)
             outcomes.append((seen_in, time.monotonic(), status, body, request_id))
 
     def answered_in(seen_in: str) -> int:
@@ -465,7 +447,7 @@ async def test_postgres_stopped_and_restarted_under_load(
     phase = "down"
     down_at = time.monotonic()
     await eventually(not_ready, within=1.5, what="/readyz says the database is down")
-    await eventually(lambda: answered_in("down") >= 30, within=10, what="answers while it is down")
+    await eventually(lambda: answered_in("down") >= 200, within=10, what="answers while it is down")
     phase = "restarting"
     await asyncio.to_thread(_start_postgres, server)
     up_at = time.monotonic()
@@ -553,7 +535,7 @@ async def _timed(
         ) as response:
             status, body = response.status, await response.read()
     else:
-        status, body, _ = await chat(session, gateway, key)
+        status, body, _ = await post_chat(session, gateway.url, key)
     return status, body, time.monotonic() - started
 
 
@@ -562,7 +544,7 @@ async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
     pg_fault: tuple[Any, GatewayProcess, str], session: aiohttp.ClientSession
 ) -> None:
     server, gateway, key = pg_fault
-    status, _, _ = await chat(session, gateway, key)
+    status, _, _ = await post_chat(session, gateway.url, key)
     assert status == 200
     pids = _cluster_pids(server)
     _signal_cluster(pids, signal.SIGSTOP)
@@ -588,7 +570,7 @@ async def test_a_stalled_postgres_is_503_within_about_two_seconds_never_a_hang(
         _signal_cluster(pids, signal.SIGCONT)
 
     async def served_again() -> bool:
-        return (await chat(session, gateway, key))[0] == 200
+        return (await post_chat(session, gateway.url, key))[0] == 200
 
     await eventually(served_again, within=5, what="an answer once the database is back")
     assert gateway.problems() == []
@@ -600,10 +582,10 @@ async def test_the_first_requests_after_a_postgres_restart_succeed_on_an_idle_ga
 ) -> None:
     server, gateway, key = pg_fault
     for _ in range(3):  # every pooled connection in use once
-        statuses = await asyncio.gather(*(chat(session, gateway, key) for _ in range(6)))
+        statuses = await asyncio.gather(*(post_chat(session, gateway.url, key) for _ in range(6)))
         assert {status for status, _, _ in statuses} == {200}
     await asyncio.to_thread(_stop_postgres, server)
     await asyncio.to_thread(_start_postgres, server)
-    statuses = [(await chat(session, gateway, key))[0] for _ in range(8)]
+    statuses = [(await post_chat(session, gateway.url, key))[0] for _ in range(8)]
     assert statuses == [200] * 8, statuses
     assert gateway.problems() == []
