@@ -146,7 +146,7 @@ def _report(args: argparse.Namespace, streams: Sequence[Stream], peaks: Peaks, w
             errors[what] = errors.get(what, 0) + 1
     print(f"{args.streams} streams of {args.chunks} chunks {args.chunk_delay:g} s apart, "
           f"started over {args.ramp:g} s; the gateway started under a soft limit of "
-          f"{args.soft_open_files} open files")  # fmt: skip
+          f"{args.soft_open_files} open files, LIMIT_SLICE_REQUESTS={args.slice_requests}")  # fmt: skip
     print(f"- served completely: {complete} of {len(streams)} (one length: {len(sizes) == 1})"
           + (f"; failed: {errors}" if errors else ""))  # fmt: skip
     late = sum(s.first_byte_ms is not None and s.first_byte_ms > 1000 for s in streams)
@@ -176,6 +176,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--direct", action="store_true", help="the same streams straight to the fake, no gateway"
     )
     parser.add_argument("--redis-url", help="the gateway's limits on this Redis")
+    parser.add_argument(
+        "--slice-requests",
+        type=int,
+        default=0,
+        help="the gateway's LIMIT_SLICE_REQUESTS (capacity leases; 0: one statement a request)",
+    )
     parser.add_argument("--nice", type=int, default=0, help="e.g. -10 on a shared machine")
     args = parser.parse_args(argv)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -187,7 +193,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             target, url, key = lab.upstream, lab.upstream_url + "/chat/completions", PROVIDER_KEY
         else:
             target, base = lab.start_gateway(
-                soft_open_files=args.soft_open_files, redis_url=args.redis_url
+                soft_open_files=args.soft_open_files,
+                redis_url=args.redis_url,
+                slice_requests=args.slice_requests,
             )
             url, key = base + "/v1/chat/completions", asyncio.run(mint_key(lab.database_url))
         try:
