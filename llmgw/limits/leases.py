@@ -114,6 +114,19 @@ class _Pool:
         return self.granted - self.in_use - self.consumed
 
 
+def _fits(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> bool:
+    return all(pool.free(now) >= r.amount for r, pool in zip(wanted, pools, strict=True))
+
+
+def _low(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> list[Reservation]:
+    """The counters of which less than half a slice is left."""
+    return [
+        r
+        for r, pool in zip(wanted, pools, strict=True)
+        if pool.free(now) < r.amount * pool.size / 2
+    ]
+
+
 class LeasedLimitStore:
     def __init__(
         self,
@@ -196,18 +209,22 @@ class LeasedLimitStore:
             window_reservation, reset = self._window_reservation(window, now)
             wanted.append(window_reservation)
         refused: Reservation | None = None
-        if self._down or not self._fits(wanted, now):
+        # Looked up once: this is every admission's path, and a lookup per check was a third of
+        # its CPU.
+        pools = [self._pool(r) for r in wanted]
+        if self._down or not _fits(wanted, pools, now):
             names = tuple(sorted(r.counter for r in wanted))
             lock = self._refilling.setdefault(names, asyncio.Lock())
             async with lock:
                 refused = await self._refill(wanted, reset)
+            pools = [self._pool(r) for r in wanted]  # a push meanwhile may have dropped some
         if refused is None:
-            self._take(admission.lease_id, wanted)
-            if not self._down and self._low(wanted, now):
+            self._take(admission.lease_id, wanted, pools)
+            if not self._down and _low(wanted, pools, now):
                 self._prefetch(wanted, reset)
         decision = None
         if window is not None:
-            window_pool = self._pool(wanted[-1])
+            window_pool = pools[-1]
             allowed = refused is None or refused.counter != wanted[-1].counter
             remaining = max(0, math.floor(window_pool.free(self._clock()))) if allowed else 0
             decision = RateLimitDecision(allowed, window.limit, remaining, reset)
@@ -222,13 +239,11 @@ class LeasedLimitStore:
         pool.cap = reservation.cap  # a key's limits may change; its next slice follows
         return pool
 
-    def _fits(self, wanted: Sequence[Reservation], now: float) -> bool:
-        return all(self._pool(r).free(now) >= r.amount for r in wanted)
-
-    def _take(self, lease_id: uuid.UUID, wanted: Sequence[Reservation]) -> None:
+    def _take(
+        self, lease_id: uuid.UUID, wanted: Sequence[Reservation], pools: Sequence[_Pool]
+    ) -> None:
         taken = {}
-        for reservation in wanted:
-            pool = self._pool(reservation)
+        for reservation, pool in zip(wanted, pools, strict=True):
             pool.busy = True
             if _is_window(reservation.counter):
                 pool.consumed += reservation.amount  # a window hit is used once admitted
@@ -277,10 +292,6 @@ class LeasedLimitStore:
         )
         return next((refused for refused in results if refused is not None), None)
 
-    def _low(self, wanted: Sequence[Reservation], now: float) -> list[Reservation]:
-        """The counters of which less than half a slice is left."""
-        return [r for r in wanted if self._pool(r).free(now) < r.amount * self._pool(r).size / 2]
-
     def _prefetch(self, wanted: Sequence[Reservation], reset: float) -> None:
         """Take the next slices in the background before these run out, so that admissions do
         not wait for the round trip (unless one is already under way)."""
@@ -294,7 +305,7 @@ class LeasedLimitStore:
         async def prefetching() -> None:
             self._prefetching.discard(names)
             async with lock:
-                low = self._low(wanted, self._clock())
+                low = _low(wanted, [self._pool(r) for r in wanted], self._clock())
                 if low:
                     # Once, not until it is enough: near a cap a refusal only shrinks the next.
                     with contextlib.suppress(ServiceUnavailable):
