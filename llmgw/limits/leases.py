@@ -15,8 +15,8 @@ requests' worth, under a lease id of its own) and admits from its slices in memo
   (``slice_seconds``; renewed while the replica lives). The request window is also a counter here
   (``window:<key>:<seconds>:<start>``) whose slices last until the window ends: a hit, once used,
   must not come back within its window;
-- usage is pushed to the store in the background (off the request path): a slice whose amount is
-  used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
+- usage is pushed to the store in the background (off the request path) every tick: a slice whose
+  amount is used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
   contended counters (a slice was refused) give their unused slices back; ``close`` gives back
   everything that is not in use;
 - fail closed: when a round trip to the store fails, nothing is admitted locally until one works
