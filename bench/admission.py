@@ -57,12 +57,18 @@ async def _store(backend: str, url: str, prefix: str) -> LimitStore:
 
 
 async def _replica(
-    backend: str, url: str, prefix: str, key_id: uuid.UUID, design: str, tasks: int
+    backend: str,
+    url: str,
+    prefix: str,
+    key_id: uuid.UUID,
+    design: str,
+    tasks: int,
+    slice_requests: int,
 ) -> None:
     """One replica: wait for a line on stdin, admit for as long as it says (seconds), print JSON."""
     store = await _store(backend, url, prefix)
     if design == "leases":
-        store = LeasedLimitStore(store)
+        store = LeasedLimitStore(store, slice_requests=slice_requests)
     await store.start()
     window = Window(key_id, _WINDOW_LIMIT, 60)
     reservations = _reservations(key_id)
@@ -76,6 +82,7 @@ async def _replica(
         await store.settle([Charge(warm.lease_id, c, 0.0) for c in actuals])
     print("ready", flush=True)
     seconds = float(await asyncio.to_thread(sys.stdin.readline))
+    cpu = time.process_time()
     queue: list[Charge] = []
     latencies: list[float] = []
     counts = {"admitted": 0, "refused": 0, "unavailable": 0}
@@ -118,9 +125,10 @@ async def _replica(
             await asyncio.sleep(0.25)
 
     await asyncio.gather(settling(), *(admitting() for _ in range(tasks)))
+    cpu = time.process_time() - cpu
     await store.close()
     step = max(1, len(latencies) // _SAMPLES)
-    print(orjson.dumps({**counts, "latencies": latencies[::step]}).decode(), flush=True)
+    print(orjson.dumps({**counts, "cpu": cpu, "latencies": latencies[::step]}).decode(), flush=True)
 
 
 def _percentile(values: Sequence[float], share: float) -> float:
@@ -132,7 +140,8 @@ def _measure(
 ) -> dict[str, float]:
     prefix = f"llmgw-bench:{uuid.uuid4().hex}"
     command = [sys.executable, "-m", "bench.admission", "--child", backend, url, prefix,
-               str(key_id), design, str(args.tasks)]  # fmt: skip
+               str(key_id), design, str(args.tasks), str(args.slice_requests)]  # fmt: skip
+    commits = asyncio.run(_commits(url)) if backend == "postgres" else 0
     children = [
         subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for _ in range(replicas)
@@ -151,6 +160,8 @@ def _measure(
             if child.wait(timeout=60) != 0:
                 raise SystemExit(f"a replica failed ({backend}, {design}, {replicas})")
     latencies = sorted(x for report in reports for x in report["latencies"])
+    if backend == "postgres":  # read once every replica's connections are gone (stats flushed)
+        commits = asyncio.run(_commits(url)) - commits
     over = asyncio.run(_over_cap(backend, url, prefix, key_id))
     admitted = sum(report["admitted"] for report in reports)
     return {
@@ -160,7 +171,21 @@ def _measure(
         "p50_ms": _percentile(latencies, 0.50) * 1000,
         "p99_ms": _percentile(latencies, 0.99) * 1000,
         "over_cap": over,
+        "cpu_us": sum(report["cpu"] for report in reports) / max(1, admitted) * 1e6,
+        "commits_per_1k": commits / max(1, admitted) * 1000 if backend == "postgres" else 0.0,
     }
+
+
+async def _commits(database_url: str) -> int:
+    """The database's committed transactions so far (every store statement is one)."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        commits: int = await connection.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return commits
+    finally:
+        await connection.close()
 
 
 async def _over_cap(backend: str, url: str, prefix: str, key_id: uuid.UUID) -> int:
@@ -186,11 +211,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--replicas", default="1,4,16")
     parser.add_argument("--tasks", type=int, default=4, help="admission loops per replica")
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--slice-requests", type=int, default=64, help="LIMIT_SLICE_REQUESTS of the leases design"
+    )
+    parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        backend, url, prefix, key, design, tasks = args.child
-        asyncio.run(_replica(backend, url, prefix, uuid.UUID(key), design, int(tasks)))
+        backend, url, prefix, key, design, tasks, slices = args.child
+        asyncio.run(_replica(backend, url, prefix, uuid.UUID(key), design, int(tasks), int(slices)))
         return
     name = f"llmgw_bench_admission_{uuid.uuid4().hex[:8]}"
     database_url = args.admin_url.rsplit("/", 1)[0] + "/" + name
@@ -199,9 +227,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         migrations.upgrade(database_url)
         key_id = asyncio.run(_new_key(database_url))
         print(f"one key, {args.tasks} admission loops a replica, {args.seconds:g} s each, "
-              f"{os.cpu_count()} cores\n")  # fmt: skip
+              f"{os.cpu_count()} cores, leases with LIMIT_SLICE_REQUESTS={args.slice_requests}\n")  # fmt: skip
         print("| backend | design | replicas | admissions/s | p50 ms | p99 ms | refused | 503 | "
-              "counters over cap |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+              "counters over cap | replicas' CPU µs / admission | commits / 1k admissions | "
+              "load average |\n|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         for backend in args.backends.split(","):
             url = database_url if backend == "postgres" else args.redis_url
             for replicas in (int(n) for n in args.replicas.split(",")):
@@ -210,7 +239,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     print(f"| {backend} | {design} | {replicas} | {m['admitted_per_s']:,.0f} | "
                           f"{m['p50_ms']:.2f} | {m['p99_ms']:.1f} | {m['refused']:.0f} | "
                           f"{m['unavailable']:.0f} | "
-                          f"{m['over_cap']:.0f} |", flush=True)  # fmt: skip
+                          f"{m['over_cap']:.0f} | {m['cpu_us']:.0f} | "
+                          f"{m['commits_per_1k']:.1f} | {os.getloadavg()[0]:.1f} |",
+                          flush=True)  # fmt: skip
     finally:
         asyncio.run(_scratch(args.admin_url, name, create=False))
 

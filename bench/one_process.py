@@ -44,10 +44,15 @@ class World:
     upstream_url: str
 
     def start_gateway(
-        self, *, soft_open_files: int | None = None, redis_url: str | None = None
+        self,
+        *,
+        soft_open_files: int | None = None,
+        redis_url: str | None = None,
+        slice_requests: int = 0,
     ) -> tuple[Child, str]:
         """``llmgw serve`` on the proxy core (its soft RLIMIT_NOFILE lowered first if asked; its
-        limits on ``redis_url`` if given): the child and its base URL."""
+        limits on ``redis_url`` if given, admitted from capacity leases with ``slice_requests``
+        (``LIMIT_SLICE_REQUESTS``) if not 0): the child and its base URL."""
         port = free_port()
         env = {
             "PATH": "/usr/bin:/bin",
@@ -57,6 +62,7 @@ class World:
             "VENICE_BASE_URL": self.upstream_url,
             "SHUTDOWN_GRACE_SECONDS": "2",
             "OTEL_SDK_DISABLED": "true",  # no sink here: spans and metrics would only queue
+            "LIMIT_SLICE_REQUESTS": str(slice_requests),
         }
         if redis_url is not None:
             env.update(RATE_LIMIT_BACKEND="redis", REDIS_URL=redis_url)

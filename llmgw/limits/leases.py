@@ -15,8 +15,8 @@ requests' worth, under a lease id of its own) and admits from its slices in memo
   (``slice_seconds``; renewed while the replica lives). The request window is also a counter here
   (``window:<key>:<seconds>:<start>``) whose slices last until the window ends: a hit, once used,
   must not come back within its window;
-- usage is pushed to the store in the background (off the request path): a slice whose amount is
-  used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
+- usage is pushed to the store in the background (off the request path) every tick: a slice whose
+  amount is used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
   contended counters (a slice was refused) give their unused slices back; ``close`` gives back
   everything that is not in use;
 - fail closed: when a round trip to the store fails, nothing is admitted locally until one works
@@ -114,6 +114,19 @@ class _Pool:
         return self.granted - self.in_use - self.consumed
 
 
+def _fits(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> bool:
+    return all(pool.free(now) >= r.amount for r, pool in zip(wanted, pools, strict=True))
+
+
+def _low(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> list[Reservation]:
+    """The counters of which less than half a slice is left."""
+    return [
+        r
+        for r, pool in zip(wanted, pools, strict=True)
+        if pool.free(now) < r.amount * pool.size / 2
+    ]
+
+
 class LeasedLimitStore:
     def __init__(
         self,
@@ -140,6 +153,7 @@ class LeasedLimitStore:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[None]] = set()
+        self._prefetching: set[tuple[str, ...]] = set()  # started, not yet holding their lock
         self._closing = False
 
     # Lifecycle --------------------------------------------------------------------------------
@@ -195,18 +209,22 @@ class LeasedLimitStore:
             window_reservation, reset = self._window_reservation(window, now)
             wanted.append(window_reservation)
         refused: Reservation | None = None
-        if self._down or not self._fits(wanted, now):
+        # Looked up once: this is every admission's path, and a lookup per check was a third of
+        # its CPU.
+        pools = [self._pool(r) for r in wanted]
+        if self._down or not _fits(wanted, pools, now):
             names = tuple(sorted(r.counter for r in wanted))
             lock = self._refilling.setdefault(names, asyncio.Lock())
             async with lock:
                 refused = await self._refill(wanted, reset)
+            pools = [self._pool(r) for r in wanted]  # a push meanwhile may have dropped some
         if refused is None:
-            self._take(admission.lease_id, wanted)
-            if not self._down and self._low(wanted, now):
+            self._take(admission.lease_id, wanted, pools)
+            if not self._down and _low(wanted, pools, now):
                 self._prefetch(wanted, reset)
         decision = None
         if window is not None:
-            window_pool = self._pool(wanted[-1])
+            window_pool = pools[-1]
             allowed = refused is None or refused.counter != wanted[-1].counter
             remaining = max(0, math.floor(window_pool.free(self._clock()))) if allowed else 0
             decision = RateLimitDecision(allowed, window.limit, remaining, reset)
@@ -221,13 +239,11 @@ class LeasedLimitStore:
         pool.cap = reservation.cap  # a key's limits may change; its next slice follows
         return pool
 
-    def _fits(self, wanted: Sequence[Reservation], now: float) -> bool:
-        return all(self._pool(r).free(now) >= r.amount for r in wanted)
-
-    def _take(self, lease_id: uuid.UUID, wanted: Sequence[Reservation]) -> None:
+    def _take(
+        self, lease_id: uuid.UUID, wanted: Sequence[Reservation], pools: Sequence[_Pool]
+    ) -> None:
         taken = {}
-        for reservation in wanted:
-            pool = self._pool(reservation)
+        for reservation, pool in zip(wanted, pools, strict=True):
             pool.busy = True
             if _is_window(reservation.counter):
                 pool.consumed += reservation.amount  # a window hit is used once admitted
@@ -258,33 +274,38 @@ class LeasedLimitStore:
         for reservation in short:
             pool = self._pool(reservation)
             lacking = max(0.0, reservation.amount - pool.free(now))
-            amount = min(max(lacking, reservation.amount * pool.size - pool.free(now)), pool.cap)
+            # A whole slice, not a top-up to one: a top-up taken at half a slice left is half a
+            # slice, twice the round trips on the key's shared rows for the same admissions.
+            amount = min(max(lacking, reservation.amount * pool.size), pool.cap)
             seconds = self._slice_seconds
             if _is_window(reservation.counter):
                 seconds = reset + _WINDOW_MARGIN_SECONDS
             groups.setdefault(seconds, []).append(
                 attrs.evolve(reservation, amount=max(amount, lacking))
             )
-        for seconds, slices in groups.items():
-            refused = await self._take_slice(seconds, slices, wanted)
-            if refused is not None:
-                return refused
-        return None
-
-    def _low(self, wanted: Sequence[Reservation], now: float) -> list[Reservation]:
-        """The counters of which less than half a slice is left."""
-        return [r for r in wanted if self._pool(r).free(now) < r.amount * self._pool(r).size / 2]
+        if len(groups) == 1:  # the usual refill: no task to start
+            [(seconds, slices)] = groups.items()
+            return await self._take_slice(seconds, slices, wanted)
+        # At once, not one after the other: a request waiting for both waits for one round trip.
+        results = await asyncio.gather(
+            *(self._take_slice(seconds, slices, wanted) for seconds, slices in groups.items())
+        )
+        return next((refused for refused in results if refused is not None), None)
 
     def _prefetch(self, wanted: Sequence[Reservation], reset: float) -> None:
         """Take the next slices in the background before these run out, so that admissions do
         not wait for the round trip (unless one is already under way)."""
-        lock = self._refilling.setdefault(tuple(sorted(r.counter for r in wanted)), asyncio.Lock())
-        if lock.locked():
+        names = tuple(sorted(r.counter for r in wanted))
+        lock = self._refilling.setdefault(names, asyncio.Lock())
+        # One at a time: until its task runs, the lock is free and every admission would start one.
+        if lock.locked() or names in self._prefetching:
             return
+        self._prefetching.add(names)
 
         async def prefetching() -> None:
+            self._prefetching.discard(names)
             async with lock:
-                low = self._low(wanted, self._clock())
+                low = _low(wanted, [self._pool(r) for r in wanted], self._clock())
                 if low:
                     # Once, not until it is enough: near a cap a refusal only shrinks the next.
                     with contextlib.suppress(ServiceUnavailable):
@@ -334,8 +355,10 @@ class LeasedLimitStore:
     # Settlement -------------------------------------------------------------------------------
 
     async def settle(self, charges: Sequence[Charge]) -> None:
-        """Settle requests locally; their usage reaches the store with the next push, at once
-        in the background."""
+        """Settle requests locally; their usage reaches the store with the next tick's push, or
+        at once in the background when a counter is contended (other replicas may be waiting
+        for what this one gives back)."""
+        contended = False
         for charge in charges:
             taken = self._requests.get(charge.lease_id, {})
             amount = taken.pop(charge.counter, 0.0)
@@ -346,9 +369,14 @@ class LeasedLimitStore:
                 continue
             pool.in_use = max(0.0, pool.in_use - amount)
             pool.consumed += charge.actual
+            contended = contended or pool.contended
         # Pushed by the background task, not here: the caller's next batch (slots it frees) must
-        # not wait for a round trip. Never raises: the policy need not queue these again.
-        self._wake.set()
+        # not wait for a round trip. Never raises: the policy need not queue these again. Not
+        # woken otherwise: a used-up slice holds nothing another replica could use, and a push
+        # for each (a statement on the key's shared rows) cost as many round trips as taking
+        # the slices.
+        if contended:
+            self._wake.set()
 
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
@@ -402,11 +430,15 @@ class LeasedLimitStore:
             self._forget()
 
     def _forget(self) -> None:
-        """Drop counters with nothing held and nothing to push, and unused refill locks."""
+        """Drop counters idle since the last tick with nothing held and nothing to push, and
+        unused refill locks."""
+        # A busy counter is kept even with nothing held: its slice size is what it learnt, and
+        # starting again from a single request's worth after every used-up slice cost a busy key
+        # most of its round trips (and its admissions waits for them).
         self._pools = {
             name: pool
             for name, pool in self._pools.items()
-            if pool.parts or pool.in_use or pool.consumed > 0
+            if pool.busy or pool.parts or pool.in_use or pool.consumed > 0
         }
         self._refilling = {names: lock for names, lock in self._refilling.items() if lock.locked()}
 
