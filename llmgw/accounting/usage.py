@@ -69,6 +69,8 @@ _INT64 = 2**63
 
 
 def _int(value: Any) -> int | None:
+    if value is None or value.__class__ is int:
+        return value  # what JSON counts are, read without a call
     if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
         return int(value)  # 1e10 is a count too; kept, so a record flags what it cannot hold
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -220,6 +222,10 @@ class UsageRecord:
         # The constructor is the one place every record passes, so no caller (and no provider's
         # answer) can produce a row the ledger cannot store: each field is bounded here, a value
         # that cannot be kept is dropped from its field, and the row says so in ``flags``.
+        if not _storable(self):
+            self._bound()
+
+    def _bound(self) -> None:
         flags = list(self.flags)
 
         def replace(field: str, value: Any, reason: str) -> None:
@@ -274,6 +280,44 @@ class UsageRecord:
 
 _FIELD_NAMES: Final = tuple(field.name for field in attrs.fields(UsageRecord))
 _field_values: Final = operator.attrgetter(*_FIELD_NAMES)
+_text_values: Final = operator.attrgetter(*_TEXT_FIELDS)
+_count_values: Final = operator.attrgetter(*_COUNT_FIELDS)
+
+
+def _storable(record: UsageRecord) -> bool:
+    """True when ``_bound`` would change nothing: every field already what a row holds.
+
+    The usual record (a request that went as expected), told with a few comparisons instead of
+    ``_bound``'s checks of each field; exact types only, anything else (a subclass, a Decimal, a
+    value out of range) is left to ``_bound``. Comparisons are false for NaN, so ``0 <= x < inf``
+    also says finite.
+    """
+    for text in _text_values(record):
+        if text is not None and (
+            text.__class__ is not str or len(text) > MAX_TEXT_CHARS or not text.isprintable()
+        ):
+            return False
+    for count in _count_values(record):
+        if count is not None and (count.__class__ is not int or not 0 <= count <= MAX_TOKENS):
+            return False
+    for cost in (record.cost_usd, record.cost_diem):
+        if cost is not None and (
+            (cost.__class__ is not float and cost.__class__ is not int) or not 0 <= cost <= MAX_COST
+        ):
+            return False
+    status, duration, ttfc = record.status, record.duration_ms, record.time_to_first_chunk_ms
+    return (
+        (status is None or (status.__class__ is int and 100 <= status <= 599))
+        and (duration.__class__ is float or duration.__class__ is int)
+        and 0 <= duration < math.inf
+        and (
+            ttfc is None
+            or ((ttfc.__class__ is float or ttfc.__class__ is int) and 0 <= ttfc < math.inf)
+        )
+        and record.attempts.__class__ is int
+        and 1 <= record.attempts <= MAX_ATTEMPTS
+        and record.usage_source in USAGE_SOURCES
+    )
 
 
 def cost_decimal(value: float) -> Decimal:

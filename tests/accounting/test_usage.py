@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +14,7 @@ import asyncpg
 import attrs
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.accounting.charges import charge
@@ -23,11 +25,12 @@ from llmgw.accounting.usage import (
     MAX_TOKENS,
     Usage,
     UsageRecord,
+    _storable,
     anthropic_usage,
     parse_usage,
 )
 from llmgw.storage.usage import write_batch
-from tests.usage_records import usage_record
+from tests.usage_records import unsanitized, usage_record
 
 
 def test_an_ordinary_record_is_kept_as_given_and_unflagged() -> None:
@@ -112,28 +115,57 @@ _any_number = (
     | st.decimals(allow_nan=True, allow_infinity=True)
     | st.floats(min_value=0, max_value=MAX_COST * 2)
 )
-hostile_records = st.builds(
-    usage_record,
-    request_id=_any_text,
-    response_id=st.none() | _any_text,
-    model=_any_text,
-    provider=_any_text,
-    response_model=st.none() | _any_text,
-    error_type=st.none() | _any_text,
-    status=st.none() | _any_int | st.integers(min_value=90, max_value=610),
-    input_tokens=st.none() | _any_int,
-    output_tokens=st.none() | _any_int,
-    cache_read_input_tokens=st.none() | _any_int,
-    cache_creation_input_tokens=st.none() | _any_int,
-    cache_creation_1h_input_tokens=st.none() | _any_int,
-    reasoning_output_tokens=st.none() | _any_int,
-    cost_usd=st.none() | _any_number,
-    cost_diem=st.none() | _any_number,
-    duration_ms=st.floats(allow_nan=True, allow_infinity=True),
-    time_to_first_chunk_ms=st.none() | st.floats(allow_nan=True, allow_infinity=True),
-    usage_source=st.sampled_from(["reported", "estimated", "", "x\x00"]),
-    subject_id=st.none() | st.uuids(),
-)
+_HOSTILE: dict[str, st.SearchStrategy[Any]] = {
+    "request_id": _any_text,
+    "response_id": st.none() | _any_text,
+    "model": _any_text,
+    "provider": _any_text,
+    "response_model": st.none() | _any_text,
+    "error_type": st.none() | _any_text,
+    "status": st.none() | _any_int | st.integers(min_value=90, max_value=610),
+    "input_tokens": st.none() | _any_int,
+    "output_tokens": st.none() | _any_int,
+    "cache_read_input_tokens": st.none() | _any_int,
+    "cache_creation_input_tokens": st.none() | _any_int,
+    "cache_creation_1h_input_tokens": st.none() | _any_int,
+    "reasoning_output_tokens": st.none() | _any_int,
+    "cost_usd": st.none() | _any_number,
+    "cost_diem": st.none() | _any_number,
+    "duration_ms": st.floats(allow_nan=True, allow_infinity=True),
+    "time_to_first_chunk_ms": st.none() | st.floats(allow_nan=True, allow_infinity=True),
+    "usage_source": st.sampled_from(["reported", "estimated", "", "x\x00"]),
+    "subject_id": st.none() | st.uuids(),
+    "attempts": _any_int,
+}
+_hostile_values = st.fixed_dictionaries(_HOSTILE)
+hostile_records = _hostile_values.map(lambda values: usage_record(**values))
+
+
+_TIMES = {"duration_ms": _any_number, "time_to_first_chunk_ms": st.none() | _any_number}
+
+
+@settings(max_examples=500, deadline=None)
+# Some fields hostile, the others as usual: both ways through the constructor.
+@given(values=st.fixed_dictionaries({}, optional={**_HOSTILE, **_TIMES}))
+@example({"duration_ms": math.inf})
+@example({"time_to_first_chunk_ms": math.nan})
+@example({"cost_usd": MAX_COST, "cost_diem": MAX_COST + 1})
+@example({"status": 600})
+@example({"reasoning_output_tokens": MAX_TOKENS + 1})
+@example({"attempts": 0})
+@example({"model": "m" * (MAX_TEXT_CHARS + 1)})
+def test_a_record_is_bounded_as_checking_each_field_bounds_it(values: dict[str, Any]) -> None:
+    # The constructor skips the checks of each field when a few comparisons say they would
+    # change nothing: whatever it is given, the record is the one the checks make.
+    ids = {"occurred_at": datetime.now(UTC), "api_key_id": uuid.uuid4(), "event_id": uuid.uuid4()}
+    checked = unsanitized(usage_record(**ids), **values)
+    checked._bound()
+    assert usage_record(**ids, **values) == checked
+
+
+def test_the_usual_record_is_told_storable_without_checking_each_field() -> None:
+    assert _storable(usage_record(response_id="chatcmpl-1", cost_usd=0.0001, cost_diem=1))
+    assert _storable(usage_record(time_to_first_chunk_ms=3, cache_read_input_tokens=0))
 
 
 async def _write(database_url: str, records: list[UsageRecord]) -> None:
