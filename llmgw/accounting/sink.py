@@ -24,6 +24,7 @@ class UsageAccounting:
     ledger: UsageLedger
 
     def __call__(self, record: UsageRecord, admitted: Admitted) -> None:
-        billing_log.info("billing record", extra={"event": BILLING_EVENT, **record.log_fields()})
+        fields = record.log_fields()  # made once, for the billing line and the ledger's spool
+        billing_log.info("billing record", extra={"event": BILLING_EVENT, **fields})
         self.limits.settle(admitted, record)
-        self.ledger.record(record)
+        self.ledger.record(record, fields)

@@ -17,6 +17,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 
@@ -80,7 +81,8 @@ class UsageLedger:
     def pending(self) -> int:
         return len(self._queue)
 
-    def record(self, record: UsageRecord) -> None:
+    def record(self, record: UsageRecord, fields: dict[str, Any] | None = None) -> None:
+        """Queue ``record``; ``fields``: its ``log_fields()``, when the caller made them already."""
         if len(self._queue) >= self._capacity:
             self._on_drop(1)
             if not self._dropping:
@@ -91,15 +93,15 @@ class UsageLedger:
                 )
             self._dropping = True
             return
-        self._take(record)
+        self._take(record, fields)
         if len(self._queue) >= self._batch_size:
             self._wake.set()
 
-    def _take(self, record: UsageRecord) -> None:
+    def _take(self, record: UsageRecord, fields: dict[str, Any] | None = None) -> None:
         self._queue.append(record)
         self._taken += 1
         if self._spool is not None:
-            self._spool.append(record)
+            self._spool.append(record, fields)
 
     async def start(self) -> None:
         if self._spool is not None and (adopted := self._spool.adopt(self._take)):

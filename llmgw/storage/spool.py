@@ -52,8 +52,11 @@ def spool_directory(data_dir: Path, database_url: str | None) -> Path:
     return data_dir / "ledger-spool" / hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
-def to_line(record: UsageRecord) -> bytes:
-    return orjson.dumps(record.log_fields(), option=orjson.OPT_APPEND_NEWLINE)
+def to_line(record: UsageRecord, fields: dict[str, Any] | None = None) -> bytes:
+    """The record's line; ``fields``: its ``log_fields()``, when the caller made them already."""
+    return orjson.dumps(
+        record.log_fields() if fields is None else fields, option=orjson.OPT_APPEND_NEWLINE
+    )
 
 
 def from_line(line: bytes) -> UsageRecord:
@@ -96,14 +99,15 @@ class Spool:
     def _path(self, segment: int) -> Path:
         return self._directory / f"{self._token}.{segment}.jsonl"
 
-    def append(self, record: UsageRecord) -> None:
-        """One write; never raises (a full disk costs the spool, not the request)."""
+    def append(self, record: UsageRecord, fields: dict[str, Any] | None = None) -> None:
+        """One write; never raises (a full disk costs the spool, not the request). ``fields``: as
+        :func:`to_line`'s."""
         try:
             if self._file is None:
                 self._file = os.open(
                     self._path(self._segment), os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600
                 )
-            os.write(self._file, to_line(record))
+            os.write(self._file, to_line(record, fields))
         except OSError as exc:
             if not self._failing:
                 log.warning(

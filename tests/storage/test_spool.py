@@ -54,6 +54,8 @@ async def pool(database_url: str, db: asyncpg.Connection) -> AsyncIterator[async
 def test_a_record_reads_back_as_written() -> None:
     record = usage_record(subject_id=SUBJECT, cost_usd=0.00010471875, flags=("model:truncated",))
     assert from_line(to_line(record)) == record
+    # Accounting hands over the fields it made for the billing line: the same line.
+    assert to_line(record, record.log_fields()) == to_line(record)
 
 
 async def test_the_rows_of_a_killed_process_are_written_once_by_the_next(
