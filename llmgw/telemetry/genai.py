@@ -195,7 +195,9 @@ class ChatObservation:
         if stream:
             attributes[sc.GEN_AI_REQUEST_STREAM] = True
         for field, attribute in _REQUEST_PARAMETERS.items():
-            value = body.get(field)
+            if field not in body:
+                continue  # most are not: a lookup without a call
+            value = body[field]
             if isinstance(value, int | float) and not isinstance(value, bool):
                 attributes[attribute] = value
         stop = body.get("stop")
