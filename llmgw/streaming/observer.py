@@ -22,7 +22,7 @@ from llmgw.telemetry.genai import ChatObservation
 __all__ = ["StreamObserver"]
 
 # Delta fields whose text the model produced (and so is billed for).
-_TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
+_TEXT_FIELDS = frozenset({"content", "reasoning_content", "reasoning", "refusal"})
 
 
 # The events that end a Responses stream (a provider that speaks Responses itself) with an answer.
@@ -164,9 +164,8 @@ class StreamObserver:
             delta = choice.get("delta")
             if delta.__class__ is not dict:
                 continue
-            for field in _TEXT_FIELDS:
-                text = delta.get(field)
-                if text.__class__ is str:
+            for field, text in delta.items():  # a delta has few fields: one call, not four
+                if text.__class__ is str and field in _TEXT_FIELDS:
                     self.output_chars += len(text)
             if "tool_calls" in delta:
                 self.output_chars += argument_chars(delta["tool_calls"])
