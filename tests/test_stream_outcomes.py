@@ -134,6 +134,8 @@ async def test_a_caller_hanging_up_after_the_finish_chunk_is_billed_the_reported
     gateway.fake.enqueue(Behaviour(pause_before_usage=0.5))
     await read_until_finish_then_hang_up(gateway, api_key)
     await eventually(lambda: gateway.fake.completed_streams == 1, within=5)
+    # The provider has sent its last event; the gateway bills once it has read it.
+    await eventually(lambda: len(records()) == 1, within=5)
     (row,) = records()
     assert (row["outcome"], row["status"]) == ("completed", 200)
     assert billed(row) == REPORTED
