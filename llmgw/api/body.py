@@ -6,20 +6,16 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
-from llmgw.api.body_memory import BodyAllowance, BodyLimit, BodyMemory
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
     "MAX_JSON_DEPTH",
-    "body_limit_middleware",
     "forget_raw_body",
     "parse_json",
     "read_body",
@@ -115,8 +111,8 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole body, within the route's limit and the memory all bodies may hold (see
-    ``body_limit_middleware``)."""
+    """The whole body, within the route's limit and the memory all bodies may hold (the request's
+    ``BodyAllowance``, see ``gateway_middleware``)."""
     allowance = request[app_keys.BODY_ALLOWANCE]
     if allowance.body is not None:
         return allowance.body
@@ -146,25 +142,6 @@ async def read_body(request: web.Request) -> bytes:
 def forget_raw_body(request: web.Request) -> None:
     """The raw body will not be sent (the request is re-encoded): it need not be kept."""
     request[app_keys.BODY_ALLOWANCE].body = None
-
-
-def body_limit_middleware(
-    *, default: BodyLimit, by_path: Mapping[str, BodyLimit], memory: BodyMemory
-) -> Middleware:
-    """Each request gets its route's body limit (``by_path``, else ``default``) and a share of
-    ``memory``, released when its handler returns: its body and what is built from it live that
-    long."""
-
-    @web.middleware
-    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        limit = by_path.get(request.path, default)
-        allowance = request[app_keys.BODY_ALLOWANCE] = BodyAllowance(limit, memory)
-        try:
-            return await handler(request)
-        finally:
-            allowance.release()
-
-    return impl
 
 
 def refuse_control_characters(model: str) -> None:
