@@ -136,14 +136,13 @@ def gateway_middleware(
         response: web.StreamResponse
         try:
             try:
-                refusal = open_files_refusal(
-                    request
-                )  # in the caller's API's shape, before any work
+                app = request.app
+                # In the caller's API's shape, before any work.
+                refusal = open_files_refusal(app, path)
                 if refusal is not None:
                     answered, response = refusal, _render(refusal, renderer)
                     response.force_close()  # its descriptor is what is short
                 else:
-                    app = request.app
                     if not (path in public_paths or path.startswith(public_prefixes)):
                         presented = _presented_key(request)
                         try:

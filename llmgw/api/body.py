@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 from typing import Any, Final
@@ -12,6 +11,7 @@ import orjson
 from aiohttp import web
 
 from llmgw import app_keys
+from llmgw.api.body_memory import BodyAllowance
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
@@ -118,25 +118,32 @@ async def read_body(request: web.Request) -> bytes:
         return allowance.body
     # A declared length: 413 before a byte is read, memory for all of it before it arrives.
     await allowance.hold(request.content_length or 0)
-    # This bounds the time a client may take to send it, so a slow-loris body cannot hold a
-    # handler open forever.
-    timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
-    body = bytearray()
-    try:
+    if request.content.is_eof():
         # All of it has arrived already (the usual small body): nothing to wait for, no timer.
-        arrived = request.content.is_eof()
-        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout):
-            while chunk := await request.content.readany():
-                # A chunked body is refused as soon as it passes the limit, and reserves memory
-                # as it grows (a declared one reserved it all above).
-                await allowance.hold(len(body) + len(chunk), arriving=True)
-                body += chunk
-    except TimeoutError:
-        raise RequestTimeout(
-            f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
-        ) from None
+        body = await _read_arriving(request, allowance)
+    else:
+        # This bounds the time a client may take to send it, so a slow-loris body cannot hold a
+        # handler open forever.
+        timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                body = await _read_arriving(request, allowance)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
+            ) from None
     allowance.body = bytes(body)
     return allowance.body
+
+
+async def _read_arriving(request: web.Request, allowance: BodyAllowance) -> bytearray:
+    body = bytearray()
+    while chunk := await request.content.readany():
+        # A chunked body is refused as soon as it passes the limit, and reserves memory as it
+        # grows (a declared one reserved it all before).
+        await allowance.hold(len(body) + len(chunk), arriving=True)
+        body += chunk
+    return body
 
 
 def forget_raw_body(request: web.Request) -> None:

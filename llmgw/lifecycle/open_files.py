@@ -153,13 +153,13 @@ class OpenFiles:
 OPEN_FILES = web.AppKey("open_files", OpenFiles)
 
 
-def open_files_refusal(request: web.Request) -> ServiceUnavailable | None:
-    """The refusal of a request while the process is near its open files limit (``serve`` sets
-    ``OPEN_FILES``; without it, none). ``/healthz`` always passes: a process that is busy is
-    alive, and restarting it would end every stream it holds. The refusal's connection is closed
-    (gateway_middleware): its descriptor is what is short."""
-    guard = request.config_dict.get(OPEN_FILES)
-    if guard is None or request.path == _LIVENESS or guard.admit():
+def open_files_refusal(app: web.Application, path: str) -> ServiceUnavailable | None:
+    """The refusal of a request for ``path`` while the process is near its open files limit
+    (``serve`` sets ``OPEN_FILES`` on ``app``; without it, none). ``/healthz`` always passes: a
+    process that is busy is alive, and restarting it would end every stream it holds. The
+    refusal's connection is closed (gateway_middleware): its descriptor is what is short."""
+    guard = app.get(OPEN_FILES)
+    if guard is None or path == _LIVENESS or guard.admit():
         return None
     return ServiceUnavailable(
         "The gateway is at its limit of open connections; try again shortly.",
