@@ -1,10 +1,17 @@
-"""Python calls per request: a count that does not move with the machine's load.
+"""Work per request in counts that do not move with the machine's load.
 
 ``python -m bench.calls --database-url postgresql://...`` runs ``llmgw serve`` as the benchmark
-does (every span and metric exported to a sink, the billing line logged), under ``cProfile``
-switched on only while measured requests run, and prints the function calls the gateway's main
-thread made per request, non-streamed and streamed, with the functions that made the most.
-CPU time on a shared machine moves by 20% between runs; this count moves by a few calls.
+does (every span and metric exported to a sink, the billing line logged) and counts, while
+measured requests run, non-streamed and then streamed:
+
+- by default, the Python function calls of the gateway's main thread (``cProfile``), with the
+  functions that made the most;
+- with ``--callgrind``, the instructions the whole gateway process executed, every thread and
+  C code included (``valgrind --tool=callgrind``; about 50 times slower, so use a low
+  ``--concurrency`` and a few hundred requests).
+
+CPU time on a shared machine moves by 20% between runs; these counts move by a few per cent at
+most. ``--llmgw-src`` measures another source tree (an exported commit), for a before and after.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import pstats
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -38,6 +47,10 @@ from bench.services import (
     wait_for_listening,
 )
 
+__all__ = ["main"]
+
+_WARM_REQUESTS = 200
+
 # Runs the gateway's CLI with a profiler SIGUSR1 starts and SIGUSR2 stops and writes out.
 _PROFILED = """
 import cProfile, signal, sys
@@ -52,6 +65,94 @@ signal.signal(signal.SIGUSR2, stop)
 from llmgw.cli import main
 sys.exit(main(["serve"]))
 """
+_CALLGRIND_TOTAL = re.compile(rb"^(?:totals|summary): (\d+)", re.MULTILINE)
+
+
+class _Counter(Protocol):
+    def argv(self) -> list[str]: ...
+
+    def start(self, pid: int) -> None: ...
+
+    def stop(self, pid: int, name: str, requests: int) -> None:
+        """Stops counting and prints what was counted per request."""
+
+
+class _Calls:
+    """Python calls of the main thread, by function."""
+
+    def __init__(self, out: Path, top: int, keep: Path | None) -> None:
+        self._out, self._top, self._keep = out, top, keep
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-c", _PROFILED, str(self._out)]
+
+    def start(self, pid: int) -> None:
+        os.kill(pid, signal.SIGUSR1)
+
+    def stop(self, pid: int, name: str, requests: int) -> None:
+        os.kill(pid, signal.SIGUSR2)
+        _wait_for_file(self._out)
+        stats = pstats.Stats(str(self._out))
+        if self._keep is not None:
+            os.replace(self._out, self._keep / f"profile-{name}")
+        else:
+            self._out.unlink()
+        rows = stats.stats.items()  # type: ignore[attr-defined]
+        total = sum(calls for _, (_, calls, _, _, _) in rows)
+        print(f"{name}: {total / requests:.1f} Python calls per request ({requests} requests)")
+        for (file, line, function), (_, calls, _, _, _) in sorted(rows, key=lambda r: -r[1][1])[
+            : self._top
+        ]:
+            where = file.replace(str(REPO_ROOT) + "/", "").split("site-packages/")[-1]
+            print(f"  {calls / requests:7.2f}  {where}:{line} {function}")
+
+
+class _Instructions:
+    """Instructions of the whole process (callgrind), counted only while switched on."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+
+    def argv(self) -> list[str]:
+        return [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={self._tmp}/callgrind.%p",
+            sys.executable, "-m", "llmgw", "serve",
+        ]  # fmt: skip
+
+    def start(self, pid: int) -> None:
+        _control("-z", pid)  # what the warm-up counted (nothing: instrumentation was off)
+        _control("-i", "on", pid)
+
+    def stop(self, pid: int, name: str, requests: int) -> None:
+        _control("-d", name, pid)  # dumped: everything since the -z
+        _control("-i", "off", pid)
+        dumps = sorted(self._tmp.glob(f"callgrind.{pid}.*"), key=lambda p: p.stat().st_mtime)
+        if not dumps:
+            raise SetupError("callgrind wrote no dump")
+        match = _CALLGRIND_TOTAL.search(dumps[-1].read_bytes())
+        if match is None:
+            raise SetupError(f"no total in {dumps[-1]}")
+        total = int(match.group(1))
+        dumps[-1].unlink()
+        print(
+            f"{name}: {total / requests / 1e6:.3f} M instructions per request ({requests} requests)"
+        )
+
+
+def _control(*args: str | int) -> None:
+    subprocess.run(
+        ["callgrind_control", *map(str, args)], check=True, capture_output=True, timeout=120
+    )
+
+
+def _wait_for_file(path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists() or path.stat().st_size == 0:
+        if time.monotonic() > deadline:
+            raise SetupError(f"the gateway wrote no {path.name}")
+        time.sleep(0.05)
+    time.sleep(0.2)  # written whole
 
 
 @contextlib.contextmanager
@@ -72,11 +173,11 @@ def _scratch_database(admin_url: str) -> Iterator[str]:
         asyncio.run(run(f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
-def _create_key(env: dict[str, str]) -> str:
+def _create_key(env: dict[str, str], src: Path) -> str:
     completed = subprocess.run(
         [sys.executable, "-m", "llmgw", "keys", "create", "--name", "calls",
          "--rate-limit-requests", "100000000", "--rate-limit-window-seconds", "60", "--json"],
-        env=env, cwd=REPO_ROOT, capture_output=True, timeout=120, check=False,
+        env=env, cwd=src, capture_output=True, timeout=120, check=False,
     )  # fmt: skip
     if completed.returncode != 0:
         raise SetupError(f"llmgw keys create failed:\n{completed.stderr.decode()[-2000:]}")
@@ -85,51 +186,25 @@ def _create_key(env: dict[str, str]) -> str:
 
 
 def _measure(
-    gateway: Child,
-    url: str,
-    token: str,
-    *,
-    stream: bool,
-    requests: int,
-    concurrency: int,
-    out: Path,
-) -> pstats.Stats:
-    spec = LoadSpec(url=url, token=token, stream=stream, concurrency=concurrency, requests=200)
-    asyncio.run(run_load(spec))  # warm: connections, caches, the key
-    os.kill(gateway.pid, signal.SIGUSR1)
-    time.sleep(0.2)
-    load = asyncio.run(
-        run_load(LoadSpec(url=url, token=token, stream=stream, concurrency=concurrency,
-                          requests=requests))
-    )  # fmt: skip
-    if load.errors:
-        raise SetupError(f"{load.errors} requests failed: {load.error_samples}")
-    os.kill(gateway.pid, signal.SIGUSR2)
-    deadline = time.monotonic() + 30
-    while not out.exists() or out.stat().st_size == 0:
-        if time.monotonic() > deadline:
-            raise SetupError("the gateway wrote no profile")
-        time.sleep(0.05)
-    time.sleep(0.2)
-    stats = pstats.Stats(str(out))
-    out.rename(out.with_name(f"profile-{'stream' if stream else 'json'}"))
-    return stats
+    counter: _Counter, gateway: Child, url: str, token: str, args: argparse.Namespace, stream: bool
+) -> None:
+    def load(requests: int) -> None:
+        spec = LoadSpec(
+            url=url, token=token, stream=stream, concurrency=args.concurrency, requests=requests
+        )
+        result = asyncio.run(run_load(spec))
+        if result.errors:
+            raise SetupError(f"{result.errors} requests failed: {result.error_samples}")
 
-
-def _report(name: str, stats: pstats.Stats, requests: int, top: int) -> None:
-    total = sum(calls for _, calls, _, _, _ in stats.stats.values())  # type: ignore[attr-defined]
-    print(f"{name}: {total / requests:.1f} Python calls per request ({requests} requests)")
-    rows = sorted(
-        stats.stats.items(),  # type: ignore[attr-defined]
-        key=lambda item: -item[1][1],
-    )[:top]
-    for (file, line, function), (_, calls, _, _, _) in rows:
-        where = file.replace(str(REPO_ROOT) + "/", "").split("site-packages/")[-1]
-        print(f"  {calls / requests:7.2f}  {where}:{line} {function}")
+    load(_WARM_REQUESTS)  # connections, caches, the key
+    counter.start(gateway.pid)
+    time.sleep(0.2)
+    load(args.requests)
+    counter.stop(gateway.pid, "stream" if stream else "json", args.requests)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--database-url", required=True, help="a server to make a scratch database on"
     )
@@ -141,13 +216,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--top", type=int, default=40)
-    parser.add_argument(
-        "--keep", type=Path, default=None, help="a directory to copy the profiles to"
-    )
+    parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument("--top", type=int, default=40, help="functions listed (calls)")
+    parser.add_argument("--keep", type=Path, default=None, help="a directory for the profiles")
     parser.add_argument("--only", choices=("json", "stream"), default=None)
+    parser.add_argument("--llmgw-src", type=Path, default=REPO_ROOT, help="the tree to run")
     args = parser.parse_args(argv)
     pinning = Pinning.detect()
+    src = args.llmgw_src.resolve()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llmgw-calls-")))
         database_url = stack.enter_context(_scratch_database(args.database_url))
@@ -166,13 +242,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         )  # fmt: skip
         stack.callback(sink.stop)
         upstream_url, sink_url = wait_for_listening(upstream), wait_for_listening(sink)
-        env = {**base_env, "DATABASE_URL": database_url}
-        token = _create_key({**env, "LLMGW_AUTO_MIGRATE": "true"})
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(src), "DATABASE_URL": database_url}
+        token = _create_key({**env, "LLMGW_AUTO_MIGRATE": "true"}, src)
         port = args.port or free_port()
-        out = tmp / "profile"
+        counter: _Counter = (
+            _Instructions(tmp) if args.callgrind else _Calls(tmp / "profile", args.top, args.keep)
+        )
         gateway = spawn(
             "gateway",
-            [sys.executable, "-c", _PROFILED, str(out)],
+            counter.argv(),
             env={
                 **env,
                 "BIND_ADDR": f"127.0.0.1:{port}",
@@ -181,22 +259,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
                 "SHUTDOWN_GRACE_SECONDS": "2",
             },
-            log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=REPO_ROOT,
+            log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=src,
         )  # fmt: skip
         stack.callback(gateway.stop)
         base = f"http://127.0.0.1:{port}"
-        wait_for_health(gateway, base + "/healthz")
+        wait_for_health(gateway, base + "/healthz", timeout=300)
         for stream in (False, True):
-            if args.only is not None and args.only != ("stream" if stream else "json"):
-                continue
-            stats = _measure(
-                gateway, base + "/v1/chat/completions", token, stream=stream,
-                requests=args.requests, concurrency=args.concurrency, out=out,
-            )  # fmt: skip
-            _report("streamed" if stream else "non-streamed", stats, args.requests, args.top)
-            if args.keep is not None:
-                kind = "stream" if stream else "json"
-                os.replace(tmp / f"profile-{kind}", args.keep / f"profile-{kind}")
+            if args.only in (None, "stream" if stream else "json"):
+                _measure(counter, gateway, base + "/v1/chat/completions", token, args, stream)
 
 
 if __name__ == "__main__":
