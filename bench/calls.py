@@ -110,8 +110,8 @@ class _Calls:
 class _Instructions:
     """Instructions of the whole process (callgrind), counted only while switched on."""
 
-    def __init__(self, tmp: Path) -> None:
-        self._tmp = tmp
+    def __init__(self, tmp: Path, keep: Path | None) -> None:
+        self._tmp, self._keep = tmp, keep
 
     def argv(self) -> list[str]:
         return [
@@ -134,7 +134,10 @@ class _Instructions:
         if match is None:
             raise SetupError(f"no total in {dumps[-1]}")
         total = int(match.group(1))
-        dumps[-1].unlink()
+        if self._keep is not None:  # for callgrind_annotate
+            os.replace(dumps[-1], self._keep / f"callgrind-{name}")
+        else:
+            dumps[-1].unlink()
         print(
             f"{name}: {total / requests / 1e6:.3f} M instructions per request ({requests} requests)"
         )
@@ -218,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
     parser.add_argument("--top", type=int, default=40, help="functions listed (calls)")
-    parser.add_argument("--keep", type=Path, default=None, help="a directory for the profiles")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="a directory for the profiles or dumps"
+    )
     parser.add_argument("--only", choices=("json", "stream"), default=None)
     parser.add_argument("--llmgw-src", type=Path, default=REPO_ROOT, help="the tree to run")
     args = parser.parse_args(argv)
@@ -246,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         token = _create_key({**env, "LLMGW_AUTO_MIGRATE": "true"}, src)
         port = args.port or free_port()
         counter: _Counter = (
-            _Instructions(tmp) if args.callgrind else _Calls(tmp / "profile", args.top, args.keep)
+            _Instructions(tmp, args.keep)
+            if args.callgrind
+            else _Calls(tmp / "profile", args.top, args.keep)
         )
         gateway = spawn(
             "gateway",
