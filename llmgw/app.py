@@ -16,8 +16,7 @@ from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.admin.sign_in_guard import SignInGuard, SignInThrottle
 from llmgw.api import messages
-from llmgw.api.body import body_limit_middleware
-from llmgw.api.body_memory import BodyMemory
+from llmgw.api.body_memory import BodyLimits, BodyMemory
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
@@ -26,19 +25,12 @@ from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
 from llmgw.errors import GatewayError
-from llmgw.lifecycle.open_files import open_files_middleware
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.leases import LeasedLimitStore
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
-from llmgw.middleware import (
-    add_response_headers,
-    auth_middleware,
-    error_middleware,
-    rate_limit_middleware,
-    request_context_middleware,
-)
+from llmgw.middleware import add_response_headers, gateway_middleware
 from llmgw.providers.base import UpstreamHTTPError
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.route_table import add_routes, admitting
@@ -122,7 +114,7 @@ def create_app(
         )
     default_body_limit, route_body_limits = body_limits(settings)
     # What aiohttp reads itself (the admin API's and the console's forms); the proxied routes
-    # read their bodies through body_limit_middleware's limits.
+    # read their bodies within gateway_middleware's body limits.
     app = web.Application(client_max_size=settings.request_body_limit_bytes)
     app[app_keys.SETTINGS] = settings
     app[app_keys.TELEMETRY] = telemetry
@@ -238,31 +230,23 @@ def create_app(
         app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
         app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token, guard))
 
-    app.middlewares.extend(
-        [
-            generations.middleware,
-            request_context_middleware(
-                tracer=telemetry.tracer, instruments=telemetry.instruments, refusals=refusals
+    app.middlewares.append(
+        gateway_middleware(
+            telemetry=telemetry,
+            refusals=refusals,
+            generations=generations,
+            body_limits=BodyLimits(
+                default_body_limit,
+                route_body_limits,
+                BodyMemory(settings.request_body_memory_bytes),
             ),
-            error_middleware(
-                renderers=[(messages.MESSAGES_PATH, messages.error_json)],
-                on_caller_left=lambda: telemetry.instruments.client_connection_resets.add(1),
-            ),
-            open_files_middleware(),  # in the caller's API's shape, before any work
-            auth_middleware(
-                public_paths=PUBLIC_PATHS,
-                # The admin API and the console check their own token or session; with no admin
-                # token set their routes do not exist (404).
-                public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
-                instruments=telemetry.instruments,
-            ),
-            body_limit_middleware(
-                default=default_body_limit,
-                by_path=route_body_limits,
-                memory=BodyMemory(settings.request_body_memory_bytes),
-            ),
-            rate_limit_middleware(admitting=admitting(routes)),
-        ]
+            public_paths=PUBLIC_PATHS,
+            # The admin API and the console check their own token or session; with no admin
+            # token set their routes do not exist (404).
+            public_prefixes=(ADMIN_PREFIX + "/", CONSOLE_PREFIX),
+            admitting=admitting(routes),
+            renderers=[(messages.MESSAGES_PATH, messages.error_json)],
+        )
     )
     app.on_response_prepare.append(add_response_headers)
     return app

@@ -61,7 +61,7 @@ class Route:
     doc: Doc
     public: bool = False  # served without a key
     # The handler runs the proxy pipeline, which counts the request window together with the
-    # request's reservations (one round trip instead of two): see rate_limit_middleware.
+    # request's reservations (one round trip instead of two): see gateway_middleware.
     admits_itself: bool = False
 
 
@@ -81,5 +81,5 @@ def add_routes(app: web.Application, routes: Iterable[Route]) -> None:
 
 
 def admitting(routes: Iterable[Route]) -> frozenset[Handler]:
-    """The handlers that admit their requests themselves, for rate_limit_middleware."""
+    """The handlers that admit their requests themselves, for gateway_middleware."""
     return frozenset(route.handler for route in routes if route.admits_itself)

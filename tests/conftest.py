@@ -29,17 +29,22 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from aiohttp.typedefs import Middleware
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from llmgw.api.body_memory import BodyLimit, BodyLimits, BodyMemory
 from llmgw.app import create_app
 from llmgw.cli import main
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
+from llmgw.lifecycle.reload import RequestGenerations
+from llmgw.middleware import gateway_middleware
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.embedded import start_embedded
 from llmgw.storage.schema import metadata
+from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
@@ -193,6 +198,24 @@ def make_telemetry(settings: Settings) -> InMemoryTelemetry:
     )
     telemetry = Telemetry.from_providers(providers, capture_content=settings.capture_genai_content)
     return InMemoryTelemetry(telemetry, spans, reader)
+
+
+def middleware_alone(telemetry: Telemetry, **overrides: Any) -> Middleware:
+    """The gateway's middleware for an application of a test's own routes: every route public
+    unless ``public_paths`` says otherwise, the default body limits."""
+    settings = Settings()
+    values: dict[str, Any] = {
+        "refusals": RefusalLog(),
+        "generations": RequestGenerations(),
+        "body_limits": BodyLimits(
+            BodyLimit(settings.request_body_limit_bytes, "REQUEST_BODY_LIMIT_BYTES"),
+            {},
+            BodyMemory(settings.request_body_memory_bytes),
+        ),
+        "public_prefixes": ("/",),
+    }
+    values.update(overrides)
+    return gateway_middleware(telemetry=telemetry, **values)
 
 
 @attrs.define

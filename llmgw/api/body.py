@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
-from llmgw.api.body_memory import BodyAllowance, BodyLimit, BodyMemory
+from llmgw.api.body_memory import BodyAllowance
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [
     "MAX_JSON_DEPTH",
-    "body_limit_middleware",
     "forget_raw_body",
     "parse_json",
     "read_body",
@@ -115,56 +111,44 @@ async def read_json_object(request: web.Request) -> tuple[bytes, dict[str, Any]]
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole body, within the route's limit and the memory all bodies may hold (see
-    ``body_limit_middleware``)."""
+    """The whole body, within the route's limit and the memory all bodies may hold (the request's
+    ``BodyAllowance``, see ``gateway_middleware``)."""
     allowance = request[app_keys.BODY_ALLOWANCE]
     if allowance.body is not None:
         return allowance.body
     # A declared length: 413 before a byte is read, memory for all of it before it arrives.
     await allowance.hold(request.content_length or 0)
-    # This bounds the time a client may take to send it, so a slow-loris body cannot hold a
-    # handler open forever.
-    timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
-    body = bytearray()
-    try:
+    if request.content.is_eof():
         # All of it has arrived already (the usual small body): nothing to wait for, no timer.
-        arrived = request.content.is_eof()
-        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout):
-            while chunk := await request.content.readany():
-                # A chunked body is refused as soon as it passes the limit, and reserves memory
-                # as it grows (a declared one reserved it all above).
-                await allowance.hold(len(body) + len(chunk), arriving=True)
-                body += chunk
-    except TimeoutError:
-        raise RequestTimeout(
-            f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
-        ) from None
+        body = await _read_arriving(request, allowance)
+    else:
+        # This bounds the time a client may take to send it, so a slow-loris body cannot hold a
+        # handler open forever.
+        timeout = request.config_dict[app_keys.SETTINGS].request_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                body = await _read_arriving(request, allowance)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"The request body did not arrive within {timeout:g}s (REQUEST_TIMEOUT_SECONDS)."
+            ) from None
     allowance.body = bytes(body)
     return allowance.body
+
+
+async def _read_arriving(request: web.Request, allowance: BodyAllowance) -> bytearray:
+    body = bytearray()
+    while chunk := await request.content.readany():
+        # A chunked body is refused as soon as it passes the limit, and reserves memory as it
+        # grows (a declared one reserved it all before).
+        await allowance.hold(len(body) + len(chunk), arriving=True)
+        body += chunk
+    return body
 
 
 def forget_raw_body(request: web.Request) -> None:
     """The raw body will not be sent (the request is re-encoded): it need not be kept."""
     request[app_keys.BODY_ALLOWANCE].body = None
-
-
-def body_limit_middleware(
-    *, default: BodyLimit, by_path: Mapping[str, BodyLimit], memory: BodyMemory
-) -> Middleware:
-    """Each request gets its route's body limit (``by_path``, else ``default``) and a share of
-    ``memory``, released when its handler returns: its body and what is built from it live that
-    long."""
-
-    @web.middleware
-    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        limit = by_path.get(request.path, default)
-        allowance = request[app_keys.BODY_ALLOWANCE] = BodyAllowance(limit, memory)
-        try:
-            return await handler(request)
-        finally:
-            allowance.release()
-
-    return impl
 
 
 def refuse_control_characters(model: str) -> None:

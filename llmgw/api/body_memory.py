@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Mapping
 
 import attrs
 
 from llmgw.errors import PayloadTooLarge, ServiceUnavailable
 
-__all__ = ["BodyAllowance", "BodyLimit", "BodyMemory"]
+__all__ = ["BodyAllowance", "BodyLimit", "BodyLimits", "BodyMemory"]
 
 # Long enough for a burst of other bodies to be read and answered, short enough that a client
 # retrying after Retry-After loses little.
@@ -125,3 +126,16 @@ class BodyAllowance:
     def release(self) -> None:
         self._memory.release(self.reserved)
         self.reserved = 0
+
+
+@attrs.frozen
+class BodyLimits:
+    """Every route's body limit (``by_path``, else ``default``) and the memory all bodies share."""
+
+    default: BodyLimit
+    by_path: Mapping[str, BodyLimit]
+    memory: BodyMemory
+
+    def allowance(self, path: str) -> BodyAllowance:
+        """A new request's share, released when its handler returns (gateway_middleware)."""
+        return BodyAllowance(self.by_path.get(path, self.default), self.memory)

@@ -40,6 +40,7 @@ from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_us
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.config import Settings
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
 from llmgw.limits.policy import Admitted
 from llmgw.providers.base import (
@@ -440,8 +441,9 @@ async def start_call(
     :func:`observe_upstream` on failure).
     """
     refuse_control_characters(upstream.model)
-    route = request.app[app_keys.PROVIDERS].resolve(upstream.model)
-    limits = request.app[app_keys.LIMITS]
+    app = request.app
+    route = app[app_keys.PROVIDERS].resolve(upstream.model)
+    limits = app[app_keys.LIMITS]
     admitted = await limits.admit(
         key,
         model=upstream.model,
@@ -454,7 +456,7 @@ async def start_call(
     if admitted.window is not None:
         request[app_keys.RATE_LIMIT] = admitted.window
     try:
-        telemetry = request.app[app_keys.TELEMETRY]
+        telemetry = app[app_keys.TELEMETRY]
         observation = ChatObservation.start(
             telemetry.tracer,
             telemetry.instruments,
@@ -471,7 +473,7 @@ async def start_call(
         exchange = Exchange(
             request, key, upstream.fields, admitted, observation, metered=upstream.metered
         )
-        call = _upstream_call(request, upstream, exchange)
+        call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
         limits.settle(admitted, None)  # nothing was used: give it back
         raise
@@ -488,9 +490,8 @@ def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
 
 
 def _upstream_call(
-    request: web.Request, upstream: UpstreamRequest, exchange: Exchange
+    settings: Settings, upstream: UpstreamRequest, exchange: Exchange
 ) -> UpstreamCall:
-    settings = request.app[app_keys.SETTINGS]
     trace_headers: dict[str, str] = {}
     span = exchange.observation.tracer_span
     propagate.inject(trace_headers, context=trace.set_span_in_context(span))

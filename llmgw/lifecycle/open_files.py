@@ -26,16 +26,14 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from llmgw.errors import ServiceUnavailable
-from llmgw.middleware import render_error
 
 __all__ = [
     "FDS_PER_STREAM",
     "OPEN_FILES",
     "OpenFiles",
-    "open_files_middleware",
+    "open_files_refusal",
     "raise_open_file_limit",
 ]
 
@@ -155,25 +153,16 @@ class OpenFiles:
 OPEN_FILES = web.AppKey("open_files", OpenFiles)
 
 
-def open_files_middleware() -> Middleware:
-    """Refuse a request while the process is near its open files limit (``serve`` sets
-    ``OPEN_FILES``; without it, every request passes). ``/healthz`` always passes: a process
-    that is busy is alive, and restarting it would end every stream it holds."""
-
-    @web.middleware
-    async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        guard = request.config_dict.get(OPEN_FILES)
-        if guard is None or request.path == _LIVENESS or guard.admit():
-            return await handler(request)
-        response = render_error(
-            request,
-            ServiceUnavailable(
-                "The gateway is at its limit of open connections; try again shortly.",
-                code="too_many_open_files",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            ),
-        )
-        response.force_close()  # its descriptor is what is short
-        return response
-
-    return impl
+def open_files_refusal(app: web.Application, path: str) -> ServiceUnavailable | None:
+    """The refusal of a request for ``path`` while the process is near its open files limit
+    (``serve`` sets ``OPEN_FILES`` on ``app``; without it, none). ``/healthz`` always passes: a
+    process that is busy is alive, and restarting it would end every stream it holds. The
+    refusal's connection is closed (gateway_middleware): its descriptor is what is short."""
+    guard = app.get(OPEN_FILES)
+    if guard is None or path == _LIVENESS or guard.admit():
+        return None
+    return ServiceUnavailable(
+        "The gateway is at its limit of open connections; try again shortly.",
+        code="too_many_open_files",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )

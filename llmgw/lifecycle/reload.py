@@ -24,8 +24,6 @@ __all__ = ["RELOADER", "ConfigReloader", "RequestGenerations"]
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 class _Generation:
     """The requests that started while one configuration was current."""
@@ -47,14 +45,11 @@ class RequestGenerations:
     def __init__(self) -> None:
         self._current = _Generation()
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    def enter(self) -> _Generation:
+        """A request starts: counted in the current generation until it ``leave``s that one."""
         generation = self._current
         generation.in_flight += 1
-        try:
-            return await handler(request)
-        finally:
-            generation.leave()
+        return generation
 
     def advance(self) -> _Generation:
         """Start a new generation; the previous one is returned, to wait until it has drained."""

@@ -1,7 +1,7 @@
 """An adapter for any OpenAI-compatible HTTP API (OpenAI, vLLM, Ollama, Groq, Venice, ...).
 
 All provider I/O goes through one shared ``aiohttp.ClientSession`` and one retry loop; transport
-exceptions are translated to gateway errors in ``_transport_errors`` and nowhere else.
+exceptions are translated to gateway errors in ``_TransportErrors`` and nowhere else.
 
 A complete answer is read incrementally and given up once it passes ``max_response_bytes``, counted
 after decompression, so neither a huge body nor a small compression bomb can exhaust memory. A
@@ -13,11 +13,11 @@ blame the caller's key) is dropped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
@@ -83,18 +83,30 @@ def new_client_session(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> aiohtt
     )
 
 
-@contextlib.contextmanager
-def _transport_errors(provider: str) -> Iterator[None]:
-    try:
-        yield
-    except aiohttp.ConnectionTimeoutError as exc:
-        raise UpstreamTimeout(f"{provider} could not be connected to in time.") from exc
-    except TimeoutError as exc:
-        raise UpstreamTimeout(f"{provider} did not answer in time.") from exc
-    except aiohttp.ClientError as exc:
-        raise UpstreamUnavailable(
-            f"{provider} could not be reached ({type(exc).__name__})."
-        ) from exc
+class _TransportErrors:
+    """The client's transport failures as the gateway's errors, naming the provider. A class,
+    not a generator: one is entered on every call, and a generator's context manager costs three
+    times the calls."""
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            raise UpstreamTimeout(f"{self._provider} could not be connected to in time.") from exc
+        if isinstance(exc, TimeoutError):
+            raise UpstreamTimeout(f"{self._provider} did not answer in time.") from exc
+        if isinstance(exc, aiohttp.ClientError):
+            raise UpstreamUnavailable(
+                f"{self._provider} could not be reached ({type(exc).__name__})."
+            ) from exc
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int, provider: str) -> bytes:
@@ -229,6 +241,7 @@ class OpenAICompatibleProvider:
         connections: ConnectionPool | None = None,
     ) -> None:
         self.name = name
+        self._transport_errors = _TransportErrors(name)
         # Every call holds a slot for as long as its connection (see providers.pool).
         self.connections = connections or ConnectionPool(name, DEFAULT_MAX_CONNECTIONS)
         self.capabilities = capabilities
@@ -315,7 +328,7 @@ class OpenAICompatibleProvider:
             else:
                 if response.status == 200 or (not streaming and response.status < 300):
                     return response, retries, first
-                with _transport_errors(self.name):
+                with self._transport_errors:
                     # An error answer's body is bounded by the request's deadline, stream or not.
                     async with asyncio.timeout_at(call.deadline):
                         answer = await self._read_answer(response, retries)
@@ -363,7 +376,7 @@ class OpenAICompatibleProvider:
             sock_connect=timeouts.connect,
             ceil_threshold=EXACT_TIMEOUTS,
         )
-        with _transport_errors(self.name):
+        with self._transport_errors:
             async with asyncio.timeout_at(first_byte_by):
                 response = await self._session.post(
                     url, data=call.body, headers=headers, timeout=timeout
@@ -383,7 +396,7 @@ class OpenAICompatibleProvider:
         """Read and release ``response``, whatever its status (the gateway's key refused raises)."""
         try:
             self._check_credentials_accepted(response.status)
-            with _transport_errors(self.name):
+            with self._transport_errors:
                 body = await _read_bounded(response, self._max_response_bytes, self.name)
         finally:
             response.release()  # a connection with an unread remainder is closed, not reused
@@ -442,7 +455,7 @@ class OpenAICompatibleProvider:
         )
         slot = await self.connections.acquire(end)
         try:
-            with _transport_errors(self.name):
+            with self._transport_errors:
                 response = await self._session.get(
                     self._url("/models", None), headers=dict(self._auth_headers), timeout=timeout
                 )

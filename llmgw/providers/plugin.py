@@ -50,6 +50,8 @@ class Capabilities:
     def common_to(cls, every: Iterable[Capabilities]) -> Capabilities:
         """What all of ``every`` accept (a route that may fall back to any of them)."""
         every = tuple(every)
+        if len(every) == 1:
+            return every[0]  # a route of one deployment (most requests): nothing to combine
         return cls(
             **{
                 field: all(getattr(c, field) for c in every)

@@ -19,16 +19,15 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from llmgw.config import Settings
 from llmgw.lifecycle.open_files import (
     OPEN_FILES,
     SAMPLE_SECONDS,
     OpenFiles,
-    open_files_middleware,
     raise_open_file_limit,
 )
-from llmgw.middleware import error_middleware
 from llmgw.storage import api_keys
-from tests.conftest import StartGateways, gateway_env
+from tests.conftest import StartGateways, gateway_env, make_telemetry, middleware_alone
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 from tests.processes import Clock
 
@@ -64,7 +63,7 @@ async def test_near_the_limit_a_request_gets_503_in_its_shape_and_healthz_still_
     async def answer(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    app = web.Application(middlewares=[error_middleware(), open_files_middleware()])
+    app = web.Application(middlewares=[middleware_alone(make_telemetry(Settings()).telemetry)])
     app[OPEN_FILES] = OpenFiles(100, reserve=10, count_open=lambda: 95, clock=Clock())
     app.router.add_post("/v1/chat/completions", answer)
     app.router.add_get("/healthz", answer)

@@ -6,10 +6,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiohttp import web
 
 from llmgw.accounting.prices import Price, PriceRule, PriceTable
 from llmgw.api.models import ModelListCache
@@ -60,21 +58,12 @@ async def test_old_providers_close_when_the_last_request_that_may_use_them_ends(
     (old,) = registry.providers
     generations = RequestGenerations()
     reloader = ConfigReloader(registry, build, ModelListCache(), generations)
-    release = asyncio.Event()
-
-    async def slow_handler(_request: web.Request) -> web.StreamResponse:
-        await release.wait()
-        return web.Response()
-
-    request: Any = None
-    in_flight = asyncio.create_task(generations.middleware(request, slow_handler))
-    await asyncio.sleep(0)
+    in_flight = generations.enter()
     assert await reloader.reload() is True
     assert [p.name for p in registry.providers] == ["new-0"]
     await asyncio.sleep(0.01)
     assert not old.closed, "a request that started before the reload may still use it"
-    release.set()
-    await in_flight
+    in_flight.leave()
     await reloader.close()
     assert old.closed
     assert not registry.providers[0].closed  # type: ignore[attr-defined]
