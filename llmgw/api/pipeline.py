@@ -652,11 +652,9 @@ async def _complete(
     else:
         body = await _translate(operation.codec, document, caller_body, answered_by)
         content_type = "application/json"
+    # A freed concurrency slot needs no turn of the loop before the answer: this replica's next
+    # admission carries the settlement to the store ahead of itself (LimitPolicy).
     exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
-    if exchange.admitted.lease_id is not None:
-        # One turn of the loop: the settlement (a freed concurrency slot) goes to the store before
-        # the answer goes to the client, so a client's next request finds the slot free.
-        await asyncio.sleep(0)
     return web.Response(status=result.status, body=body, headers={"Content-Type": content_type})
 
 
