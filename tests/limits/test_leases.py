@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 
 import pytest
 
@@ -206,3 +207,78 @@ async def test_a_cancelled_request_gives_back_what_it_took() -> None:
     await leased.cancel([(landed.lease_id, (slot.counter,))], 60.0)  # twice: nothing more
     assert (await leased.admit(request(slot))).admitted
     assert not (await leased.admit(request(slot))).admitted
+
+
+class _Distant(MemoryLimitStore):
+    """A store whose answers take ``ROUND_TRIP`` seconds of the test's clock; it notes how much
+    of the slices it granted the replica had left when it asked for the next one."""
+
+    ROUND_TRIP = 0.04
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.clock = clock
+        self.granted = 0.0
+        self.used = 0.0  # moved by the test
+        self.left_when_asked: list[float] = []
+        self._moved = asyncio.Event()
+
+    def advance(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self._moved.set()  # wakes the answers under way, which wait again on a fresh one
+        self._moved = asyncio.Event()
+
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        self.left_when_asked.append(self.granted - self.used)
+        sent = self.clock.now
+        while self.clock.now < sent + self.ROUND_TRIP:
+            await self._moved.wait()
+        result = await super().admit(admission, settling)
+        if result.admitted:
+            self.granted += sum(r.amount for r in admission.reservations)
+        return result
+
+
+async def waits_at(rate: float, store: _Distant, clock: Clock) -> int:
+    """Admit ``rate`` a second for 3 s (each request used up at once, a tick every 0.25 s): the
+    admissions of the last 2 s that waited for a slice."""
+    leased = replica(store, clock)
+    counter = tokens("tokens:k:0", 1e9)
+    waits = 0
+    ticked = clock.now
+    for n in range(int(3 * rate)):
+        store.advance(1 / rate)
+        if clock.now - ticked >= 0.25:
+            await leased.tick()
+            ticked = clock.now
+        admission = request(counter)
+        task = asyncio.ensure_future(leased.admit(admission))
+        await asyncio.sleep(0)  # an admission from a slice is done in one step
+        waits += not task.done() and n >= rate
+        while not task.done():
+            store.advance(0.001)
+            await asyncio.sleep(0)
+        assert task.result().admitted
+        store.used += 1
+        await leased.settle([Charge(admission.lease_id, counter.counter, 1.0)])
+    return waits
+
+
+async def test_a_busy_key_takes_its_next_slice_two_round_trips_ahead() -> None:
+    clock = Clock()
+    store = _Distant(clock)
+    # 1,000 a second use half a 64-request slice in 32 ms, less than the 40 ms round trip: a
+    # prefetch at half a slice would leave admissions waiting for every slice.
+    assert await waits_at(1000.0, store, clock) == 0
+    late = store.left_when_asked[len(store.left_when_asked) // 2 :]
+    # Two round trips at 1,000 a second: about 80 (at most two slices).
+    assert min(late) >= 64 and max(late) <= 82
+
+
+async def test_a_quiet_key_takes_its_next_slice_at_half_a_slice_left() -> None:
+    clock = Clock()
+    store = _Distant(clock)
+    assert await waits_at(50.0, store, clock) == 0
+    late = store.left_when_asked[len(store.left_when_asked) // 2 :]
+    # Two round trips at 50 a second are 4 requests: half a slice (32) comes first.
+    assert late and max(late) < 32
