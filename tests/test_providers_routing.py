@@ -715,6 +715,19 @@ async def _in_state(gateway: Gateway, deployment: str, state: str) -> bool:
     return await state_of(gateway, deployment) == state
 
 
+async def _forget_breaker(backend: str, deployment: str) -> None:
+    """Redis is not emptied between tests (Postgres is): the next test's gateways would start with
+    this test's breaker state, and a change the test's moved clock dated ahead would outrank theirs
+    (the newest change wins)."""
+    if backend != "redis":
+        return
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(REDIS_URL)
+    await client.delete(f"{CHANNEL}:open:{deployment}")
+    await client.aclose()
+
+
 @pytest.mark.parametrize("backend", HEALTH_BACKENDS)
 async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and_both_return(
     start_gateway: Any,
@@ -738,6 +751,15 @@ async def test_two_replicas_skip_a_deployment_one_found_down_within_a_second_and
     if backend == "redis":
         overrides.update(rate_limit_backend="redis", redis_url=REDIS_URL)
     clock = Clock(time.time())  # the replicas' wall clock: the test moves it past the cooldown
+    try:
+        await _skip_and_return(start_gateway, overrides, clock, fake_venice)
+    finally:
+        await _forget_breaker(backend, "venice:qwen3-5-9b")
+
+
+async def _skip_and_return(
+    start_gateway: Any, overrides: dict[str, Any], clock: Clock, fake_venice: FakeVenice
+) -> None:
     first: Gateway = await start_gateway(clocks=Clocks(wall=clock), **overrides)
     second: Gateway = await start_gateway(clocks=Clocks(wall=clock), **overrides)
     key = await first.create_key(name="replicas")
@@ -803,14 +825,7 @@ async def test_a_replica_started_while_a_deployment_is_down_skips_it_at_once(
         assert await answer(later.client(key), "sturdy", stream=False) == OPENAI_TEXT
         assert len(fake_venice.received) == venice_calls, "the started replica tried it"
     finally:
-        if backend == "redis":
-            # Redis is not emptied between tests (Postgres is): the next test's gateways would
-            # start with this breaker open.
-            import redis.asyncio as aioredis
-
-            client = aioredis.from_url(REDIS_URL)
-            await client.delete(f"{CHANNEL}:open:venice:qwen3-5-9b")
-            await client.aclose()
+        await _forget_breaker(backend, "venice:qwen3-5-9b")
 
 
 async def test_a_weighted_alias_spreads_requests_and_shows_its_routes_everywhere(
