@@ -293,9 +293,15 @@ class LeasedLimitStore:
         for reservation in short:
             pool = self._pool(reservation)
             lacking = max(0.0, reservation.amount - pool.free(now))
-            # A whole slice, not a top-up to one: a top-up taken at half a slice left is half a
-            # slice, twice the round trips on the key's shared rows for the same admissions.
-            amount = min(max(lacking, reservation.amount * pool.size), pool.cap)
+            whole = reservation.amount * pool.size
+            # At a busy key (its next slice is due by its rate, see _low) a whole slice: a top-up
+            # taken early is a sliver, as many round trips on the key's shared rows as requests.
+            # Otherwise a top-up to one slice: a replica holding a slice and a whole one more
+            # starves the others near a cap (a budget worth five worst cases over two gateways
+            # admitted four).
+            if pool.rate * self._lead <= whole / 2:
+                whole -= pool.free(now)
+            amount = min(max(lacking, whole), pool.cap)
             seconds = self._slice_seconds
             if _is_window(reservation.counter):
                 seconds = reset + _WINDOW_MARGIN_SECONDS
