@@ -62,6 +62,9 @@ class LoadReport:
     replica: str  # the sender's id (random, per process)
     in_flight: dict[str, int]  # provider:model -> requests it is serving; empty: none
     ttl: float  # seconds the receiver counts it (by its own clock: clocks need not agree)
+    # provider:model -> callers (tags of API keys) it answered lately; a replica of an older
+    # version sends none, and ignores these
+    served: dict[str, list[str]] = attrs.field(factory=dict)
 
 
 def kept_until(change: HealthChange) -> float:
@@ -105,7 +108,15 @@ def _load_report(fields: dict[str, Any]) -> LoadReport:
     for count in in_flight.values():
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError("not a count")
-    return LoadReport(replica=replica, in_flight=in_flight, ttl=_number(fields["ttl"]))
+    served = fields.get("served", {})
+    if not isinstance(served, dict) or not all(
+        isinstance(callers, list) and all(isinstance(c, str) for c in callers)
+        for callers in served.values()
+    ):
+        raise ValueError("wrong type")
+    return LoadReport(
+        replica=replica, in_flight=in_flight, ttl=_number(fields["ttl"]), served=served
+    )
 
 
 def decode(payload: str | bytes) -> Message | None:

@@ -14,7 +14,7 @@ from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, Up
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
-from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.caps import AccountCap
 from llmgw.routing.channel import HealthChange
 from llmgw.routing.policy import RoutingPolicy
@@ -216,7 +216,7 @@ async def test_a_half_open_deployment_skipped_at_its_cap_is_probed_by_a_later_re
         [Deployment(down, "m"), Deployment(up, "m")],  # type: ignore[arg-type]
         routing=routing,
     )
-    routing.configure({"flaky": 5.0}, {"flaky": AccountCap(rpm=FAILURES_TO_OPEN)})
+    routing.configure({"flaky": Cooldown(5.0)}, {"flaky": AccountCap(rpm=FAILURES_TO_OPEN)})
     routing.caps.use(MemoryLimitStore(clock=lambda: now[0]), default_max_output_tokens=16)
     for _ in range(FAILURES_TO_OPEN):  # its whole minute's requests, each a failure: it opens
         assert await ask(route) == "up"
@@ -237,7 +237,7 @@ async def test_a_probe_another_replica_holds_is_skipped_for_the_next_deployment(
     routes = []
     for _ in range(2):  # two replicas on one limits store
         routing = RoutingPolicy(clock=lambda: now[0], monotonic=lambda: now[0])
-        routing.configure({"flaky": 5.0})
+        routing.configure({"flaky": Cooldown(5.0)})
         routing.use(store, default_max_output_tokens=16)
         deployments = [Deployment(down, "m"), Deployment(up, "m")]  # type: ignore[arg-type]
         routes.append(FallbackChain(deployments, routing=routing))
