@@ -370,7 +370,9 @@ class RoutingPolicy:
                 "Retry-After" if retry_after is not None else f"{breaker.failures} failures",
             )
             self._share(label, breaker)
-        elif breaker.failures >= FAILURES_TO_OPEN and breaker.failed_by == {caller}:
+        elif (
+            others_served and breaker.failures >= FAILURES_TO_OPEN and breaker.failed_by == {caller}
+        ):
             log.info(
                 "deployment %s failed one caller's request %d times in a row while it serves "
                 "others: its circuit stays closed",
