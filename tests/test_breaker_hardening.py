@@ -42,15 +42,14 @@ async def fake_openai() -> AsyncIterator[FakeOpenAI]:
 
 
 async def two_replicas(
-    start_gateway: Any, tmp_path: Path, fake_venice: FakeVenice, fake_openai: FakeOpenAI
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_venice: FakeVenice,
+    fake_openai: FakeOpenAI,
+    **primary: Any,
 ) -> tuple[Gateway, Gateway]:
     toml = provider(
-        "venice",
-        "venice",
-        fake_venice.base_url,
-        "VENICE_API_KEY",
-        circuit_cooldown_seconds=5,
-        circuit_max_cooldown_seconds=MAX_COOLDOWN,
+        "venice", "venice", fake_venice.base_url, "VENICE_API_KEY", **primary
     ) + provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
     toml += alias("sturdy", PRIMARY, "openai:gpt-4o-mini")
     overrides = providers_settings(tmp_path, toml, **KEYS)
@@ -84,7 +83,14 @@ async def test_a_retry_after_far_ahead_opens_it_on_both_replicas_for_at_most_the
     fake_venice: FakeVenice,
     retry_after: str,
 ) -> None:
-    first, second = await two_replicas(start_gateway, tmp_path, fake_venice, fake_openai)
+    first, second = await two_replicas(
+        start_gateway,
+        tmp_path,
+        fake_venice,
+        fake_openai,
+        circuit_cooldown_seconds=5,
+        circuit_max_cooldown_seconds=MAX_COOLDOWN,
+    )
     client = first.client(await first.create_key(name="only"))
     fake_venice.fail_times(1, status=429, retry_after=retry_after)
 
