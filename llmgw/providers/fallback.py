@@ -145,9 +145,9 @@ class FallbackChain:
                 share = (call.deadline - now) / (len(left) + 1)
                 sent = attrs.evolve(sent, answer_by=now + share)
             outcome = self.routing.attempt(deployment, call.caller)
-            if left or outcome.probe:
-                # Another deployment answers sooner than a retry of a failing one; a probe of a
-                # deployment that was down asks it once (issue 29, item 6).
+            if left or outcome.once:
+                # Another deployment answers sooner than a retry of a failing one; one that was
+                # down is asked once (issue 29, item 6).
                 sent = attrs.evolve(sent, max_retries=0)
             try:
                 result = await attempt(deployment.provider, sent)

@@ -90,13 +90,32 @@ def caller_tag(caller: str | None) -> str:
 class Attempt:
     """One attempt on one deployment: counted in flight until :meth:`done` (or a failure)."""
 
-    __slots__ = ("_answered_after", "_caller", "_ended", "_label", "_policy", "_started", "probe")
+    __slots__ = (
+        "_answered_after",
+        "_caller",
+        "_ended",
+        "_label",
+        "_policy",
+        "_probe",
+        "_started",
+        "once",
+    )
 
     def __init__(
-        self, policy: RoutingPolicy, label: str, probe: bool, started: float, caller: str
+        self,
+        policy: RoutingPolicy,
+        label: str,
+        probe: bool,
+        started: float,
+        caller: str,
+        *,
+        once: bool,
     ) -> None:
         self._policy, self._label, self._started, self._caller = policy, label, started, caller
-        self.probe = probe  # the half-open breaker's probe: asked once, never retried
+        self._probe = probe
+        # Asked once, never retried: a half-open breaker's probe, or a deployment known to be down
+        # that a route with nothing else tries all the same (it probes, it does not hammer).
+        self.once = once
         self._ended = False
         self._answered_after: float | None = None
 
@@ -131,12 +150,12 @@ class Attempt:
 
     def failed(self, retry_after: float | None = None) -> None:
         """The deployment could not serve it (after its retries); ``retry_after``: a 429's wait."""
-        self._policy._failed(self._label, retry_after, probe=self.probe, caller=self._caller)
+        self._policy._failed(self._label, retry_after, probe=self._probe, caller=self._caller)
         self.done()
 
     def abandoned(self) -> None:
         """The request ended before the deployment told anything (the caller left)."""
-        if self.probe:
+        if self._probe:
             self._policy._give_back_probe(self._label)
         self.done()
 
@@ -246,8 +265,11 @@ class RoutingPolicy:
         label = deployment.label
         breaker = self._breakers.get(label)
         probe = breaker is not None and breaker.probing
+        down = breaker is not None and breaker.state(self._clock()) is not State.CLOSED
         self._load.enter(label)
-        return Attempt(self, label, probe, self._monotonic(), caller_tag(caller))
+        return Attempt(
+            self, label, probe, self._monotonic(), caller_tag(caller), once=probe or down
+        )
 
     async def claim(self, deployment: Deployment) -> bool:
         """Whether ``deployment`` may be sent the request: yes, unless :meth:`plan` made the

@@ -29,6 +29,7 @@ class Stub:
     name: str
     answer: Callable[[], UpstreamResponse]
     calls: int = 0
+    retries_allowed: list[int | None] = attrs.field(factory=list)  # each call's max_retries
     capabilities: Capabilities = attrs.field(factory=lambda: Capabilities(reasoning=True))
     server_address: str = "stub"
     server_port: int = 443
@@ -37,6 +38,7 @@ class Stub:
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         self.calls += 1
+        self.retries_allowed.append(call.max_retries)
         return self.answer()
 
 
@@ -141,6 +143,21 @@ async def test_when_the_only_deployment_is_open_it_is_still_tried() -> None:
         with pytest.raises(UpstreamUnavailable):
             await ask(route)
     assert down.calls == FAILURES_TO_OPEN + 2
+
+
+async def test_only_the_last_deployment_left_is_retried_and_one_known_down_never() -> None:
+    overloaded = fails_with(503, Decision("move_on", "overloaded"))
+    first, second = Stub("first", overloaded), Stub("second", overloaded)
+    with pytest.raises(UpstreamHTTPError):
+        await ask(chain(first, second))
+    assert (first.retries_allowed, second.retries_allowed) == ([0], [None])
+    alone = Stub("alone", overloaded)
+    route = chain(alone)
+    for _ in range(FAILURES_TO_OPEN + 2):
+        with pytest.raises(UpstreamHTTPError):
+            await ask(route)
+    # Open, and tried all the same (nothing else is left): once, no retries.
+    assert alone.retries_allowed == [None] * FAILURES_TO_OPEN + [0, 0]
 
 
 async def test_an_answer_counts_in_flight_until_it_is_done_and_a_cancel_frees_it() -> None:

@@ -171,7 +171,7 @@ def test_a_failed_probe_keeps_it_out_one_more_cooldown_and_was_asked_once() -> N
     clock.now += 30
     routing.plan(route, ORDERED)
     probe = routing.attempt(route[0])
-    assert probe.probe, "a probe is never retried (the route sends it with max_retries=0)"
+    assert probe.once, "a probe is never retried (the route sends it with max_retries=0)"
     probe.failed()
     assert routing.health("a:m").open_until == clock.now + 30
 
