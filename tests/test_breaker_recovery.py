@@ -13,8 +13,9 @@ from typing import Any
 import openai
 import pytest
 
+from llmgw import app_keys
 from llmgw.clocks import Clocks
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_openai import FakeOpenAI, providers_settings
 from tests.fake_venice import Behaviour, FakeVenice
 from tests.processes import Clock
@@ -39,11 +40,31 @@ async def ask(client: openai.AsyncOpenAI) -> str:
     return completion.choices[0].message.content or ""
 
 
+def heard(replicas: list[Gateway]) -> bool:
+    """Whether each replica knows what the other told of the primary (its failures in a row, its
+    breaker), as it would by the time a request 0.5 s later arrives."""
+    if len(replicas) == 1:
+        return True
+    first, second = (r.server.app[app_keys.PROVIDERS].routing for r in replicas)
+    now = time.monotonic()
+    return (
+        first._load.failing_elsewhere(PRIMARY, now) == second._load.failing.get(PRIMARY, [])
+        and second._load.failing_elsewhere(PRIMARY, now) == first._load.failing.get(PRIMARY, [])
+        and first.health(PRIMARY).open_until == second.health(PRIMARY).open_until
+    )
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
 async def test_a_flapping_primary_is_probed_not_hammered_and_gets_its_traffic_back(
-    start_gateway: Any, tmp_path: Path, fake_openai: FakeOpenAI, fake_venice: FakeVenice
+    start_gateway: Any,
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    fake_venice: FakeVenice,
+    replicas: int,
 ) -> None:
-    """Cooldown 2 s, an outage of 6 s, a request every 0.5 s: at most 6 attempts on the primary
-    while it is down, and its traffic back within 3 s of its recovery."""
+    """Cooldown 2 s, an outage of 6 s, a request every 0.5 s (taking turns between two replicas on
+    one Postgres): at most 6 attempts on the primary while it is down, and its traffic back within
+    3 s of its recovery."""
     toml = provider(
         "venice",
         "venice",
@@ -54,10 +75,10 @@ async def test_a_flapping_primary_is_probed_not_hammered_and_gets_its_traffic_ba
     ) + provider("openai", "openai-compatible", fake_openai.base_url, "OPENAI_API_KEY")
     toml += alias("sturdy", PRIMARY, "openai:gpt-4o-mini")
     clock = Clock(time.time())
-    gateway: Gateway = await start_gateway(
-        clocks=Clocks(wall=clock), **providers_settings(tmp_path, toml, **KEYS)
-    )
-    client = gateway.client(await gateway.create_key(name="flapping"))
+    settings = providers_settings(tmp_path, toml, **KEYS)
+    gateways = [await start_gateway(clocks=Clocks(wall=clock), **settings) for _ in range(replicas)]
+    key = await gateways[0].create_key(name="flapping")
+    clients = [gateway.client(key) for gateway in gateways]
     started = clock.now
     attempts_while_down = 0
     back_after: float | None = None
@@ -67,7 +88,8 @@ async def test_a_flapping_primary_is_probed_not_hammered_and_gets_its_traffic_ba
         down = elapsed < OUTAGE
         fake_venice.default_behaviour = Behaviour(status=503) if down else Behaviour()
         before = len(fake_venice.chats())
-        text = await ask(client)
+        text = await ask(clients[step % replicas])
+        await eventually(lambda: heard(gateways), within=2.0, what="the replicas heard")
         if down:
             attempts_while_down += len(fake_venice.chats()) - before
             assert text == OPENAI_TEXT, "the fallback answers while the primary is down"

@@ -9,6 +9,10 @@ operator allows (``Cooldown.steady_probes``) does the cooldown double with each 
 429's ``Retry-After`` opens it for that long. No opening outlasts ``Cooldown.most``: an upstream (or
 a caller that makes it say so) cannot take a deployment away for a day.
 
+Failures count across replicas: each replica tells the others whose calls failed in a row there
+(``elsewhere``, :mod:`.load`), so a deployment that is down gets three attempts in all, not three
+per replica, before it opens.
+
 One caller cannot open it for everyone: while every failure in a row is one caller's and another
 caller was answered by the deployment a moment ago (``others_served``, which the policy knows across
 replicas), the failures are that caller's requests, not the deployment, and it stays closed. A
@@ -18,6 +22,7 @@ deployment only one caller uses opens as before.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import attrs
 
@@ -31,8 +36,6 @@ FAILURES_TO_OPEN = 3
 MAX_COOLDOWN_SECONDS = 300.0
 # Failed probes in a row after which the cooldown starts to double (``circuit_max_failed_probes``).
 STEADY_PROBES = 5
-# Callers told apart among the failures in a row: one, or more than one.
-_CALLERS_KEPT = 2
 
 
 @attrs.frozen(slots=True)
@@ -58,8 +61,8 @@ class State(enum.Enum):
 @attrs.define(slots=True)
 class Breaker:
     failures: int = 0  # consecutive failed calls since the last success
-    # Whose they were ("" for a request without a key), up to two of them
-    failed_by: set[str] = attrs.field(factory=set)
+    # Whose the last of them were ("" for a request without a key), oldest first
+    failed_by: list[str] = attrs.field(factory=list)
     open_until: float | None = None  # None: closed
     openings: int = 0  # times opened since it last closed: 1 + the failed probes in a row
     last_failure_at: float = 0.0
@@ -85,7 +88,7 @@ class Breaker:
     def succeeded(self, now: float) -> bool:
         """A call was answered; returns whether the breaker closed (a change to share)."""
         self.failures = 0
-        self.failed_by.clear()
+        self.failed_by = []
         self.probing = False
         if self.open_until is None:
             return False
@@ -101,16 +104,17 @@ class Breaker:
         probe: bool = False,
         caller: str = "",
         others_served: bool = False,
+        elsewhere: Sequence[str] = (),
     ) -> bool:
         """A call of ``caller``'s failed; returns whether the breaker opened (or for longer).
 
-        ``others_served``: another caller was answered by the deployment a moment ago."""
+        ``others_served``: another caller was answered by the deployment a moment ago;
+        ``elsewhere``: whose calls failed in a row on the other replicas."""
         self.failures += 1
         self.last_failure_at = now
         self.probing = False
-        if len(self.failed_by) < _CALLERS_KEPT:
-            self.failed_by.add(caller)
-        if others_served and self.failed_by == {caller}:
+        self.failed_by = [*self.failed_by, caller][-FAILURES_TO_OPEN:]
+        if others_served and {*elsewhere, *self.failed_by} == {caller}:
             return False  # this caller's requests fail, not the deployment
         if retry_after is not None:
             # The provider said how long: believed up to the longest opening, and never shorter
@@ -119,7 +123,7 @@ class Breaker:
         state = self.state(now)
         if state is State.OPEN:
             return False  # a call sent before it opened; the cooldown already runs
-        if probe or state is State.HALF_OPEN or self.failures >= FAILURES_TO_OPEN:
+        if probe or state is State.HALF_OPEN or self.failures + len(elsewhere) >= FAILURES_TO_OPEN:
             return self._open(now, cooldown.after(self.openings), count=True)
         return False
 

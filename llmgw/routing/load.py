@@ -10,7 +10,10 @@ no store round trip per request.
 
 The same reports say which callers each deployment answered in the last ``SERVED_SECONDS`` (a
 short tag per API key, two at most per deployment): a breaker does not let one caller's failures
-open a deployment that other callers are being served by on any replica (:mod:`.breaker`).
+open a deployment that other callers are being served by on any replica (:mod:`.breaker`). And
+whose calls failed in a row on each deployment whose breaker is closed here (:attr:`failing`, set
+by the policy, which sends a report at once when it changes): a deployment opens after three
+failures on all replicas together.
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ class SharedLoad:
     def __init__(self, replica: str | None = None) -> None:
         self.replica = replica or uuid.uuid4().hex
         self.own: dict[str, int] = {}  # provider:model -> requests this replica is serving
-        # replica -> (expiry, counts, callers served per deployment)
-        self._others: dict[str, tuple[float, dict[str, int], dict[str, list[str]]]] = {}
+        # replica -> (expiry, its report)
+        self._others: dict[str, tuple[float, LoadReport]] = {}
         self._served: dict[str, dict[str, float]] = {}  # label -> caller -> when answered, here
+        # label -> callers whose calls failed in a row here (the policy keeps it)
+        self.failing: dict[str, list[str]] = {}
         self._reported: dict[str, int] = {}
         self._reported_served: dict[str, list[str]] = {}
+        self._reported_failing: dict[str, list[str]] = {}
         self._reported_at = -math.inf
 
     def enter(self, label: str) -> None:
@@ -69,9 +75,9 @@ class SharedLoad:
     def in_flight(self, label: str, now: float) -> int:
         """This replica's requests on ``label`` plus those the others last reported."""
         count = self.own.get(label, 0)
-        for expires, counts, _ in self._others.values():
+        for expires, report in self._others.values():
             if expires > now:
-                count += counts.get(label, 0)
+                count += report.in_flight.get(label, 0)
         return count
 
     def served(self, label: str, caller: str, now: float) -> None:
@@ -92,9 +98,18 @@ class SharedLoad:
             if other != caller and now - at < SERVED_SECONDS:
                 return True
         return any(
-            expires > now and any(other != caller for other in served.get(label, ()))
-            for expires, _, served in self._others.values()
+            expires > now and any(other != caller for other in report.served.get(label, ()))
+            for expires, report in self._others.values()
         )
+
+    def failing_elsewhere(self, label: str, now: float) -> list[str]:
+        """Whose calls to ``label`` failed in a row on the other replicas, as they last said."""
+        return [
+            caller
+            for expires, report in self._others.values()
+            if expires > now
+            for caller in report.failing.get(label, ())
+        ]
 
     def _served_lately(self, now: float) -> dict[str, list[str]]:
         """Whom each deployment answered in the last ``SERVED_SECONDS`` (older ones forgotten)."""
@@ -108,22 +123,24 @@ class SharedLoad:
     def report(self, now: float) -> LoadReport | None:
         """What to tell the other replicas now, if anything (``now``: monotonic seconds)."""
         served = self._served_lately(now)
+        failing = dict(list(self.failing.items())[-_MAX_SERVED:])
         if (
             self.own == self._reported
             and served == self._reported_served
-            and (not (self.own or served) or now - self._reported_at < REFRESH_SECONDS)
+            and failing == self._reported_failing
+            and (not (self.own or served or failing) or now - self._reported_at < REFRESH_SECONDS)
         ):
             return None
         busiest = sorted(self.own.items(), key=lambda item: item[1], reverse=True)
         self._reported, self._reported_served = dict(self.own), served
-        self._reported_at = now
-        return LoadReport(self.replica, dict(busiest[:_MAX_REPORTED]), TTL_SECONDS, served)
+        self._reported_failing, self._reported_at = failing, now
+        return LoadReport(self.replica, dict(busiest[:_MAX_REPORTED]), TTL_SECONDS, served, failing)
 
     def receive(self, report: LoadReport, now: float) -> None:
         if report.replica == self.replica:
             return
         self._others = {r: held for r, held in self._others.items() if held[0] > now}
-        if not report.in_flight and not report.served:
+        if not (report.in_flight or report.served or report.failing):
             self._others.pop(report.replica, None)
         elif report.replica in self._others or len(self._others) < _MAX_REPLICAS:
-            self._others[report.replica] = (now + report.ttl, report.in_flight, report.served)
+            self._others[report.replica] = (now + report.ttl, report)

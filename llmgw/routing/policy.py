@@ -370,20 +370,24 @@ class RoutingPolicy:
         if breaker.succeeded(self._clock()):
             log.warning("deployment %s answers again: its circuit is closed", label)
             self._share(label, breaker)
+        self._note_failing(label, breaker)
 
     def _failed(self, label: str, retry_after: float | None, *, probe: bool, caller: str) -> None:
         breaker = self._breaker(label)
         self._claims.pop(label, None)
-        now = self._clock()
-        others_served = self._load.others_served(label, caller, self._monotonic())
-        if breaker.failed(
+        now, monotonic = self._clock(), self._monotonic()
+        others_served = self._load.others_served(label, caller, monotonic)
+        opened = breaker.failed(
             now,
             self._cooldown(label),
             retry_after=retry_after,
             probe=probe,
             caller=caller,
             others_served=others_served,
-        ):
+            elsewhere=self._load.failing_elsewhere(label, monotonic),
+        )
+        self._note_failing(label, breaker)
+        if opened:
             assert breaker.open_until is not None
             log.warning(
                 "deployment %s is skipped for %.0f s: its circuit is open (%s)",
@@ -393,7 +397,9 @@ class RoutingPolicy:
             )
             self._share(label, breaker)
         elif (
-            others_served and breaker.failures >= FAILURES_TO_OPEN and breaker.failed_by == {caller}
+            others_served
+            and breaker.failures >= FAILURES_TO_OPEN
+            and set(breaker.failed_by) == {caller}
         ):
             log.info(
                 "deployment %s failed one caller's request %d times in a row while it serves "
@@ -403,6 +409,24 @@ class RoutingPolicy:
             )
 
     # Between replicas ---------------------------------------------------------------------------
+
+    def _note_failing(self, label: str, breaker: Breaker) -> None:
+        """Tell the other replicas at once whose calls to ``label`` failed in a row here (nobody's
+        once it answered or opened): its breaker opens on the failures of all of them."""
+        closed = breaker.state(self._clock()) is State.CLOSED
+        failing = breaker.failed_by if closed and breaker.failures else None
+        if self._load.failing.get(label) == failing:
+            return
+        if failing is None:
+            del self._load.failing[label]
+        else:
+            self._load.failing[label] = failing
+        self._report_load()
+
+    def _report_load(self) -> None:
+        report = self._load.report(self._monotonic())
+        if report is not None and self._outbox is not None:
+            self._outbox.put_nowait(report)
 
     def _share(self, label: str, breaker: Breaker) -> None:
         if self._outbox is not None:
@@ -436,15 +460,14 @@ class RoutingPolicy:
         breaker.changed_at = change.changed_at
         breaker.last_failure_at = max(breaker.last_failure_at, change.last_failure_at)
         if change.open_until is None:
-            breaker.failures = 0
+            breaker.failures, breaker.failed_by = 0, []
+        self._note_failing(change.deployment, breaker)
 
     async def _report_load_forever(self) -> None:
         assert self._outbox is not None
         while True:
             await asyncio.sleep(REPORT_INTERVAL_SECONDS)
-            report = self._load.report(self._monotonic())
-            if report is not None:
-                self._outbox.put_nowait(report)
+            self._report_load()
 
     async def _send_forever(self) -> None:
         assert self._outbox is not None

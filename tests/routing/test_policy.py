@@ -286,3 +286,32 @@ def test_what_is_remembered_of_deployments_callers_name_is_bounded() -> None:
     assert len(routing.known()) <= 1000
     assert routing.health("p2998:m").latency_seconds is not None  # the newest are kept
     assert routing.health("p2999:m").consecutive_failures == 1
+
+
+def tell(sender: RoutingPolicy, receiver: RoutingPolicy, now: float) -> None:
+    """What the sender's load report would carry to the receiver."""
+    report = sender._load.report(now)
+    assert report is not None
+    receiver.receive(report)
+
+
+def test_failures_on_two_replicas_add_up_to_open_it_and_an_answer_clears_them() -> None:
+    clock = Clock(1_000_000.0)
+    here, there = policy(clock), policy(clock)
+    route = deployments("a", "b")
+    for _ in range(FAILURES_TO_OPEN - 1):
+        here.attempt(route[0], "alice").failed()
+    tell(here, there, clock.now)
+    there.attempt(route[0], "bob").failed()
+    assert there.health("a:m").state == "open", "three failures in all, not three per replica"
+
+    # An answer on one replica clears what it told: the others count from nothing again.
+    quiet, busy = policy(clock), policy(clock)
+    for _ in range(FAILURES_TO_OPEN - 1):
+        quiet.attempt(route[0], "alice").failed()
+    answered = quiet.attempt(route[0], "alice")
+    answered.answered()
+    answered.done()
+    tell(quiet, busy, clock.now)
+    busy.attempt(route[0], "bob").failed()
+    assert busy.health("a:m").state == "closed"
