@@ -118,7 +118,7 @@ class SharedLoad:
                 del callers[caller]
             if not callers:
                 del self._served[label]
-        return {label: list(callers) for label, callers in self._served.items()}
+        return {label: sorted(callers) for label, callers in self._served.items()}
 
     def report(self, now: float) -> LoadReport | None:
         """What to tell the other replicas now, if anything (``now``: monotonic seconds)."""
