@@ -86,7 +86,9 @@ async def test_two_db_upgrades_at_once_one_migrates_the_other_waits(empty_databa
     results = [_finish(first), _finish(second)]
     assert [code for code, _ in results] == [0, 0], results
     outputs = sorted(output for _, output in results)
-    assert sum(f"database upgraded to head ({HEAD}) from nothing (empty)" in o for o in outputs) == 1
+    assert (
+        sum(f"database upgraded to head ({HEAD}) from nothing (empty)" in o for o in outputs) == 1
+    )
     assert sum(f"database already at {HEAD}" in o for o in outputs) == 1, outputs
     assert all("waiting for it" in o for o in outputs), outputs
     assert "Traceback" not in "".join(outputs)

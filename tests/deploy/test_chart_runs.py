@@ -71,6 +71,12 @@ def command_of(pod: dict[str, Any]) -> list[str]:
     return [sys.executable, *command[1:]]
 
 
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
 async def _revision(url: str) -> str | None:
     connection = await asyncpg.connect(url)
     try:
@@ -119,13 +125,7 @@ async def test_the_rendered_job_migrates_and_the_rendered_deployment_turns_ready
     env = container_env(release, pod, tmp_path / "pod")
     assert env["BIND_ADDR"] == f"0.0.0.0:{container['ports'][0]['containerPort']}"
     port = free_port()
-    process = subprocess.Popen(
-        command_of(pod),
-        env=clean_env(**{**env, "BIND_ADDR": f"127.0.0.1:{port}"}),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = _spawn(command_of(pod), clean_env(**{**env, "BIND_ADDR": f"127.0.0.1:{port}"}))
     try:
         async with aiohttp.ClientSession() as session:
 

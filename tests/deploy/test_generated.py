@@ -25,7 +25,7 @@ def test_the_values_table_has_a_row_per_value_with_its_default() -> None:
     text = DOC.read_text()
     assert "| `secrets.existingSecret` | string |" in text
     assert "| `shutdown.graceSeconds` | integer | `120` |" in text
-    assert "| `rateLimit.backend` | string: `postgres`, `redis` | `\"postgres\"` |" in text
+    assert '| `rateLimit.backend` | string: `postgres`, `redis` | `"postgres"` |' in text
 
 
 def test_the_kustomize_base_is_the_chart_rendered() -> None:
