@@ -375,11 +375,30 @@ def test_pods_spread_across_nodes(rendered: dict[str, Rendered]) -> None:
     assert spread["labelSelector"]["matchLabels"] == labels
 
 
-def test_the_image_carries_the_redis_extra_and_runs_as_the_chart_user() -> None:
+def test_the_image_carries_the_redis_extra_and_runs_as_the_chart_user(
+    rendered: dict[str, Rendered],
+) -> None:
     runs = " ".join(i.args for i in final_stage() if i.keyword == "RUN")
     assert "[speed,redis]" in runs
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["runAsUser"] == image_user()
+    # The data directory the image makes (owned by its user) is the one the chart mounts writable.
+    image_env = " ".join(i.args for i in final_stage() if i.keyword == "ENV")
+    data_dir = env_of(rendered["defaults"].gateway)["LLMGW_DATA_DIR"]["value"]
+    assert f"LLMGW_DATA_DIR={data_dir}" in image_env
+    assert re.search(rf"install -d -o llmgw -g llmgw -m 0750 {data_dir}\b", runs)
+
+
+def test_the_image_carries_oci_labels_with_the_package_version() -> None:
+    labels = " ".join(i.args for i in final_stage() if i.keyword == "LABEL")
+    args = dict(
+        i.args.split("=", 1) for i in final_stage() if i.keyword == "ARG" and "=" in i.args
+    )
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert args["LLMGW_VERSION"] == version
+    for key in ("title", "description", "version", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert 'org.opencontainers.image.version="${LLMGW_VERSION}"' in labels
 
 
 def test_redis_limit_store_sets_the_backend_and_the_url_from_the_secret(
