@@ -391,9 +391,7 @@ def test_the_image_carries_the_redis_extra_and_runs_as_the_chart_user(
 
 def test_the_image_carries_oci_labels_with_the_package_version() -> None:
     labels = " ".join(i.args for i in final_stage() if i.keyword == "LABEL")
-    args = dict(
-        i.args.split("=", 1) for i in final_stage() if i.keyword == "ARG" and "=" in i.args
-    )
+    args = dict(i.args.split("=", 1) for i in final_stage() if i.keyword == "ARG" and "=" in i.args)
     version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert args["LLMGW_VERSION"] == version
     for key in ("title", "description", "version", "licenses"):
