@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 
 from llmgw.storage import revisions
 from llmgw.storage.migrations import MIGRATION_LOCK_KEY
-from tests.processes import REPO_ROOT, clean_env, eventually, run_llmgw
+from tests.conftest import GatewayProcess, gateway_env, spawn_gateway
+from tests.fake_venice import FakeVenice
+from tests.processes import REPO_ROOT, clean_env, eventually, free_port, run_llmgw
 
 HEAD = revisions.head_revision()
 
@@ -159,3 +163,27 @@ def test_db_upgrade_waits_for_the_database_a_bounded_time() -> None:
     assert result.returncode == 1, result
     assert "cannot reach the database" in result.stderr
     assert "waited 2 s" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+async def test_two_serves_auto_migrating_one_database_at_once_both_turn_ready(
+    empty_database: str, fake_venice: FakeVenice, tmp_path: Path
+) -> None:
+    env = gateway_env(empty_database, fake_venice.base_url, LLMGW_AUTO_MIGRATE="true")
+    gateways = [spawn_gateway(env, tmp_path / f"gateway-{n}.log", free_port()) for n in range(2)]
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready(gateway: GatewayProcess) -> bool:
+                assert gateway.running()
+                try:
+                    async with session.get(f"{gateway.url}/readyz") as response:
+                        return response.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False
+
+            for gateway in gateways:
+                await eventually(lambda g=gateway: ready(g), within=60, what="ready")
+    finally:
+        assert [gateway.stop() for gateway in gateways] == [0, 0]
+    assert await _at(empty_database) == HEAD
