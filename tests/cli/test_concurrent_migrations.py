@@ -81,6 +81,7 @@ async def test_two_db_upgrades_at_once_one_migrates_the_other_waits(empty_databa
     async def both_wait() -> bool:
         waiting = await holder.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         return bool(waiting == 2)
 

@@ -527,6 +527,20 @@ def test_a_change_of_config_or_secret_rolls_the_pods() -> None:
     assert base["checksum/secret"] != other_secret["checksum/secret"]
 
 
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(33554432, "33554432"), (1.5, "1.5"), (True, "true"), ("auto", "auto"), (0, "0")],
+)
+def test_config_values_reach_the_environment_as_llmgw_parses_them(value: Any, text: str) -> None:
+    release = render(
+        {"config": {"REQUEST_BODY_LIMIT_BYTES": value}, "shutdown": {"graceSeconds": 10000000}}
+    )
+    env = env_of(release.gateway)
+    assert env["REQUEST_BODY_LIMIT_BYTES"]["value"] == text
+    assert env["SHUTDOWN_GRACE_SECONDS"]["value"] == "10000000"
+    assert release.gateway["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+
+
 def test_the_providers_file_is_mounted_where_llmgw_config_points(
     rendered: dict[str, Rendered],
 ) -> None:

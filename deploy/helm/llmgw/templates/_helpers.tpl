@@ -116,6 +116,16 @@ seccompProfile:
       {{- end }}
 {{- end }}
 
+{{/* A value as the environment spells it: a whole number stays whole (values arrive as float64,
+which toString would write as 3.3554432e+07). */}}
+{{- define "llmgw.text" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) }}
+{{- printf "%d" (int64 .) }}
+{{- else }}
+{{- toString . }}
+{{- end }}
+{{- end }}
+
 {{/* The gateway's environment: every name is one docs/configuration.md documents (a test checks). */}}
 {{- define "llmgw.env" -}}
 {{- $secret := include "llmgw.secretName" . -}}
@@ -125,7 +135,7 @@ seccompProfile:
 - name: LLMGW_DATA_DIR
   value: /var/lib/llmgw
 - name: SHUTDOWN_GRACE_SECONDS
-  value: {{ .Values.shutdown.graceSeconds | quote }}
+  value: {{ include "llmgw.text" .Values.shutdown.graceSeconds | quote }}
 - name: RATE_LIMIT_BACKEND
   value: {{ .Values.rateLimit.backend | quote }}
 {{- if .Values.serviceMonitor.enabled }}
@@ -138,7 +148,7 @@ seccompProfile:
 {{- end }}
 {{- range $name, $value := .Values.config }}
 - name: {{ $name }}
-  value: {{ $value | toString | quote }}
+  value: {{ include "llmgw.text" $value | quote }}
 {{- end }}
 {{ include "llmgw.secretEnv" (dict "name" "DATABASE_URL" "secret" $secret) }}
 {{- if or $existing .Values.secrets.adminToken }}
