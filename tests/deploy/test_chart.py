@@ -153,10 +153,14 @@ def test_each_option_set_makes_its_objects(rendered: dict[str, Rendered]) -> Non
     assert set(rendered["no-service-account"].kinds()) == base - {"ServiceAccount"}
 
 
-@pytest.mark.parametrize("option_set", ["defaults", "existing-secret", "providers-and-secrets"])
-def test_helm_lint_strict_reports_nothing(option_set: str) -> None:
-    values = OPTION_SETS[option_set]
-    if option_set != "existing-secret":
+@pytest.mark.parametrize(
+    "option_set", [None, "defaults", "existing-secret", "providers-and-secrets"]
+)
+def test_helm_lint_strict_reports_nothing(option_set: str | None) -> None:
+    # None: `helm lint --strict deploy/helm/llmgw` as is, no values given.
+    values = OPTION_SETS[option_set] if option_set else None
+    if option_set not in (None, "existing-secret"):
+        assert values is not None
         values = {**values, "secrets": {**DATABASE_VALUES["secrets"], **values.get("secrets", {})}}
     report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
     assert report["messages"] == [] and report["errors"] == [], report
@@ -620,3 +624,11 @@ def test_crd_objects_name_their_api(rendered: dict[str, Rendered]) -> None:
                     "monitoring.coreos.com/v1",
                 }
                 assert obj["metadata"]["name"] == "demo-llmgw"
+
+
+def test_a_rolling_update_keeps_every_replica_serving(rendered: dict[str, Rendered]) -> None:
+    strategy = rendered["defaults"].deployment["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
