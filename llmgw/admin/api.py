@@ -30,15 +30,23 @@ from llmgw.admin.schemas import (
     ReportRange,
     Rotate,
     SubjectBudgetUpdate,
+    TeamCreate,
     parse,
     to_json,
 )
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import parse_json
-from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
+from llmgw.errors import (
+    AuthenticationFailed,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    ServiceUnavailable,
+    Unprocessable,
+)
 from llmgw.route_table import JSON, Doc, Route, add_routes
 from llmgw.routing.views import routes_view
-from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
+from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects, teams
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
@@ -146,11 +154,30 @@ def _issued_json(issued: api_keys.IssuedKey) -> dict[str, Any]:
     return {**to_json(issued.record), "key": issued.plaintext}
 
 
+async def _check_team(connection: asyncpg.Connection, wanted: KeyCreate) -> None:
+    """A key's team exists and allows every model the key names (an empty list: the team's)."""
+    if wanted.team_id is None:
+        return
+    try:
+        team_models = await teams.team_allowed_models(connection, wanted.team_id)
+    except teams.TeamNotFound:
+        raise Unprocessable(f"No team has id {wanted.team_id}.", param="team_id") from None
+    outside = sorted(set(wanted.allowed_models) - set(team_models)) if team_models else []
+    if outside:
+        raise Unprocessable(
+            f"The key's team does not allow {', '.join(outside)}; it allows "
+            f"{', '.join(team_models)}.",
+            param="allowed_models",
+        )
+
+
 async def create_key(request: web.Request) -> web.Response:
     wanted = parse(await _json_body(request), KeyCreate)
     async with _transaction(request) as connection:
+        await _check_team(connection, wanted)
         issued = await api_keys.create_key(
-            connection, api_keys.KeySettings(**attrs.asdict(wanted, recurse=False))
+            connection,
+            api_keys.KeySettings(**attrs.asdict(wanted, recurse=False), owner=request[ACTOR]),
         )
         await _audit(connection, request, "key.create", str(issued.record.id), after=issued.record)
     return _json(_issued_json(issued), status=201)
@@ -158,7 +185,7 @@ async def create_key(request: web.Request) -> web.Response:
 
 async def list_keys(request: web.Request) -> web.Response:
     query = request.query
-    subject = query.get("subject_id")
+    subject, team = query.get("subject_id"), query.get("team_id")
     state = query.get("state", "all")
     if state not in api_keys.KEY_STATES:
         raise InvalidRequest(
@@ -177,6 +204,7 @@ async def list_keys(request: web.Request) -> web.Response:
         records = await api_keys.list_keys(
             connection,
             subject_id=None if subject is None else _uuid(subject, "subject_id"),
+            team_id=None if team is None else _uuid(team, "team_id"),
             state=state,
             limit=limit + 1,
             offset=offset,
@@ -224,6 +252,7 @@ async def patch_key(request: web.Request) -> web.Response:
         if current.subject_id is not None:
             merged["subject_id"] = str(current.subject_id)
         wanted = parse(merged, KeyCreate)
+        await _check_team(connection, wanted)
         before, after = await api_keys.update_key(
             connection, key_id, {name: getattr(wanted, name) for name in changes}
         )
@@ -251,6 +280,91 @@ async def rotate_key(request: web.Request) -> web.Response:
         await _audit(connection, request, "key.rotate", key_id, before=before, after=old_after)
         await _audit(connection, request, "key.create", str(issued.record.id), after=issued.record)
     return _json({**_issued_json(issued), "replaces": to_json(old_after)}, status=201)
+
+
+def _team_id(request: web.Request) -> uuid.UUID:
+    return _uuid(request.match_info["team_id"], "team id")
+
+
+async def _find_team(connection: asyncpg.Connection, team_id: uuid.UUID) -> teams.TeamRecord:
+    try:
+        return await teams.find_team(connection, team_id)
+    except teams.TeamNotFound:
+        raise NotFound(f"No team has id {team_id}.") from None
+
+
+async def create_team(request: web.Request) -> web.Response:
+    wanted = parse(await _json_body(request), TeamCreate)
+    async with _transaction(request) as connection:
+        try:
+            team = await teams.create_team(
+                connection, teams.TeamSettings(**attrs.asdict(wanted, recurse=False))
+            )
+        except teams.TeamNameTaken as exc:
+            raise Conflict(f"{str(exc).capitalize()}.", param="name") from None
+        await _audit(connection, request, "team.create", str(team.id), after=team)
+    return _json(to_json(team), status=201)
+
+
+async def list_teams(request: web.Request) -> web.Response:
+    limit = _page_size(request.query)
+    offset = _bounded_int(request.query, "offset", bounds.MAX_OFFSET) or 0
+    async with _transaction(request) as connection:
+        found = await teams.list_teams(connection, limit=limit + 1, offset=offset)
+    page = found[:limit]
+    more = len(found) > limit
+    return _json(
+        {
+            "object": "list",
+            "data": [to_json(team) for team in page],
+            "has_more": more,
+            "next_offset": offset + len(page) if more else None,
+        }
+    )
+
+
+async def get_team(request: web.Request) -> web.Response:
+    async with _transaction(request) as connection:
+        return _json(to_json(await _find_team(connection, _team_id(request))))
+
+
+async def patch_team(request: web.Request) -> web.Response:
+    changes = await _json_body(request)
+    if not isinstance(changes, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    not_mutable = sorted(set(changes) - set(teams.TEAM_FIELDS))
+    if not_mutable:
+        raise InvalidRequest(
+            f"cannot change {', '.join(not_mutable)}; changeable: {', '.join(teams.TEAM_FIELDS)}.",
+            param=not_mutable[0],
+        )
+    team_id = _team_id(request)
+    async with _transaction(request) as connection:
+        current = await _find_team(connection, team_id)
+        # The team as it would be after the change, checked with the same rules as a new one.
+        merged = {name: to_json(getattr(current, name)) for name in teams.TEAM_FIELDS}
+        merged.update(changes)
+        wanted = parse(merged, TeamCreate)
+        try:
+            before, after = await teams.update_team(
+                connection, team_id, {name: getattr(wanted, name) for name in changes}
+            )
+        except teams.TeamNameTaken as exc:
+            raise Conflict(f"{str(exc).capitalize()}.", param="name") from None
+        await _audit(connection, request, "team.update", str(team_id), before=before, after=after)
+    return _json(to_json(after))
+
+
+async def delete_team(request: web.Request) -> web.Response:
+    team_id = _team_id(request)
+    async with _transaction(request) as connection:
+        await _find_team(connection, team_id)
+        try:
+            before = await teams.delete_team(connection, team_id)
+        except teams.TeamHasKeys as exc:
+            raise Conflict(f"{str(exc).capitalize()}.") from None
+        await _audit(connection, request, "team.delete", str(team_id), before=before)
+    return _json({"id": str(team_id), "object": "team", "deleted": True})
 
 
 async def put_subject(request: web.Request) -> web.Response:
@@ -542,6 +656,34 @@ def admin_routes() -> tuple[Route, ...]:
             answer="The successor, with its secret (shown this once), and the old key.",
             request=Rotate,
             request_required=False,
+        ),
+        _admin(
+            "POST",
+            "/teams",
+            create_team,
+            "adminCreateTeam",
+            "Create a team.",
+            status="201",
+            answer="The team.",
+            request=TeamCreate,
+        ),
+        _admin("GET", "/teams", list_teams, "adminListTeams", "The teams."),
+        _admin("GET", "/teams/{team_id}", get_team, "adminGetTeam", "One team."),
+        _admin(
+            "PATCH",
+            "/teams/{team_id}",
+            patch_team,
+            "adminChangeTeam",
+            "Change a team's name, limits, models or groups.",
+            request=TeamCreate,
+            request_fields=teams.TEAM_FIELDS,
+        ),
+        _admin(
+            "DELETE",
+            "/teams/{team_id}",
+            delete_team,
+            "adminDeleteTeam",
+            "Delete a team (409 while it has active keys).",
         ),
         _admin(
             "PUT",

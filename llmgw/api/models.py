@@ -154,7 +154,7 @@ async def list_models(request: web.Request, key: AuthenticatedKey) -> web.Stream
         )
     except UpstreamHTTPError as exc:
         return forward_upstream_error(exc.response)
-    if key.allowed_models:
+    if key.restricts_models:
         body = _only_allowed(body, key)
     return web.Response(body=body, headers={"Content-Type": _JSON})
 

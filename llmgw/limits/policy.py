@@ -236,7 +236,7 @@ class LimitPolicy:
         """
         if not key.allows_model(model):
             raise ModelNotAllowed(
-                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowed_models))}.",
+                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowlist)) or 'none'}.",
                 param="model",
             )
         if not self.reserves(key):

@@ -20,6 +20,7 @@ __all__ = [
     "responses",
     "subject_monthly_spend",
     "subjects",
+    "teams",
     "usage_dead_letters",
     "usage_events",
     "usage_hourly",
@@ -36,6 +37,42 @@ metadata = sa.MetaData(
         "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
         "ix": "ix_%(table_name)s_%(column_0_name)s",
     }
+)
+
+# A team: a level of the limit hierarchy above its keys, and the identity-provider groups whose
+# members are its members and admins (docs/teams.md).
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column(
+        "id", UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")
+    ),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("monthly_budget_usd", sa.Numeric(18, 8), nullable=True),
+    sa.Column("rate_limit_requests", sa.Integer(), nullable=True),
+    sa.Column("rate_limit_window_seconds", sa.Integer(), nullable=True),
+    sa.Column("tokens_per_minute", sa.Integer(), nullable=True),
+    sa.Column("max_concurrent_requests", sa.Integer(), nullable=True),
+    sa.Column(
+        "allowed_models", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")
+    ),
+    sa.Column("oidc_group", sa.Text(), nullable=True),
+    sa.Column("oidc_admin_group", sa.Text(), nullable=True),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.UniqueConstraint("name"),
+    sa.CheckConstraint("name <> ''", name="name_not_empty"),
+    sa.CheckConstraint(
+        "monthly_budget_usd IS NULL OR monthly_budget_usd >= 0", name="budget_non_negative"
+    ),
+    sa.CheckConstraint(
+        "(rate_limit_requests IS NULL) = (rate_limit_window_seconds IS NULL)", name="window_whole"
+    ),
+    sa.CheckConstraint(
+        "array_position(allowed_models, '') IS NULL AND array_position(allowed_models, NULL) IS NULL",
+        name="allowed_models_not_blank",
+    ),
 )
 
 api_keys = sa.Table(
@@ -71,6 +108,16 @@ api_keys = sa.Table(
         sa.ForeignKey("api_keys.id", ondelete="SET NULL"),
         nullable=True,
     ),
+    # The key's team: its limits apply on top of the key's own (a team with keys cannot be deleted).
+    sa.Column(
+        "team_id",
+        UUID(as_uuid=True),
+        sa.ForeignKey("teams.id", ondelete="RESTRICT"),
+        nullable=True,
+        index=True,
+    ),
+    # Who made the key ("user:<email or sub>" from a console session, the admin actor otherwise).
+    sa.Column("owner", sa.Text(), nullable=True),
     sa.UniqueConstraint("prefix"),
     sa.UniqueConstraint("key_hash"),
     sa.CheckConstraint("char_length(prefix) = 12", name="prefix_length"),
