@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw import app_keys
 from llmgw.clocks import Clocks
 from tests.processes import Clock, eventually
 from tests.test_admin_api import ADMIN_TOKEN, Admin
@@ -196,3 +197,36 @@ async def test_the_audit_log_names_the_key_team(admin: Admin) -> None:
         "SELECT after FROM admin_audit WHERE action = 'key.create'"
     )
     assert json.loads(after)["team_id"] == team["id"]
+
+
+async def test_usage_by_team_in_the_api_report_and_csv(admin: Admin) -> None:
+    team = await _team(admin, name="ml")
+    _, in_team = await admin.call("POST", "/keys", {"name": "a", "team_id": team["id"]})
+    _, alone = await admin.call("POST", "/keys", {"name": "b"})
+    for key in (in_team["key"], in_team["key"], alone["key"]):
+        assert await admin.chat(key) == 200
+    assert await admin.gateway.server.app[app_keys.LEDGER].flush()
+
+    _, usage = await admin.call("GET", "/usage?group_by=team")
+    assert (usage["group_by"], [(r["team"], r["requests"]) for r in usage["data"]]) == (
+        "team", [(team["id"], 2), (None, 1)],
+    )  # fmt: skip
+    _, only = await admin.call("GET", f"/usage?group_by=key&team_id={team['id']}")
+    assert [r["key"] for r in only["data"]] == [in_team["id"]]
+
+    _, report = await admin.call("GET", "/usage/report?by=team")
+    assert [(r["team"], r["name"], r["requests"]) for r in report["data"]] == [
+        (None, None, 1), (team["id"], "ml", 2),
+    ]  # fmt: skip
+    _, filtered = await admin.call("GET", f"/usage/report?by=model&team_id={team['id']}")
+    assert [r["requests"] for r in filtered["data"]] == [2]
+    async with admin.session.get(
+        admin.gateway.url("/admin/v1/usage/report?by=team&format=csv"),
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ) as response:
+        lines = (await response.text()).splitlines()
+    assert lines[0].split(",")[0] == "team"
+    assert lines[1].startswith(",1,")
+    assert lines[2].startswith(team["id"] + ",2,")
+    _, spent = await admin.call("GET", f"/teams/{team['id']}")
+    assert spent["spend_month_usd"] > 0

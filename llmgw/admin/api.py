@@ -428,10 +428,11 @@ async def usage(request: web.Request) -> web.Response:
     group_by = query.get("group_by", "model")
     if group_by not in GROUPINGS:
         raise InvalidRequest(f"group_by must be one of {', '.join(GROUPINGS)}.", param="group_by")
-    subject, key = query.get("subject_id"), query.get("key_id")
+    subject, key, team = query.get("subject_id"), query.get("key_id"), query.get("team_id")
     wanted = UsageQuery(
         subject_id=None if subject is None else _uuid(subject, "subject_id"),
         key_id=None if key is None else _uuid(key, "key_id"),
+        team_id=None if team is None else _uuid(team, "team_id"),
         start=_time(query.get("from"), "from"),
         end=_time(query.get("to"), "to"),
         group_by=group_by,
@@ -516,7 +517,12 @@ def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
             f"a report covers at most {rollup.MAX_REPORT_DAYS} days.", param="from"
         )
     return rollup.UsageReportQuery(
-        by=given.by, start=start, end=end, key_id=given.key_id, subject_id=given.subject_id
+        by=given.by,
+        start=start,
+        end=end,
+        key_id=given.key_id,
+        subject_id=given.subject_id,
+        team_id=given.team_id,
     )
 
 
@@ -701,7 +707,7 @@ def admin_routes() -> tuple[Route, ...]:
             "/usage/report",
             usage_report,
             "adminUsageReport",
-            "Usage by day, model, key or subject, as JSON or CSV (format=csv).",
+            "Usage by day, model, key, subject or team, as JSON or CSV (format=csv).",
             content={**_OBJECT, "text/csv": {"type": "string"}},
         ),
         _admin("GET", "/overview", overview, "adminOverview", "The console's overview."),
