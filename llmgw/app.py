@@ -24,6 +24,7 @@ from llmgw.background import cancel_and_wait
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.console.oidc import OidcClient, OidcSettings
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.leases import LeasedLimitStore
@@ -88,6 +89,26 @@ async def _list_models_once(
     """Never fails start-up: a provider down now may be up by the first request."""
     with contextlib.suppress(GatewayError, UpstreamHTTPError):
         await app[MODELS_CACHE].get(registry, timeout)  # failures are logged per provider
+
+
+def _oidc_client(settings: Settings) -> OidcClient | None:
+    """The console's single sign-on, when OIDC_ISSUER (with its client id and secret) is set."""
+    if (
+        settings.oidc_issuer is None
+        or settings.oidc_client_id is None
+        or settings.oidc_client_secret is None
+    ):
+        return None
+    return OidcClient(
+        OidcSettings(
+            issuer=settings.oidc_issuer,
+            client_id=settings.oidc_client_id,
+            client_secret=settings.oidc_client_secret,
+            redirect_url=settings.oidc_redirect_url,
+            groups_claim=settings.oidc_groups_claim,
+            admin_groups=settings.oidc_admin_groups,
+        )
+    )
 
 
 async def _to_console(request: web.Request) -> web.Response:
@@ -228,7 +249,16 @@ def create_app(
         )
         app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token, guard)))
         app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
-        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token, guard))
+        app.add_subapp(
+            CONSOLE_PREFIX,
+            build_console_app(
+                settings.admin_token,
+                guard,
+                oidc=_oidc_client(settings),
+                token_sign_in=settings.console_token_sign_in,
+                session_lifetime=timedelta(hours=settings.console_session_hours),
+            ),
+        )
 
     app.middlewares.append(
         gateway_middleware(

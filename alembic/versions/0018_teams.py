@@ -1,6 +1,7 @@
-"""Teams: a level of the limit hierarchy above keys (budget, request window, tokens per minute,
+"""Teams, single sign-on and roles. Teams: a level of the limit hierarchy above keys (budget, request window, tokens per minute,
 concurrency, allowed models), and the identity-provider groups that make people its members or
-admins. Keys name their team and the person who made them (``owner``).
+admins. Keys name their team and the person who made them (``owner``). Console sessions keep the
+identity (person and role) of a single sign-on; ``console_oidc_logins`` holds sign-ins under way.
 
 A change to a team is announced on the key channel for each of its keys, as a subject's is, so every
 replica drops the cached keys (and the team limits read with them) at once.
@@ -13,7 +14,7 @@ Create Date: 2026-12-04
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, UUID
 
 from alembic import op
 
@@ -103,6 +104,16 @@ def upgrade() -> None:
     op.create_index("ix_api_keys_team_id", "api_keys", ["team_id"])
     op.add_column("api_keys", sa.Column("owner", sa.Text(), nullable=True))
     _notify_trigger(_NOTIFY_COLUMNS_0018)
+    op.add_column("console_sessions", sa.Column("identity", JSONB(), nullable=True))
+    op.create_table(
+        "console_oidc_logins",
+        sa.Column("state_hash", BYTEA(), nullable=False),
+        sa.Column("nonce", sa.Text(), nullable=False),
+        sa.Column("code_verifier", sa.Text(), nullable=False),
+        sa.Column("redirect_uri", sa.Text(), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("state_hash", name="pk_console_oidc_logins"),
+    )
     op.execute(_TEAM_NOTIFY)
     op.execute(
         """
@@ -115,6 +126,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER teams_notify_change ON teams")
     op.execute("DROP FUNCTION llmgw_notify_team_change()")
+    op.drop_table("console_oidc_logins")
+    op.drop_column("console_sessions", "identity")
     _notify_trigger(_NOTIFY_COLUMNS_0005)
     op.drop_column("api_keys", "owner")
     op.drop_index("ix_api_keys_team_id", table_name="api_keys")

@@ -25,6 +25,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
+from llmgw.admin.identity import IDENTITY, Action, Identity, Target, authorize
 from llmgw.admin.schemas import (
     KeyCreate,
     ReportRange,
@@ -39,6 +40,7 @@ from llmgw.api.body import parse_json
 from llmgw.errors import (
     AuthenticationFailed,
     Conflict,
+    Forbidden,
     InvalidRequest,
     NotFound,
     ServiceUnavailable,
@@ -52,7 +54,6 @@ from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
 
 __all__ = [
-    "ACTOR",
     "ADMIN_PREFIX",
     "REPORT_COLUMNS",
     "admin_token_auth",
@@ -63,8 +64,6 @@ __all__ = [
 ]
 
 ADMIN_PREFIX = "/admin/v1"
-# Who is acting, as audit rows name them: set by whichever authentication the admin app runs behind.
-ACTOR = web.RequestKey("admin_actor", str)
 _SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
 _MAX_PAGE = 200
 
@@ -88,7 +87,8 @@ def admin_token_auth(token: str, guard: SignInGuard) -> Middleware:
             guard.failed(request)
             raise AuthenticationFailed()
         offered = request.headers.get("X-Admin-Actor", "")
-        request[ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
+        actor = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
+        request[IDENTITY] = Identity(actor=actor, admin=True)
         return await handler(request)
 
     return impl
@@ -142,7 +142,7 @@ async def _audit(
 ) -> None:
     await write_audit(
         connection,
-        actor=request[ACTOR],
+        actor=request[IDENTITY].actor,
         action=action,
         target=target,
         before=None if before is None else to_json(before),
@@ -171,19 +171,30 @@ async def _check_team(connection: asyncpg.Connection, wanted: KeyCreate) -> None
         )
 
 
+def _may(request: web.Request, action: Action, target: Target | None = None) -> Identity:
+    """The caller, once authorised to do ``action`` (on ``target``)."""
+    identity = request[IDENTITY]
+    authorize(identity, action, target)
+    return identity
+
+
 async def create_key(request: web.Request) -> web.Response:
     wanted = parse(await _json_body(request), KeyCreate)
+    _may(request, Action.KEY_CREATE, Target(wanted.team_id))
     async with _transaction(request) as connection:
         await _check_team(connection, wanted)
         issued = await api_keys.create_key(
             connection,
-            api_keys.KeySettings(**attrs.asdict(wanted, recurse=False), owner=request[ACTOR]),
+            api_keys.KeySettings(
+                **attrs.asdict(wanted, recurse=False), owner=request[IDENTITY].actor
+            ),
         )
         await _audit(connection, request, "key.create", str(issued.record.id), after=issued.record)
     return _json(_issued_json(issued), status=201)
 
 
 async def list_keys(request: web.Request) -> web.Response:
+    identity = _may(request, Action.KEY_LIST)
     query = request.query
     subject, team = query.get("subject_id"), query.get("team_id")
     state = query.get("state", "all")
@@ -208,6 +219,8 @@ async def list_keys(request: web.Request) -> web.Response:
             state=state,
             limit=limit + 1,
             offset=offset,
+            # Only what the caller may see: their teams' keys (a team admin), their own (a member).
+            visible=None if identity.admin else (list(identity.admin_teams), identity.actor),
         )
     page = records[:limit]
     return _json(
@@ -222,15 +235,20 @@ async def list_keys(request: web.Request) -> web.Response:
 
 async def get_key(request: web.Request) -> web.Response:
     async with _transaction(request) as connection:
-        record = await _find(connection, _key_id(request))
+        record = await _find(request, connection, _key_id(request), Action.KEY_READ)
     return _json(to_json(record))
 
 
-async def _find(connection: asyncpg.Connection, key_id: str) -> api_keys.ApiKeyRecord:
+async def _find(
+    request: web.Request, connection: asyncpg.Connection, key_id: str, action: Action
+) -> api_keys.ApiKeyRecord:
+    """The key, once the caller may do ``action`` on it (404 for a key they may not see)."""
     try:
-        return await api_keys.find_key(connection, key_id)
+        record = await api_keys.find_key(connection, key_id)
     except api_keys.KeyNotFound:
         raise NotFound(f"No key has id {key_id}.") from None
+    _may(request, action, Target(record.team_id, record.owner))
+    return record
 
 
 async def patch_key(request: web.Request) -> web.Response:
@@ -245,13 +263,15 @@ async def patch_key(request: web.Request) -> web.Response:
         )
     key_id = _key_id(request)
     async with _transaction(request) as connection:
-        current = await _find(connection, key_id)
+        current = await _find(request, connection, key_id, Action.KEY_UPDATE)
         # Validate the key as it would be after the change, with the same rules as creation.
         merged = {name: to_json(getattr(current, name)) for name in api_keys.MUTABLE_FIELDS}
         merged.update(changes)
         if current.subject_id is not None:
             merged["subject_id"] = str(current.subject_id)
         wanted = parse(merged, KeyCreate)
+        if wanted.team_id != current.team_id:  # moved: the caller must be able to put it there
+            _may(request, Action.KEY_UPDATE, Target(wanted.team_id, current.owner))
         await _check_team(connection, wanted)
         before, after = await api_keys.update_key(
             connection, key_id, {name: getattr(wanted, name) for name in changes}
@@ -263,7 +283,7 @@ async def patch_key(request: web.Request) -> web.Response:
 async def revoke_key(request: web.Request) -> web.Response:
     key_id = _key_id(request)
     async with _transaction(request) as connection:
-        before = await _find(connection, key_id)
+        before = await _find(request, connection, key_id, Action.KEY_REVOKE)
         after = await api_keys.revoke_key(connection, key_id)
         await _audit(connection, request, "key.revoke", key_id, before=before, after=after)
     return _json(to_json(after))
@@ -273,7 +293,7 @@ async def rotate_key(request: web.Request) -> web.Response:
     wanted = parse(await _json_body(request, optional=True), Rotate)
     key_id = _key_id(request)
     async with _transaction(request) as connection:
-        before = await _find(connection, key_id)
+        before = await _find(request, connection, key_id, Action.KEY_ROTATE)
         old_after, issued = await api_keys.rotate_key(
             connection, key_id, grace_seconds=wanted.grace_seconds
         )
@@ -294,6 +314,7 @@ async def _find_team(connection: asyncpg.Connection, team_id: uuid.UUID) -> team
 
 
 async def create_team(request: web.Request) -> web.Response:
+    _may(request, Action.TEAM_CREATE)
     wanted = parse(await _json_body(request), TeamCreate)
     async with _transaction(request) as connection:
         try:
@@ -307,10 +328,16 @@ async def create_team(request: web.Request) -> web.Response:
 
 
 async def list_teams(request: web.Request) -> web.Response:
+    identity = _may(request, Action.TEAM_LIST)
     limit = _page_size(request.query)
     offset = _bounded_int(request.query, "offset", bounds.MAX_OFFSET) or 0
     async with _transaction(request) as connection:
-        found = await teams.list_teams(connection, limit=limit + 1, offset=offset)
+        found = await teams.list_teams(
+            connection,
+            limit=limit + 1,
+            offset=offset,
+            ids=None if identity.admin else list(identity.teams),
+        )
     page = found[:limit]
     more = len(found) > limit
     return _json(
@@ -324,8 +351,10 @@ async def list_teams(request: web.Request) -> web.Response:
 
 
 async def get_team(request: web.Request) -> web.Response:
+    team_id = _team_id(request)
+    _may(request, Action.TEAM_READ, Target(team_id))
     async with _transaction(request) as connection:
-        return _json(to_json(await _find_team(connection, _team_id(request))))
+        return _json(to_json(await _find_team(connection, team_id)))
 
 
 async def patch_team(request: web.Request) -> web.Response:
@@ -339,6 +368,7 @@ async def patch_team(request: web.Request) -> web.Response:
             param=not_mutable[0],
         )
     team_id = _team_id(request)
+    _may(request, Action.TEAM_UPDATE, Target(team_id))
     async with _transaction(request) as connection:
         current = await _find_team(connection, team_id)
         # The team as it would be after the change, checked with the same rules as a new one.
@@ -357,6 +387,7 @@ async def patch_team(request: web.Request) -> web.Response:
 
 async def delete_team(request: web.Request) -> web.Response:
     team_id = _team_id(request)
+    _may(request, Action.TEAM_DELETE, Target(team_id))
     async with _transaction(request) as connection:
         await _find_team(connection, team_id)
         try:
@@ -368,6 +399,7 @@ async def delete_team(request: web.Request) -> web.Response:
 
 
 async def put_subject(request: web.Request) -> web.Response:
+    _may(request, Action.SUBJECT_UPDATE)
     subject_id = _uuid(request.match_info["subject_id"], "subject_id")
     wanted = parse(await _json_body(request), SubjectBudgetUpdate)
     async with _transaction(request) as connection:
@@ -379,6 +411,7 @@ async def put_subject(request: web.Request) -> web.Response:
 
 
 async def get_subject(request: web.Request) -> web.Response:
+    _may(request, Action.SUBJECT_READ)
     subject_id = _uuid(request.match_info["subject_id"], "subject_id")
     async with _transaction(request) as connection:
         subject = await subjects.get_subject(connection, subject_id)
@@ -438,8 +471,29 @@ async def usage(request: web.Request) -> web.Response:
         group_by=group_by,
     )
     async with _transaction(request) as connection:
+        await _may_read_usage(request, connection, wanted.team_id, wanted.key_id)
         rows = await summarize_usage(connection, wanted)
     return _json({"object": "list", "group_by": group_by, "data": rows})
+
+
+async def _may_read_usage(
+    request: web.Request,
+    connection: asyncpg.Connection,
+    team_id: uuid.UUID | None,
+    key_id: uuid.UUID | None,
+) -> None:
+    """An admin reads all usage; a team admin a team of theirs (team_id), a member a key of
+    their own (key_id): a narrower question names what it is about."""
+    identity = _may(request, Action.USAGE_READ)
+    if identity.admin:
+        return
+    if team_id is not None:
+        _may(request, Action.AUDIT_READ, Target(team_id))  # a team's usage: its team admins'
+        return
+    if key_id is not None:
+        await _find(request, connection, str(key_id), Action.KEY_READ)
+        return
+    raise Forbidden("Name the team_id of a team you administer, or the key_id of a key of yours.")
 
 
 def _page_size(query: Any) -> int:
@@ -462,6 +516,7 @@ def _bounded_int(query: Any, name: str, maximum: int) -> int | None:
 
 
 async def list_subjects(request: web.Request) -> web.Response:
+    _may(request, Action.SUBJECT_READ)
     limit = _page_size(request.query)
     offset = _bounded_int(request.query, "offset", 2**31 - 1) or 0
     async with _transaction(request) as connection:
@@ -479,10 +534,16 @@ async def list_subjects(request: web.Request) -> web.Response:
 
 
 async def audit_log(request: web.Request) -> web.Response:
+    identity = _may(request, Action.AUDIT_READ)
     limit = _page_size(request.query)
     before_id = _bounded_int(request.query, "before_id", 2**63 - 1)
     async with _transaction(request) as connection:
-        entries = await list_audit(connection, limit=limit + 1, before_id=before_id)
+        entries = await list_audit(
+            connection,
+            limit=limit + 1,
+            before_id=before_id,
+            teams=None if identity.admin else list(identity.admin_teams),
+        )
     page = entries[:limit]
     more = len(entries) > limit
     return _json(
@@ -496,12 +557,14 @@ async def audit_log(request: web.Request) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
+    _may(request, Action.OVERVIEW_READ)
     async with _transaction(request) as connection:
         return _json(await rollup.overview(connection, datetime.now(UTC)))
 
 
 async def routes(request: web.Request) -> web.Response:
     """Each alias's strategy and each deployment's health, as this replica sees it."""
+    _may(request, Action.ROUTES_READ)
     return _json(routes_view(request.config_dict[app_keys.PROVIDERS]))
 
 
@@ -554,6 +617,7 @@ def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
 async def usage_report(request: web.Request) -> web.Response:
     wanted = report_query(request.query)
     async with _transaction(request) as connection:
+        await _may_read_usage(request, connection, wanted.team_id, wanted.key_id)
         rows = await rollup.usage_report(connection, wanted)
     if request.query.get("format") == "csv":
         name = f"llmgw-usage-by-{wanted.by}-{wanted.start}-{wanted.end}.csv"
@@ -588,6 +652,7 @@ async def revoke_console_sessions(request: web.Request) -> int:
 
 
 async def sign_out_everywhere(request: web.Request) -> web.Response:
+    _may(request, Action.SESSIONS_REVOKE)
     return _json({"object": "console.sessions", "revoked": await revoke_console_sessions(request)})
 
 

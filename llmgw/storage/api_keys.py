@@ -171,13 +171,16 @@ async def list_keys(
     state: str = "all",
     limit: int | None = None,
     offset: int = 0,
+    visible: tuple[list[uuid.UUID], str] | None = None,
 ) -> list[ApiKeyRecord]:
-    """Keys oldest first, optionally of one subject, team or owner and in one state (KEY_STATES)."""
+    """Keys oldest first, optionally of one subject, team or owner and in one state (KEY_STATES);
+    ``visible``: only keys in those teams or of that owner (what a console role may see)."""
     rows = await conn.fetch(
         f"""
         SELECT {_COLUMNS} FROM api_keys
         WHERE ($1::uuid IS NULL OR subject_id = $1) AND ($4::uuid IS NULL OR team_id = $4)
           AND ($5::text IS NULL OR owner = $5) AND {_STATE_CONDITIONS[state]}
+          AND ($6::uuid[] IS NULL OR team_id = ANY($6) OR owner = $7)
         ORDER BY created_at, id LIMIT $2 OFFSET $3
         """,
         subject_id,
@@ -185,6 +188,8 @@ async def list_keys(
         offset,
         team_id,
         owner,
+        None if visible is None else visible[0],
+        None if visible is None else visible[1],
     )
     return [ApiKeyRecord.from_row(row) for row in rows]
 

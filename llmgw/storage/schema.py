@@ -10,6 +10,7 @@ __all__ = [
     "api_key_rate_limit_windows",
     "api_key_token_windows",
     "api_keys",
+    "console_oidc_logins",
     "console_sessions",
     "deployment_health",
     "limit_cancelled_leases",
@@ -390,11 +391,25 @@ console_sessions = sa.Table(
     ),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("admin_token_fingerprint", BYTEA(), nullable=True),  # NULL: made before 0008
+    # Who signed in through single sign-on, and their role (llmgw.admin.identity); NULL: the
+    # admin token (an admin).
+    sa.Column("identity", JSONB(), nullable=True),
     sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
     sa.CheckConstraint(
         "octet_length(admin_token_fingerprint) = 32", name="admin_token_fingerprint_length"
     ),
+)
+
+# Single sign-on attempts under way: each state is used once (a replayed one finds no row).
+console_oidc_logins = sa.Table(
+    "console_oidc_logins",
+    metadata,
+    sa.Column("state_hash", BYTEA(), primary_key=True),
+    sa.Column("nonce", sa.Text(), nullable=False),
+    sa.Column("code_verifier", sa.Text(), nullable=False),
+    sa.Column("redirect_uri", sa.Text(), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 # The Responses API's stored responses (migration 0006): what a previous_response_id continues.
