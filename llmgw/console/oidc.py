@@ -133,14 +133,16 @@ class OidcClient:
             "redirect_uri": redirect_uri,
             "code_verifier": code_verifier,
         }
-        auth = aiohttp.BasicAuth(
-            urllib.parse.quote(self.settings.client_id, safe=""),
-            urllib.parse.quote(self.settings.client_secret, safe=""),
+        # client_secret_basic, each part form-encoded first (RFC 6749 section 2.3.1).
+        credentials = (
+            f"{urllib.parse.quote(self.settings.client_id, safe='')}:"
+            f"{urllib.parse.quote(self.settings.client_secret, safe='')}"
         )
+        auth = "Basic " + base64.b64encode(credentials.encode()).decode()
         try:
             async with (
                 aiohttp.ClientSession(timeout=_TIMEOUT) as session,
-                session.post(endpoint, data=form, auth=auth) as response,
+                session.post(endpoint, data=form, headers={"Authorization": auth}) as response,
             ):
                 answer = await response.json(content_type=None)
                 status = response.status
