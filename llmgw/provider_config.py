@@ -52,13 +52,22 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn
+from urllib.parse import urlsplit
 
 import attrs
 from cattrs.gen import make_dict_structure_fn, override
 
 from llmgw.accounting.price import PriceRule
 from llmgw.accounting.price_config import parse_prices
-from llmgw.config_common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
+from llmgw.config_common import (
+    DEFAULT_MAX_CONNECTIONS,
+    MOST_CONNECTIONS,
+    ConfigError,
+    is_price,
+    parse_url,
+    price_expected,
+    shown_url,
+)
 from llmgw.config_converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
 from llmgw.providers.kinds import InstalledKind, KindError, installed_kinds, load_kind
 from llmgw.providers.plugin import Capabilities, Timeouts
@@ -80,6 +89,10 @@ __all__ = [
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# RFC 9110: a field name is a token; a value has no control character but a tab (a CR or LF would
+# end the header, so aiohttp refuses to send it and every request to the provider would fail).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 
 
 class ProviderConfigError(ConfigError):
@@ -99,15 +112,37 @@ DEFAULT_FIRST_TOKEN_TIMEOUT = 60.0
 DEFAULT_STALL_TIMEOUT = 60.0
 
 _seconds = check(lambda n: 0 < n < float("inf"), "a positive number")
-_price = check(lambda n: 0 <= n < float("inf"), "a number >= 0")
+_price = check(is_price, price_expected("_per_mtok"))
 _per_minute = check(lambda n: n >= 1, "a whole number per minute, at least 1")
 
 
 def _http_url(value: str) -> str:
     try:
-        return parse_url("http", "https")(value)
+        url = parse_url("http", "https")(value)
     except ValueError:
-        raise Invalid("base_url", f"expected an http(s) URL, got {show(value)}") from None
+        raise Invalid(
+            "base_url", f"expected an http(s) URL, got {show(shown_url(value))}"
+        ) from None
+    if "@" in urlsplit(url).netloc:  # the start line would print the password
+        raise Invalid(
+            "base_url",
+            "holds credentials (user:password@); give the key through api_key_env or headers",
+        )
+    return url
+
+
+def _headers(_instance: Any, _attribute: Any, headers: Mapping[str, str]) -> None:
+    for name, value in headers.items():
+        if _HEADER_NAME.fullmatch(name) is None:
+            raise Invalid(
+                f"headers.{name}",
+                "expected a header name (letters, digits and !#$%&'*+-.^_`|~)",
+            )
+        if _HEADER_VALUE.fullmatch(value) is None:  # the value may be a secret: not shown
+            raise Invalid(
+                f"headers.{name}",
+                "expected a header value without control characters (CR, LF and the like)",
+            )
 
 
 def _kind_capabilities(spec: ProviderSpec) -> Capabilities:
@@ -151,7 +186,7 @@ class ProviderSpec:
         default=DEFAULT_MAX_CONNECTIONS,
         validator=check(lambda n: 1 <= n <= MOST_CONNECTIONS, f"an integer 1-{MOST_CONNECTIONS}"),
     )
-    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False, validator=_headers)
     input_usd_per_mtok: float | None = attrs.field(
         default=None, validator=_price
     )  # both or neither

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 import attrs
 
 from llmgw.accounting.price import Price, PriceRule
+from llmgw.config_common import is_price, price_expected
 
 __all__ = ["PRICE_KEYS", "parse_prices"]
 
@@ -100,8 +101,8 @@ def _usd(value: Any, where: str, fail: Fail) -> Decimal:
     # bool is an int to Python, not to TOML; inf and nan are TOML floats but no price.
     if not isinstance(value, int | float) or isinstance(value, bool):
         fail(where, f"expected a number, got {_show(value)}")
-    if not 0 <= value < float("inf"):
-        fail(where, f"expected a number >= 0, got {_show(value)}")
+    if not is_price(value):
+        fail(where, f"expected {price_expected(where)}, got {_show(value)}")
     return Decimal(str(value))  # the price as written: 0.1 is a tenth, not the float nearest it
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import orjson
 from llmgw.accounting.price import Price, PriceRule
 from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
+from llmgw.config_common import is_price
 from llmgw.errors import GatewayError
 from llmgw.providers.base import Provider, UpstreamHTTPError
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def _usd(value: Any) -> float | None:
     usd = value.get("usd") if isinstance(value, dict) else None
-    if isinstance(usd, int | float) and not isinstance(usd, bool) and 0 <= usd < math.inf:
+    if isinstance(usd, int | float) and not isinstance(usd, bool) and is_price(usd):
         return float(usd)
     return None
 

@@ -33,8 +33,14 @@ def test_a_provider_price_is_read(tmp_path: Path) -> None:
     [
         ("input_usd_per_mtok = 0.15\n", "set both or neither"),
         ('input_usd_per_mtok = "x"\noutput_usd_per_mtok = 1\n', "expected a number"),
-        ("input_usd_per_mtok = -1\noutput_usd_per_mtok = 1\n", "expected a number >= 0"),
-        ("input_usd_per_mtok = 1\noutput_usd_per_mtok = inf\n", "expected a number >= 0"),
+        (
+            "input_usd_per_mtok = -1\noutput_usd_per_mtok = 1\n",
+            "expected a price of 0 to 10000 USD per million tokens",
+        ),
+        (
+            "input_usd_per_mtok = 1\noutput_usd_per_mtok = inf\n",
+            "expected a price of 0 to 10000 USD per million tokens",
+        ),
     ],
 )
 def test_a_bad_price_names_the_entry(tmp_path: Path, extra: str, problem: str) -> None:
@@ -82,9 +88,9 @@ def test_price_entries_become_rules_with_exact_prices(tmp_path: Path) -> None:
         ('model = "local"\nimage_usd = 1\n', "prices[0].model", 'expected "provider:model"'),
         ('model = "other:m"\nimage_usd = 1\n', "prices[0].model", 'unknown provider "other"'),
         ('model = "local:m"\n', "prices[0]", "expected at least one price"),
-        ('model = "local:m"\nimage_usd = -1\n', "prices[0].image_usd", "expected a number >= 0"),
+        ('model = "local:m"\nimage_usd = -1\n', "prices[0].image_usd", "expected a price of 0 to 10000 USD per image"),
         ('model = "local:m"\nimage_usd = true\n', "prices[0].image_usd", "expected a number"),
-        ('model = "local:m"\nimage_usd = nan\n', "prices[0].image_usd", "expected a number >= 0"),
+        ('model = "local:m"\nimage_usd = nan\n', "prices[0].image_usd", "expected a price of 0 to 10000 USD per image"),
         ('model = "local:m"\nimage = 1\n', "prices[0].image", "unknown key"),
         ('model = "local:m"\ninput_usd_per_mtok = 1\n', "prices[0].input_usd_per_mtok",
          "set both or neither"),
