@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.provider_config import (
+from llmgw.config.providers_file import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_STALL_TIMEOUT,

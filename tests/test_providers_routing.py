@@ -20,8 +20,13 @@ import pytest
 from llmgw import app_keys
 from llmgw.clocks import Clocks
 from llmgw.config import load_settings
+from llmgw.config.providers_file import (
+    DeploymentSpec,
+    ModelAlias,
+    ProviderConfigError,
+    ProviderSpec,
+)
 from llmgw.middleware import OMITTED_PARAMS_HEADER
-from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderConfigError, ProviderSpec
 from llmgw.providers.pool import RETRY_AFTER_SECONDS
 from llmgw.providers.registry import build_registry
 from llmgw.routing.breaker import FAILURES_TO_OPEN

@@ -19,7 +19,7 @@ from llmgw.app import create_app
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, prepare_database
 from llmgw.compat import log_fast_paths
 from llmgw.config import ConfigError, Settings, load_settings, parse_workers
-from llmgw.config_common import shown_url
+from llmgw.config.common import shown_url
 from llmgw.lifecycle import runner
 from llmgw.lifecycle.supervisor import (
     READY_FD_ARGUMENT,

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import hdrs
 
-from llmgw.config_common import DEFAULT_MAX_CONNECTIONS
+from llmgw.config.common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,

@@ -6,10 +6,14 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
+import attrs
 import pytest
 
 from llmgw.accounting.price import Price, PriceRule
-from llmgw.provider_config import ProviderConfigError, load_provider_config
+from llmgw.accounting.prices import configured_prices
+from llmgw.config import load_settings
+from llmgw.config.prices import PRICE_KEYS
+from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 
 PROVIDER = (
     '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9"\n'
@@ -69,8 +73,8 @@ speech_usd_per_mchar = 15
 
 
 def test_price_entries_become_rules_with_exact_prices(tmp_path: Path) -> None:
-    config = load_provider_config(write(tmp_path, PRICES), {})
-    claude, flux = config.prices
+    settings = load_settings({"LLMGW_CONFIG": str(write(tmp_path, PRICES))})
+    claude, flux = configured_prices(settings)
     assert claude == PriceRule(
         "local:claude-*",
         Price(3, 15, cache_read_usd_per_mtok=0.3, cache_write_usd_per_mtok=3.75,
@@ -109,3 +113,7 @@ def test_a_pattern_priced_twice_is_refused(tmp_path: Path) -> None:
     twice = '[[prices]]\nmodel = "local:m"\nimage_usd = 1\n' * 2
     with pytest.raises(ProviderConfigError, match=r"prices\[1\].model: .* prices\[0\]"):
         load_provider_config(write(tmp_path, twice), {})
+
+
+def test_the_file_may_set_every_price_a_price_has() -> None:
+    assert set(PRICE_KEYS) == set(attrs.fields_dict(Price)) - {"max_output_tokens"}

@@ -1,9 +1,8 @@
-"""What the environment's settings (``llmgw.config``) and the providers file
-(``llmgw.provider_config``) share: the error an operator sees, URL checking and showing, connection
-and price bounds.
+"""What the environment's settings (``environment``) and the providers file (``providers_file``)
+share: the error an operator sees, URL checking and showing, connection and price bounds.
 
-Its own module so that neither of the two imports the other's internals: ``config`` reads the
-providers file through ``provider_config``, which needs only this.
+Its own module so that neither of the two imports the other's internals: ``environment`` reads the
+providers file through ``providers_file``, which needs only this.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@
     weights = [3, 1]                 #   "weighted" (with one weight per deployment),
                                      #   "least-busy" or "least-latency" (llmgw.routing.strategy)
 
-    # kind-specific keys: those of the kind's options spec (llmgw.providers.plugin)
+    # kind-specific keys: those of the kind's options spec (llmgw.providers.plugin; llmgw.config.kinds)
 
-The tables are structured into attrs specs by the strict converter of ``llmgw.config_converter``.
+The tables are structured into attrs specs by the strict converter of ``llmgw.config.converter``.
 Every problem raises :class:`ProviderConfigError`, one line naming the file and the entry, e.g.
 ``LLMGW_CONFIG /etc/llmgw.toml: providers[1].max_retries: expected an integer 0-10, got 99``.
 Entries are counted from 0. Key values and header values are never echoed.
@@ -51,15 +51,13 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, get_args
 from urllib.parse import urlsplit
 
 import attrs
 from cattrs.gen import make_dict_structure_fn, override
 
-from llmgw.accounting.price import PriceRule
-from llmgw.accounting.price_config import parse_prices
-from llmgw.config_common import (
+from llmgw.config.common import (
     DEFAULT_MAX_CONNECTIONS,
     MOST_CONNECTIONS,
     ConfigError,
@@ -68,21 +66,25 @@ from llmgw.config_common import (
     price_expected,
     shown_url,
 )
-from llmgw.config_converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
-from llmgw.providers.kinds import InstalledKind, KindError, installed_kinds, load_kind
-from llmgw.providers.plugin import Capabilities, Timeouts
-from llmgw.routing.strategy import ORDERED, Strategy, StrategyName
+from llmgw.config.converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
+from llmgw.config.kinds import Capabilities, InstalledKind, KindError, installed_kinds, load_kind
+from llmgw.config.prices import PriceEntry, parse_prices
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_FIRST_TOKEN_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
+    "ORDERED",
+    "STRATEGIES",
     "TOP_LEVEL_TABLES",
     "DeploymentSpec",
     "ModelAlias",
     "ProviderConfigError",
     "ProviderSpec",
     "ProvidersConfig",
+    "Strategy",
+    "StrategyName",
+    "Timeouts",
     "load_provider_config",
 ]
 
@@ -114,6 +116,33 @@ DEFAULT_STALL_TIMEOUT = 60.0
 _seconds = check(lambda n: 0 < n < float("inf"), "a positive number")
 _price = check(is_price, price_expected("_per_mtok"))
 _per_minute = check(lambda n: n >= 1, "a whole number per minute, at least 1")
+
+
+@attrs.frozen
+class Timeouts:
+    """How long one attempt on a provider may take, and may stay silent, phase by phase (seconds).
+
+    A silent provider is given up at the first phase it overruns, and the route moves on.
+    """
+
+    attempt: float  # one attempt: a JSON answer whole, a stream up to its first event
+    connect: float  # TCP (and TLS) connection
+    first_token: float  # to the first answer byte: a JSON answer's headers, a stream's first event
+    stall: float  # between two reads of a stream
+
+
+# A [[models]] entry's strategy: which deployment goes first (llmgw.routing.strategy applies it).
+StrategyName = Literal["ordered", "weighted", "least-busy", "least-latency"]
+STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
+
+
+@attrs.frozen
+class Strategy:
+    name: StrategyName = "ordered"
+    weights: tuple[float, ...] = ()  # weighted: one per deployment of the alias, in its order
+
+
+ORDERED = Strategy()
 
 
 def _http_url(value: str) -> str:
@@ -304,7 +333,7 @@ class _ModelTable:
 class ProvidersConfig:
     providers: tuple[ProviderSpec, ...]
     model_aliases: tuple[ModelAlias, ...]
-    prices: tuple[PriceRule, ...] = ()  # [[prices]] (llmgw.accounting.price_config)
+    prices: tuple[PriceEntry, ...] = ()  # [[prices]] (llmgw.config.prices)
 
 
 # A new top-level table: its key here, a field in ProvidersConfig, one line in _Parser.parse.

@@ -15,24 +15,35 @@
     # audio_usd_per_second (transcriptions), speech_usd_per_mchar (per million characters spoken)
 
 Each problem is reported through ``fail(where, problem)`` naming the entry and key
-(``prices[2].image_usd``), like the rest of the file.
+(``prices[2].image_usd``), like the rest of the file. An entry is data (:class:`PriceEntry`);
+``llmgw.accounting.prices`` turns it into the price it charges.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, NoReturn
 
 import attrs
 
-from llmgw.accounting.price import Price, PriceRule
-from llmgw.config_common import is_price, price_expected
+from llmgw.config.common import is_price, price_expected
 
-__all__ = ["PRICE_KEYS", "parse_prices"]
+__all__ = ["PRICE_KEYS", "PriceEntry", "parse_prices"]
 
-PRICE_KEYS = tuple(key for key in attrs.fields_dict(Price) if key != "max_output_tokens")
+# The prices an entry may set: the fields of llmgw.accounting.price.Price (a test holds them equal).
+PRICE_KEYS = (
+    "input_usd_per_mtok",
+    "output_usd_per_mtok",
+    "cache_read_usd_per_mtok",
+    "cache_write_usd_per_mtok",
+    "cache_write_1h_usd_per_mtok",
+    "reasoning_usd_per_mtok",
+    "image_usd",
+    "audio_usd_per_second",
+    "speech_usd_per_mchar",
+)
 _TOKEN_EXTRAS = (
     "cache_read_usd_per_mtok",
     "cache_write_usd_per_mtok",
@@ -43,11 +54,20 @@ _TOKEN_EXTRAS = (
 Fail = Callable[[str, str], NoReturn]
 
 
+@attrs.frozen
+class PriceEntry:
+    """A ``[[prices]]`` entry: the deployments it prices and its prices in USD, exact, by key
+    (those of :data:`PRICE_KEYS` it sets)."""
+
+    pattern: str  # "provider:model"; "*" matches any characters
+    usd: Mapping[str, Decimal]
+
+
 def parse_prices(
     tables: Sequence[dict[str, Any]], fail: Fail, providers: Sequence[str]
-) -> tuple[PriceRule, ...]:
-    """The entries as price rules, in file order; ``providers``: the configured provider names."""
-    rules: list[PriceRule] = []
+) -> tuple[PriceEntry, ...]:
+    """The entries, in file order; ``providers``: the configured provider names."""
+    rules: list[PriceEntry] = []
     first_seen: dict[str, int] = {}
     for index, table in enumerate(tables):
         where = f"prices[{index}]"
@@ -62,12 +82,12 @@ def parse_prices(
     return tuple(rules)
 
 
-def _rule(table: dict[str, Any], where: str, fail: Fail, providers: Sequence[str]) -> PriceRule:
+def _rule(table: dict[str, Any], where: str, fail: Fail, providers: Sequence[str]) -> PriceEntry:
     for key in table:
         if key != "model" and key not in PRICE_KEYS:
             fail(f"{where}.{key}", f"unknown key; expected one of model, {', '.join(PRICE_KEYS)}")
     pattern = _pattern(table.get("model"), f"{where}.model", fail, providers)
-    prices: dict[str, Any] = {
+    prices: dict[str, Decimal] = {
         key: _usd(table[key], f"{where}.{key}", fail) for key in PRICE_KEYS if key in table
     }
     if not prices:
@@ -81,7 +101,7 @@ def _rule(table: dict[str, Any], where: str, fail: Fail, providers: Sequence[str
     for key in _TOKEN_EXTRAS:
         if key in prices and not priced_tokens:
             fail(f"{where}.{key}", "needs input_usd_per_mtok and output_usd_per_mtok too")
-    return PriceRule(pattern, Price(**prices))
+    return PriceEntry(pattern, prices)
 
 
 def _pattern(value: Any, where: str, fail: Fail, providers: Sequence[str]) -> str:
