@@ -21,7 +21,6 @@ Each problem is reported through ``fail(where, problem)`` naming the entry and k
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -29,6 +28,7 @@ from typing import Any, NoReturn
 import attrs
 
 from llmgw.config.common import is_price, price_expected
+from llmgw.config.converter import show
 
 __all__ = ["PRICE_KEYS", "PriceEntry", "parse_prices"]
 
@@ -75,7 +75,7 @@ def parse_prices(
         if rule.pattern in first_seen:
             fail(
                 f"{where}.model",
-                f"{_show(rule.pattern)} is already priced by prices[{first_seen[rule.pattern]}]",
+                f"{show(rule.pattern)} is already priced by prices[{first_seen[rule.pattern]}]",
             )
         first_seen[rule.pattern] = index
         rules.append(rule)
@@ -109,10 +109,10 @@ def _pattern(value: Any, where: str, fail: Fail, providers: Sequence[str]) -> st
         fail(where, 'is required: "provider:model" (a "*" matches any characters)')
     provider, sep, model = value.partition(":") if isinstance(value, str) else ("", "", "")
     if not sep or not provider or not model or value != value.strip():
-        fail(where, f'expected "provider:model", got {_show(value)}')
+        fail(where, f'expected "provider:model", got {show(value)}')
     if "*" not in provider and provider not in providers:
-        known = ", ".join(_show(name) for name in providers)
-        fail(where, f"unknown provider {_show(provider)} in {_show(value)}; providers are {known}")
+        known = ", ".join(show(name) for name in providers)
+        fail(where, f"unknown provider {show(provider)} in {show(value)}; providers are {known}")
     pattern: str = value
     return pattern
 
@@ -120,12 +120,7 @@ def _pattern(value: Any, where: str, fail: Fail, providers: Sequence[str]) -> st
 def _usd(value: Any, where: str, fail: Fail) -> Decimal:
     # bool is an int to Python, not to TOML; inf and nan are TOML floats but no price.
     if not isinstance(value, int | float) or isinstance(value, bool):
-        fail(where, f"expected a number, got {_show(value)}")
+        fail(where, f"expected a number, got {show(value)}")
     if not is_price(value):
-        fail(where, f"expected {price_expected(where)}, got {_show(value)}")
+        fail(where, f"expected {price_expected(where)}, got {show(value)}")
     return Decimal(str(value))  # the price as written: 0.1 is a tenth, not the float nearest it
-
-
-def _show(value: Any) -> str:
-    """A value from the file, as TOML would write it, on one line."""
-    return json.dumps(value, ensure_ascii=False, default=lambda v: type(v).__name__)
