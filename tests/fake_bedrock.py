@@ -112,7 +112,11 @@ def signature_for(thinking: str) -> str:
 def frame(headers: Mapping[str, str], payload: bytes) -> bytes:
     """One frame of AWS's event stream: prelude (lengths), its CRC, string headers, payload, CRC."""
     encoded = b"".join(
-        bytes([len(name)]) + name.encode() + b"\x07" + struct.pack(">H", len(value)) + value.encode()
+        bytes([len(name)])
+        + name.encode()
+        + b"\x07"
+        + struct.pack(">H", len(value))
+        + value.encode()
         for name, value in headers.items()
     )
     prelude = struct.pack(">II", 12 + len(encoded) + len(payload) + 4, len(encoded))
@@ -244,7 +248,9 @@ class FakeBedrock(ServedHere):
             headers={name: request.headers.get(name, "") for name in signed},
         )
         aws.context["timestamp"] = request.headers["X-Amz-Date"]
-        signer = SigV4Auth(Credentials(key, credential.secret, credential.token), "bedrock", self.region)
+        signer = SigV4Auth(
+            Credentials(key, credential.secret, credential.token), "bedrock", self.region
+        )
         canonical = signer.canonical_request(aws)
         expected = signer.signature(signer.string_to_sign(aws, canonical), aws)
         if not hmac.compare_digest(expected, match["signature"]):
@@ -302,7 +308,12 @@ class FakeBedrock(ServedHere):
             vectors = [[0.5, -0.25, float(i)] for i in range(len(texts))]
             headers = {"X-Amzn-Bedrock-Input-Token-Count": str(input_tokens(texts))}
             return web.json_response(
-                {"embeddings": vectors, "id": "emb-1", "response_type": "embeddings_floats", "texts": texts},
+                {
+                    "embeddings": vectors,
+                    "id": "emb-1",
+                    "response_type": "embeddings_floats",
+                    "texts": texts,
+                },
                 headers=headers,
             )
         problem = _invoke_problem(document)
@@ -326,7 +337,9 @@ class FakeBedrock(ServedHere):
         return web.json_response({"inputTokens": input_tokens(*parts)})
 
     async def _stream(self, request: web.Request, frames: list[bytes]) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "application/vnd.amazon.eventstream"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "application/vnd.amazon.eventstream"}
+        )
         response.enable_chunked_encoding()
         await response.prepare(request)
         cut = self._cuts.popleft() if self._cuts else None
@@ -345,23 +358,33 @@ class FakeBedrock(ServedHere):
 
     # -- Converse ---------------------------------------------------------------------------
 
-    def _converse_parts(self, document: dict[str, Any]) -> tuple[list[dict[str, Any]], str, dict[str, int]]:
+    def _converse_parts(
+        self, document: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], str, dict[str, int]]:
         """The answer's content blocks, stop reason and usage."""
         blocks: list[dict[str, Any]] = []
         thinking = document.get("additionalModelRequestFields", {}).get("thinking")
         if isinstance(thinking, dict) and thinking.get("type") == "enabled":
             blocks.append(
-                {"reasoningContent": {"reasoningText": {"text": THINKING, "signature": signature_for(THINKING)}}}
+                {
+                    "reasoningContent": {
+                        "reasoningText": {"text": THINKING, "signature": signature_for(THINKING)}
+                    }
+                }
             )
         tools = document.get("toolConfig", {}).get("tools", [])
         specs = [t["toolSpec"] for t in tools if "toolSpec" in t]
         last = document["messages"][-1]["content"]
         if specs and not any("toolResult" in block for block in last):
-            use = {"toolUseId": "tooluse_" + secrets.token_hex(8), "name": specs[0]["name"], "input": {"city": "Paris"}}
+            use = {
+                "toolUseId": "tooluse_" + secrets.token_hex(8),
+                "name": specs[0]["name"],
+                "input": {"city": "Paris"},
+            }
             blocks.append({"toolUse": use})
             reason = "tool_use"
         else:
-            blocks.append({"text": self.reply})
+            blocks.append({"text": _continued(self.reply, document["messages"][-1])})
             reason = "end_turn"
         usage = {
             "inputTokens": input_tokens(document.get("system"), document["messages"], specs),
@@ -394,7 +417,9 @@ class FakeBedrock(ServedHere):
             elif "toolUse" in block:
                 use = block["toolUse"]
                 start = {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}
-                frames.append(event("contentBlockStart", {"start": start, "contentBlockIndex": index}))
+                frames.append(
+                    event("contentBlockStart", {"start": start, "contentBlockIndex": index})
+                )
                 arguments = orjson.dumps(use["input"]).decode()
                 for piece in (arguments[:5], arguments[5:]):
                     frames.append(_delta(index, {"toolUse": {"input": piece}}))
@@ -410,7 +435,9 @@ class FakeBedrock(ServedHere):
 
     def _messages_events(self, document: dict[str, Any]) -> list[dict[str, Any]]:
         usage = {
-            "input_tokens": input_tokens(document.get("system"), document["messages"], document.get("tools")),
+            "input_tokens": input_tokens(
+                document.get("system"), document["messages"], document.get("tools")
+            ),
             "output_tokens": 1,
             "cache_read_input_tokens": CACHE_READ,
             "cache_creation_input_tokens": CACHE_WRITE,
@@ -426,9 +453,21 @@ class FakeBedrock(ServedHere):
             "usage": usage,
         }
         events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
-        events.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+        events.append(
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            }
+        )
         for piece in split_reply(self.reply, self.chunks):
-            events.append({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": piece},
+                }
+            )
         events.append({"type": "content_block_stop", "index": 0})
         events.append(
             {
@@ -449,6 +488,14 @@ class FakeBedrock(ServedHere):
             }
         )
         return events
+
+
+def _continued(reply: str, last: dict[str, Any]) -> str:
+    """A trailing assistant turn is continued (prefill), as Claude on Bedrock does."""
+    if last["role"] != "assistant":
+        return reply
+    prefill = "".join(block.get("text", "") for block in last["content"])
+    return reply[len(prefill) :] if reply.startswith(prefill) else reply
 
 
 def _delta(index: int, delta: dict[str, Any]) -> bytes:
@@ -496,10 +543,14 @@ def _converse_problem(document: dict[str, Any]) -> str | None:
             if "toolUse" in block or "toolResult" in block:
                 uses_tools = True
             reasoning = block.get("reasoningContent", {}).get("reasoningText")
-            if reasoning is not None and reasoning.get("signature") != signature_for(reasoning["text"]):
+            if reasoning is not None and reasoning.get("signature") != signature_for(
+                reasoning["text"]
+            ):
                 return "The reasoning signature is not valid."
     if uses_tools and "toolConfig" not in document:
-        return "The toolConfig field must be defined when using toolUse and toolResult content blocks."
+        return (
+            "The toolConfig field must be defined when using toolUse and toolResult content blocks."
+        )
     text = orjson.dumps(messages)
     if b"TOO LONG" in text:
         return "Input is too long for requested model."

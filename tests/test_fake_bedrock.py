@@ -14,7 +14,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from tests.fake_bedrock import ACCESS_KEY, CACHE_READ, SECRET_KEY, FakeBedrock, Failure
+from tests.fake_bedrock import ACCESS_KEY, CACHE_READ, SECRET_KEY, Failure, FakeBedrock
 
 MODEL = "us.meta.llama3-3-70b-instruct-v1:0"
 CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
@@ -57,7 +57,9 @@ async def test_boto3_converse_is_signed_as_the_fake_verifies_and_parses_its_answ
 
 async def test_a_wrong_secret_is_refused_as_bedrock_does(fake: FakeBedrock) -> None:
     with pytest.raises(ClientError) as refused:
-        await in_thread(client(fake, secret="not-the-secret").converse, modelId=MODEL, messages=MESSAGES)
+        await in_thread(
+            client(fake, secret="not-the-secret").converse, modelId=MODEL, messages=MESSAGES
+        )
     assert refused.value.response["Error"]["Code"] == "InvalidSignatureException"
     assert fake.received == []
 
@@ -72,7 +74,11 @@ async def test_boto3_parses_the_converse_event_stream(fake: FakeBedrock) -> None
             modelId=MODEL,
             messages=MESSAGES,
             system=[{"text": "be brief"}, {"cachePoint": {"type": "default"}}],
-            toolConfig={"tools": [{"toolSpec": {"name": "weather", "inputSchema": {"json": {"type": "object"}}}}]},
+            toolConfig={
+                "tools": [
+                    {"toolSpec": {"name": "weather", "inputSchema": {"json": {"type": "object"}}}}
+                ]
+            },
             additionalModelRequestFields={"thinking": {"type": "enabled", "budget_tokens": 1024}},
         )
         return list(_events(answer["stream"]))
@@ -83,7 +89,8 @@ async def test_boto3_parses_the_converse_event_stream(fake: FakeBedrock) -> None
     signature = [
         e["contentBlockDelta"]["delta"]["reasoningContent"]["signature"]
         for e in events
-        if "signature" in e.get("contentBlockDelta", {}).get("delta", {}).get("reasoningContent", {})
+        if "signature"
+        in e.get("contentBlockDelta", {}).get("delta", {}).get("reasoningContent", {})
     ]
     assert len(signature) == 1
     [start] = [e["contentBlockStart"] for e in events if "contentBlockStart" in e]
@@ -103,7 +110,10 @@ async def test_boto3_parses_the_invoke_stream_and_an_exception_frame(fake: FakeB
 
     def read() -> list[dict[str, Any]]:
         answer = client(fake).invoke_model_with_response_stream(modelId=CLAUDE, body=body)
-        return [orjson.loads(base64.b64decode(base64.b64encode(e["chunk"]["bytes"]))) for e in answer["body"]]
+        return [
+            orjson.loads(base64.b64decode(base64.b64encode(e["chunk"]["bytes"])))
+            for e in answer["body"]
+        ]
 
     events = await in_thread(read)
     assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
