@@ -24,10 +24,11 @@ def test_the_installed_kinds_are_listed_with_a_broken_one_s_reason(tmp_path: Pat
     assert [row[0] for row in rows[1:]] == [
         "anthropic",
         "azure-openai",
+        "bedrock",
         "half",
         "openai-compatible",
         "venice",
     ]
-    assert rows[3][1:3] == ["llmgw-half-done", "1.2"]
-    assert "failed to load: RuntimeError: not finished" in rows[3][3]
+    assert rows[4][1:3] == ["llmgw-half-done", "1.2"]
+    assert "failed to load: RuntimeError: not finished" in rows[4][3]
     assert rows[-1][1] == "llmgw" and rows[-1][3].startswith("reasoning ")
