@@ -34,7 +34,14 @@ def test_every_runtime_dependency_is_pinned_at_its_lower_bound() -> None:
     for extra in ("grpc", "redis", "speed", "bedrock"):
         runtime += project["optional-dependencies"][extra]
     # Every extra is either one of those or a tool's: a new extra must be sorted into one.
-    assert set(project["optional-dependencies"]) == {"grpc", "redis", "speed", "bedrock", "test", "dev"}
+    assert set(project["optional-dependencies"]) == {
+        "grpc",
+        "redis",
+        "speed",
+        "bedrock",
+        "test",
+        "dev",
+    }
     expected: dict[str, str] = {}
     for line in runtime:
         requirement = Requirement(line)
