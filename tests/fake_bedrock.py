@@ -27,6 +27,7 @@ frames with :meth:`exception_mid_stream`, and read what it got in ``received``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import datetime
@@ -165,6 +166,9 @@ class FakeBedrock(ServedHere):
         self._failures: collections.deque[Failure] = collections.deque()
         self._cuts: collections.deque[int] = collections.deque()
         self._exceptions: collections.deque[str] = collections.deque()
+        # A stream waits here after ``hold_after`` frames until the test sets it.
+        self.hold: asyncio.Event | None = None
+        self.hold_after = 2
 
     @property
     def endpoint_url(self) -> str:
@@ -345,6 +349,8 @@ class FakeBedrock(ServedHere):
         cut = self._cuts.popleft() if self._cuts else None
         exception = self._exceptions.popleft() if self._exceptions else None
         for sent, data in enumerate(frames):
+            if self.hold is not None and sent == self.hold_after:
+                await self.hold.wait()
             if cut is not None and sent == cut:
                 if request.transport is not None:
                     request.transport.close()  # what was written arrives; the end does not

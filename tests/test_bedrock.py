@@ -4,6 +4,7 @@ with the openai and anthropic SDKs."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 from collections.abc import AsyncIterator
@@ -640,3 +641,72 @@ async def test_a_stream_cut_mid_answer_is_finished_on_the_next_deployment(
     turns = continued.json["messages"]
     assert turns[-1]["role"] == "assistant"
     assert turns[-1]["content"] == [{"text": "".join(words[:10]).rstrip()}]
+
+
+async def test_a_delta_reaches_the_caller_before_bedrock_sends_the_next(
+    routes: tuple[Gateway, str], fake: FakeBedrock
+) -> None:
+    gateway, key = routes
+    fake.reply, fake.chunks = "first second third", 3
+    fake.hold, fake.hold_after = asyncio.Event(), 2  # messageStart and the first delta, then wait
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url("/v1/chat/completions"),
+            json={"model": "llama", "messages": HELLO, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response,
+    ):
+        seen = b""
+        async with asyncio.timeout(10):  # a gateway that buffered would wait here for ever
+            while b"first" not in seen:
+                seen += await response.content.readany()
+        fake.hold.set()
+        seen += await response.read()
+    assert seen.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_messages_stream_of_another_model_is_translated_from_converse(
+    routes: tuple[Gateway, str], fake: FakeBedrock
+) -> None:
+    gateway, key = routes
+    client = gateway.anthropic_client(key)
+    async with client.messages.stream(model="llama", max_tokens=64, messages=HELLO) as stream:
+        texts = [text async for text in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(texts) == "Hello from fake Bedrock!"
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+    assert len(fake.calls("converse-stream")) == 1 and fake.calls("invoke") == []
+    counted = await client.messages.count_tokens(model="llama", messages=HELLO)
+    [count] = fake.calls("count-tokens")
+    assert count.json["input"]["converse"]["messages"] == [
+        {"role": "user", "content": [{"text": "hi"}]}
+    ]
+    assert counted.input_tokens > 0
+
+
+async def test_an_exception_frame_mid_stream_is_continued_on_the_next_deployment(
+    routes: tuple[Gateway, str], fake: FakeBedrock, second: FakeBedrock
+) -> None:
+    gateway, key = routes
+    fake.exception_mid_stream("throttlingException")  # after messageStart and two deltas
+    stream = await gateway.client(key).chat.completions.create(
+        model="fallback", messages=HELLO, stream=True
+    )
+    text = ""
+    async for chunk in stream:
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+    assert text == "Hello from fake Bedrock!"
+    assert len(second.calls("converse-stream")) == 1
+
+
+async def test_a_responses_caller_is_served_through_converse(
+    routes: tuple[Gateway, str], fake: FakeBedrock
+) -> None:
+    gateway, key = routes
+    response = await gateway.client(key).responses.create(
+        model="llama", input="hi", instructions="Be brief."
+    )
+    assert response.output_text == "Hello from fake Bedrock!"
+    [call] = fake.calls("converse")
+    assert call.json["system"] == [{"text": "Be brief."}]

@@ -9,8 +9,10 @@ its signature, cache points), so a chat or Responses request reaches it through
 ``chat_to_messages`` and its answer goes back through ``messages_to_chat``: one translation per
 direction, shared with the Anthropic kind. Dropped, not refused: server tools and the blocks only
 they produce, ``metadata``, ``container``, ``mcp_servers``, ``context_management``, citations;
-``tool_choice: none`` (Converse has no such choice: the tools stay offered). An image or document
-by URL is refused: Converse takes their bytes (or S3 locations, which a caller cannot name here).
+``tool_choice: none`` (Converse has no such choice: the tools stay offered). Tools used in the
+history but not offered are declared again (Converse refuses their blocks otherwise). An image or
+document by URL is refused: Converse takes their bytes (or S3 locations, which a caller cannot
+name here).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def converse_request(body: dict[str, Any]) -> dict[str, Any]:
     if inference:
         request["inferenceConfig"] = inference
     tools = _tool_config(body.get("tools"), body.get("tool_choice"))
+    if tools is None:
+        tools = _tools_of_history(request["messages"])
     if tools is not None:
         request["toolConfig"] = tools
     # Model-specific fields Converse has no name for go to the model as they are (Claude's).
@@ -264,6 +268,22 @@ def _tool_config(tools: Any, choice: Any) -> dict[str, Any] | None:
     elif kind == "tool" and isinstance(choice, dict):
         config["toolChoice"] = {"tool": {"name": choice.get("name")}}
     return config
+
+
+def _tools_of_history(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Converse refuses tool use in history without a toolConfig, and callers often leave their
+    tools out of the turn that only reads a tool's result: the tools used are declared again,
+    with a schema that takes any input."""
+    names = {
+        block["toolUse"]["name"]
+        for message in messages
+        for block in message["content"]
+        if "toolUse" in block
+    }
+    if not names:
+        return None
+    schema = {"json": {"type": "object"}}
+    return {"tools": [{"toolSpec": {"name": n, "inputSchema": schema}} for n in sorted(names)]}
 
 
 # -- Answer: Converse → Messages ------------------------------------------------------------------
