@@ -17,8 +17,9 @@ A real aiohttp server on 127.0.0.1 (``endpoint_url`` is its root):
   (``anthropic_version: bedrock-2023-05-31``, no ``model`` or ``stream``) answered in Messages'
   shape, streamed as ``chunk`` events of base64 Messages events; Titan's and Cohere's embedding
   bodies. ``POST /model/{modelId}/count-tokens``.
-- ``GET /credentials``: a container credentials endpoint (``AWS_CONTAINER_CREDENTIALS_FULL_URI``)
-  that issues a new temporary credential each time, expiring in ``credential_lifetime``.
+- ``GET /credentials``: a container credentials endpoint (``AWS_CONTAINER_CREDENTIALS_FULL_URI``),
+  and ``POST /`` STS's ``AssumeRoleWithWebIdentity`` (``AWS_ENDPOINT_URL_STS``, IRSA), each
+  issuing a new temporary credential each time, expiring in ``credential_lifetime``.
 
 Errors are Bedrock's: the type in ``x-amzn-ErrorType``, ``{"message": ...}`` in the body. Tests
 script them with :meth:`FakeBedrock.fail_next`, streams cut with :meth:`cut_next` and exception
@@ -55,6 +56,8 @@ REGION = "us-east-1"
 ACCESS_KEY = "AKIAFAKEBEDROCK00001"
 SECRET_KEY = "fake/bedrock/secret/0b6e1c9d2f4a8e7b3c5d"
 CONTAINER_TOKEN = "fake-container-authorization-token-7d1e"
+ROLE_ARN = "arn:aws:iam::123456789012:role/llmgw-bedrock"
+WEB_IDENTITY_TOKEN = "eyJhbGciOiJSUzI1NiJ9.fake-projected-service-account-token"
 CACHE_READ = 1200
 CACHE_WRITE = 300
 THINKING = "The user wants a greeting; I should answer briefly."
@@ -204,6 +207,7 @@ class FakeBedrock(ServedHere):
             self._model,
         )
         app.router.add_get("/credentials", self._issue_credentials)
+        app.router.add_post("/", self._sts)  # AWS_ENDPOINT_URL_STS
         return app
 
     # -- credentials and signatures -----------------------------------------------------------
@@ -211,19 +215,50 @@ class FakeBedrock(ServedHere):
     async def _issue_credentials(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != CONTAINER_TOKEN:
             return web.json_response({"message": "unauthorized"}, status=401)
-        key = "ASIAFAKE" + secrets.token_hex(6).upper()
-        credential = Credential(secrets.token_urlsafe(30), "FwoFakeSession" + secrets.token_hex(16))
-        self.credentials[key] = credential
-        self.issued.append(key)
-        expiration = datetime.datetime.now(datetime.UTC) + self.credential_lifetime
+        key, credential, expiration = self._new_credential()
         return web.json_response(
             {
                 "AccessKeyId": key,
                 "SecretAccessKey": credential.secret,
                 "Token": credential.token,
-                "Expiration": expiration.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "Expiration": expiration,
             }
         )
+
+    async def _sts(self, request: web.Request) -> web.Response:
+        """STS's AssumeRoleWithWebIdentity (IRSA): the projected token for the role, a credential."""
+        form = await request.post()
+        if form.get("Action") != "AssumeRoleWithWebIdentity":
+            return web.Response(status=400, text="unsupported action")
+        if form.get("WebIdentityToken") != WEB_IDENTITY_TOKEN or form.get("RoleArn") != ROLE_ARN:
+            return web.Response(
+                status=403,
+                text="<ErrorResponse><Error><Code>AccessDenied</Code></Error></ErrorResponse>",
+            )
+        key, credential, expiration = self._new_credential()
+        return web.Response(
+            content_type="text/xml",
+            text=(
+                '<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+                "<AssumeRoleWithWebIdentityResult><Credentials>"
+                f"<AccessKeyId>{key}</AccessKeyId><SecretAccessKey>{credential.secret}</SecretAccessKey>"
+                f"<SessionToken>{credential.token}</SessionToken><Expiration>{expiration}</Expiration>"
+                "</Credentials><SubjectFromWebIdentityToken>system:serviceaccount:llm:llmgw"
+                "</SubjectFromWebIdentityToken><AssumedRoleUser>"
+                f"<Arn>{ROLE_ARN.replace(':role/', ':assumed-role/')}/s</Arn><AssumedRoleId>AROAFAKE:s</AssumedRoleId>"
+                "</AssumedRoleUser></AssumeRoleWithWebIdentityResult>"
+                "<ResponseMetadata><RequestId>0</RequestId></ResponseMetadata>"
+                "</AssumeRoleWithWebIdentityResponse>"
+            ),
+        )
+
+    def _new_credential(self) -> tuple[str, Credential, str]:
+        key = "ASIAFAKE" + secrets.token_hex(6).upper()
+        credential = Credential(secrets.token_urlsafe(30), "FwoFakeSession" + secrets.token_hex(16))
+        self.credentials[key] = credential
+        self.issued.append(key)
+        expiration = datetime.datetime.now(datetime.UTC) + self.credential_lifetime
+        return key, credential, expiration.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def _verify(self, request: web.Request, body: bytes) -> tuple[str, str | None]:
         """The access key that signed ``request``, or the exception refusing it."""

@@ -19,14 +19,17 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.config import load_settings
+from llmgw.config_common import ConfigError
 from tests.conftest import Gateway
 from tests.fake_bedrock import (
     ACCESS_KEY,
     CACHE_READ,
     CACHE_WRITE,
     CONTAINER_TOKEN,
+    ROLE_ARN,
     SECRET_KEY,
     THINKING,
+    WEB_IDENTITY_TOKEN,
     Failure,
     FakeBedrock,
     signature_for,
@@ -710,3 +713,66 @@ async def test_a_responses_caller_is_served_through_converse(
     assert response.output_text == "Hello from fake Bedrock!"
     [call] = fake.calls("converse")
     assert call.json["system"] == [{"text": "Be brief."}]
+
+
+async def test_irsa_web_identity_credentials_from_sts(
+    start_gateway: Any, tmp_path: Path, fake: FakeBedrock, aws_environment: pytest.MonkeyPatch
+) -> None:
+    """As on EKS with IRSA: the role and the projected token in the environment, STS assumes it."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        aws_environment.delenv(name, raising=False)
+    token = tmp_path / "token"
+    token.write_text(WEB_IDENTITY_TOKEN)
+    aws_environment.setenv("AWS_ROLE_ARN", ROLE_ARN)
+    aws_environment.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    aws_environment.setenv("AWS_ENDPOINT_URL_STS", fake.endpoint_url)
+    fake.credential_lifetime = datetime.timedelta(hours=1)
+    toml = bedrock_entry("bedrock", fake) + alias("llama", f"bedrock:{LLAMA}")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    for _ in range(2):
+        await gateway.client(key).chat.completions.create(model="llama", messages=HELLO)
+    [issued] = fake.issued
+    assert [r.access_key for r in fake.received] == [issued, issued]
+
+
+async def test_a_shared_profile_names_the_credentials(
+    start_gateway: Any, tmp_path: Path, fake: FakeBedrock, aws_environment: pytest.MonkeyPatch
+) -> None:
+    aws_environment.setenv("AWS_ACCESS_KEY_ID", "AKIAOTHERKEYNOTUSED1")  # a profile wins over these
+    aws_environment.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    (tmp_path / "aws-credentials").write_text(
+        f"[team]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+    )
+    toml = bedrock_entry("bedrock", fake).replace(
+        'region = "us-east-1"\n', 'region = "us-east-1"\nprofile = "team"\n'
+    ) + alias("llama", f"bedrock:{LLAMA}")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    await gateway.client(key).chat.completions.create(model="llama", messages=HELLO)
+    assert [r.access_key for r in fake.received] == [ACCESS_KEY]
+
+
+# Configuration ---------------------------------------------------------------------------------
+
+
+def test_an_entry_needs_a_region_and_no_base_url(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text('[[providers]]\nname = "b"\nkind = "bedrock"\nregion = "eu-central-1"\n')
+    [provider] = load_settings({"LLMGW_CONFIG": str(path)}).providers
+    assert provider.base_url == "https://bedrock-runtime.eu-central-1.amazonaws.com"
+    assert provider.capabilities.native_messages and provider.capabilities.reasoning
+
+
+@pytest.mark.parametrize(
+    ("keys", "says"),
+    [
+        ("", "providers[0].region: is required"),
+        ('region = "Frankfurt"\n', 'providers[0].region: expected an AWS region, "us-east-1"'),
+        ('region = "us-east-1"\nendpoint_url = "vpce"\n', "providers[0].endpoint_url"),
+    ],
+)
+def test_a_bad_entry_is_refused_naming_the_key(tmp_path: Path, keys: str, says: str) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(f'[[providers]]\nname = "b"\nkind = "bedrock"\n{keys}')
+    with pytest.raises(ConfigError) as refused:
+        load_settings({"LLMGW_CONFIG": str(path)})
+    assert says in str(refused.value)

@@ -63,6 +63,9 @@ class AwsSigner:
         try:
             if self._credentials is None:
                 session = botocore.session.Session(profile=self._profile)
+                if session.get_config_variable("region") is None:
+                    # STS (web identity, assumed roles) in the provider's region, not the global one.
+                    session.set_config_variable("region", self.region)
                 self._credentials = session.get_credentials()
             if self._credentials is None:
                 raise self._refused("found no AWS credentials in its environment")
