@@ -38,7 +38,7 @@ import re
 import secrets
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -164,6 +164,7 @@ class FakeBedrock(ServedHere):
         self.credentials: dict[str, Credential] = {ACCESS_KEY: Credential(SECRET_KEY, None)}
         self.credential_lifetime = datetime.timedelta(minutes=5)
         self.issued: list[str] = []  # access keys the credentials endpoint issued, in order
+        self.on_secret: Callable[[str], None] = lambda secret: None  # told each secret it issues
         self.received: list[Received] = []
         self.refused: list[str] = []  # the exception name of each request refused for its auth
         self._failures: collections.deque[Failure] = collections.deque()
@@ -257,6 +258,8 @@ class FakeBedrock(ServedHere):
         credential = Credential(secrets.token_urlsafe(30), "FwoFakeSession" + secrets.token_hex(16))
         self.credentials[key] = credential
         self.issued.append(key)
+        self.on_secret(credential.secret)
+        self.on_secret(str(credential.token))
         expiration = datetime.datetime.now(datetime.UTC) + self.credential_lifetime
         return key, credential, expiration.strftime("%Y-%m-%dT%H:%M:%SZ")
 

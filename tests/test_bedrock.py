@@ -35,6 +35,7 @@ from tests.fake_bedrock import (
     signature_for,
 )
 from tests.processes import eventually
+from tests.secrets_scan import SecretScanner
 
 LLAMA = "us.meta.llama3-3-70b-instruct-v1:0"
 CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
@@ -103,8 +104,11 @@ def aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.M
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeBedrock]:
+async def fake(secret_scanner: SecretScanner) -> AsyncIterator[FakeBedrock]:
+    """The AWS secrets it knows and issues are scanned for in every log, span and answer."""
+    secret_scanner.register(SECRET_KEY, "the fake Bedrock's AWS secret key")
     async with FakeBedrock(reply="Hello from fake Bedrock!", chunks=3) as fake:
+        fake.on_secret = secret_scanner.register
         yield fake
 
 
