@@ -189,6 +189,8 @@ class FakeGemini(ServedHere):
         config = _thinking_config(document)
         thinking = _field(config, "thinkingBudget", 0) > 0
         prompt = max(1, len(orjson.dumps(document.get("contents"))) // 4)
+        if "systemInstruction" in document:  # the prompt's count includes its cached part
+            prompt += CACHED_TOKENS
         usage: dict[str, int] = {"promptTokenCount": prompt, "candidatesTokenCount": self.chunks}
         if "systemInstruction" in document:
             usage["cachedContentTokenCount"] = CACHED_TOKENS
