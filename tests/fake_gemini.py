@@ -28,6 +28,7 @@ import collections
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -87,6 +88,7 @@ class FakeGemini(ServedHere):
         self.tokens: dict[str, float] = {}  # access token → expiry (time.time())
         self.token_lifetime = 3600
         self.token_requests = 0
+        self.on_secret: Callable[[str], None] = lambda secret: None  # told each token it issues
         self._failures: collections.deque[tuple[int, str]] = collections.deque()
         self._cuts: collections.deque[int] = collections.deque()
 
@@ -129,6 +131,7 @@ class FakeGemini(ServedHere):
         self.token_requests += 1
         token = "ya29.fake-" + secrets.token_urlsafe(16)
         self.tokens[token] = time.time() + self.token_lifetime
+        self.on_secret(token)
         return web.json_response(
             {"access_token": token, "expires_in": self.token_lifetime, "token_type": "Bearer"}
         )

@@ -52,7 +52,7 @@ class GeminiProvider(OpenAICompatibleProvider):
         return {"x-goog-api-key": api_key}
 
     def _url(self, path: str, model: str | None) -> str:
-        return f"{self._base_url}/v1beta/models/{_model_segment(model)}{path}"
+        return f"{self._base_url}/v1beta/models/{model_segment(model)}{path}"
 
     async def _read_answer(
         self, response: aiohttp.ClientResponse, retries: int
@@ -77,7 +77,7 @@ class GeminiProvider(OpenAICompatibleProvider):
                 code="upstream_invalid_response",
             )
         completion = completion_from_gemini(
-            document, model=_model_segment(call.model), created=int(time.time())
+            document, model=model_segment(call.model), created=int(time.time())
         )
         return attrs.evolve(answer, body=orjson.dumps(completion), content_type=_JSON)
 
@@ -85,7 +85,7 @@ class GeminiProvider(OpenAICompatibleProvider):
         body = orjson.loads(call.body)
         options = body.get("stream_options")
         chunks = GeminiChunks(
-            model=_model_segment(call.model),
+            model=model_segment(call.model),
             created=int(time.time()),
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
         )
@@ -96,7 +96,7 @@ class GeminiProvider(OpenAICompatibleProvider):
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         request = orjson.loads(call.body)
-        model = _model_segment(call.model)
+        model = model_segment(call.model)
         texts = request.get("input")
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
@@ -146,7 +146,7 @@ class GeminiProvider(OpenAICompatibleProvider):
         return _NO_MODELS
 
 
-def _model_segment(model: str | None) -> str:
+def model_segment(model: str | None) -> str:
     if not model or model in (".", ".."):
         raise InvalidRequest(f"{model!r} is not a Gemini model name.", param="model")
     return quote(model.removeprefix("models/"), safe="")

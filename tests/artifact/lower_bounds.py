@@ -4,7 +4,7 @@
     python -m tests.artifact.lower_bounds --check-installed
 
 Runtime dependencies are ``project.dependencies`` and the optional extras an operator installs
-(``grpc``, ``redis``, ``speed``, ``bedrock``); the ``test`` and ``dev`` extras are tools, not what
+(``grpc``, ``redis``, ``speed``, ``bedrock``, ``vertex``); the ``test`` and ``dev`` extras are tools, not what
 llmgw runs on, and are left to resolve against these pins. .ci/run installs ``.[test,dev]`` with
 ``--constraint`` on this output, so a bound that no longer works fails CI instead of a user's
 install. Every runtime requirement must declare a ``>=`` bound: one without a bound cannot be

@@ -29,6 +29,7 @@ def test_the_installed_kinds_are_listed_with_a_broken_one_s_reason(tmp_path: Pat
         "half",
         "openai-compatible",
         "venice",
+        "vertex",
     ]
     assert rows[5][1:3] == ["llmgw-half-done", "1.2"]
     assert "failed to load: RuntimeError: not finished" in rows[5][3]
