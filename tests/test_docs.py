@@ -47,6 +47,11 @@ NOT_SETTINGS = {
     "AWS_ROLE_ARN": "AWS's credential chain (web identity), set by EKS for IRSA",
     "AWS_WEB_IDENTITY_TOKEN_FILE": "AWS's credential chain (web identity), set by EKS for IRSA",
     "AWS_REGION": "AWS's, the region botocore's STS calls use",
+    "GOOGLE_APPLICATION_CREDENTIALS": "Google's Application Default Credentials, read by google-auth",
+    "IMAGE_SAFETY": "a Gemini finishReason",
+    "MAX_TOKENS": "a Gemini finishReason",
+    "PROHIBITED_CONTENT": "a Gemini finishReason",
+    "RESOURCE_EXHAUSTED": "a Google API error status",
 }
 SETTING_NAME = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
 
