@@ -24,11 +24,10 @@ class, ``AccessDeniedException`` the credentials' class (502 ``upstream_auth_fai
 from __future__ import annotations
 
 import base64
-import contextlib
 import re
 import struct
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
@@ -40,17 +39,16 @@ from yarl import URL
 
 from llmgw.config_converter import check
 from llmgw.errors import InvalidRequest, UpstreamAuthFailed, UpstreamUnavailable
+from llmgw.providers.anthropic import as_messages_errors
 from llmgw.providers.aws import AwsSigner
 from llmgw.providers.base import (
     ChatStream,
     UpstreamCall,
-    UpstreamHTTPError,
     UpstreamResponse,
     UpstreamStream,
 )
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
-from llmgw.translation import anthropic
 from llmgw.translation.anthropic_stream import sse_event
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.converse import ConverseEvents, converse_request, message_from_converse
@@ -246,7 +244,7 @@ class BedrockProvider(OpenAICompatibleProvider):
     async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
         model = _model(call)
         body = orjson.loads(call.body)
-        with _messages_errors():
+        with as_messages_errors():
             if path == "/messages/count_tokens":
                 return await self._count_tokens(call, body)
             if path != "/messages":
@@ -263,7 +261,7 @@ class BedrockProvider(OpenAICompatibleProvider):
             raise self._not_offered(path)
         model = _model(call)
         body = orjson.loads(call.body)
-        with _messages_errors():
+        with as_messages_errors():
             if _is_anthropic(model):
                 invoke = _invoke_body(body, call)
                 return await self._open("/invoke-with-response-stream", call, invoke, _Invoked())
@@ -377,7 +375,7 @@ def _base64_floats(vector: Any) -> str:
 
 def _error_answer(answer: UpstreamResponse, header: str) -> UpstreamResponse:
     """A Bedrock error answer in OpenAI's error shape, which the routing reads and a chat caller
-    gets (a Messages caller gets Anthropic's, see _messages_errors); the exception's name is the
+    gets (a Messages caller gets Anthropic's, see anthropic.as_messages_errors); the exception's name is the
     ``type``, a too-long input has the ``context_length_exceeded`` code."""
     try:
         document = orjson.loads(answer.body)
@@ -398,18 +396,6 @@ def _error_answer(answer: UpstreamResponse, header: str) -> UpstreamResponse:
     return attrs.evolve(
         answer, status=status, body=orjson.dumps({"error": error}), content_type=_JSON
     )
-
-
-@contextlib.contextmanager
-def _messages_errors() -> Iterator[None]:
-    """An error answer to a Messages caller in Anthropic's shape, status and message kept."""
-    try:
-        yield
-    except UpstreamHTTPError as error:
-        response = error.response
-        message = orjson.loads(response.body)["error"]["message"]
-        body = orjson.dumps(anthropic.error_body(response.status, message))
-        raise UpstreamHTTPError(attrs.evolve(response, body=body), error.decision) from None
 
 
 # -- streams -------------------------------------------------------------------------------------
