@@ -119,6 +119,10 @@ class FakeGemini(ServedHere):
             "/v1/projects/{project}/locations/{location}/publishers/google/models/{model}:{method}",
             self._vertex,
         )
+        app.router.add_post(
+            "/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:{method}",
+            self._claude,
+        )
         app.router.add_post("/token", self._token)
         return app
 
@@ -145,12 +149,90 @@ class FakeGemini(ServedHere):
         return await self._serve(request)
 
     async def _vertex(self, request: web.Request) -> web.StreamResponse:
+        refused = await self._vertex_auth(request)
+        return refused if refused is not None else await self._serve(request)
+
+    async def _vertex_auth(self, request: web.Request) -> web.Response | None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme != "Bearer" or token not in self.tokens:
             return _error(401, "Request had invalid authentication credentials.")
         if self.tokens[token] <= time.time():
             return _error(401, "Request had invalid authentication credentials. Token expired.")
-        return await self._serve(request)
+        return None
+
+    async def _claude(self, request: web.Request) -> web.StreamResponse:
+        """Claude on Vertex: Messages bodies with ``anthropic_version: vertex-2023-10-16``."""
+        refused = await self._vertex_auth(request)
+        if refused is not None:
+            return refused
+        body = await request.read()
+        self.received.append(
+            Received(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
+        )
+        if self._failures:
+            return _error(*self._failures.popleft())
+        document = orjson.loads(body)
+        if document.get("anthropic_version") != "vertex-2023-10-16":
+            return _error(400, "anthropic_version: vertex-2023-10-16 is required")
+        prompt = max(1, len(orjson.dumps([document.get("system"), document.get("messages")])) // 4)
+        if request.match_info["model"] == "count-tokens":
+            return web.json_response({"input_tokens": prompt})
+        if "model" in document:
+            return _error(400, "model: Extra inputs are not permitted")
+        usage = {
+            "input_tokens": prompt,
+            "output_tokens": self.chunks,
+            "cache_read_input_tokens": CACHED_TOKENS,
+        }
+        message = {
+            "id": "msg_vrtx_" + secrets.token_hex(6),
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5-20250929",
+            "content": [{"type": "text", "text": self.reply}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if request.match_info["method"] == "rawPredict":
+            return web.json_response(message)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
+        events: list[dict[str, Any]] = [
+            {"type": "message_start", "message": start},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            *(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": piece},
+                }
+                for piece in split_reply(self.reply, self.chunks)
+            ),
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": self.chunks},
+            },
+            {"type": "message_stop"},
+        ]
+        for event in events:
+            await response.write(
+                f"event: {event['type']}\ndata: ".encode() + orjson.dumps(event) + b"\n\n"
+            )
+        await response.write_eof()
+        return response
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -161,6 +243,8 @@ class FakeGemini(ServedHere):
             return _error(*self._failures.popleft())
         document = orjson.loads(body)
         method = request.match_info["method"]
+        if method == "countTokens":
+            return web.json_response({"totalTokens": max(1, len(orjson.dumps(document)) // 4)})
         if method == "batchEmbedContents":
             return web.json_response(
                 {

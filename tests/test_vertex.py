@@ -20,6 +20,7 @@ from tests.fake_gemini import THOUGHT, FakeGemini, signature_for
 from tests.secrets_scan import SecretScanner
 
 MODEL = "gemini-2.5-flash"
+CLAUDE = "claude-sonnet-4-5@20250929"
 HELLO = [{"role": "user", "content": "hi"}]
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 
@@ -177,3 +178,89 @@ def test_a_project_is_required(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
         load_settings({"LLMGW_CONFIG": str(path)})
     assert "providers[0].project: is required" in str(refused.value)
+
+
+# Messages: Claude's passed through, Gemini's translated ------------------------------------------
+
+
+async def start_with_claude(
+    start_gateway: Any, tmp_path: Path, fake: FakeGemini, private_key: str
+) -> tuple[Gateway, str]:
+    gateway, _ = await start(start_gateway, tmp_path, fake, private_key)
+    await gateway.server.close()
+    credentials = tmp_path / "service-account.json"
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        f'[[providers]]\nname = "vertex"\nkind = "vertex"\nproject = "llmgw-test"\n'
+        f'location = "us-east5"\nendpoint_url = "{fake.base_url}"\n'
+        f'credentials_file = "{credentials}"\nmax_retries = 0\n\n'
+        f'[[models]]\nalias = "flash"\ndeployments = ["vertex:{MODEL}"]\n\n'
+        f'[[models]]\nalias = "sonnet"\ndeployments = ["vertex:{CLAUDE}"]\n'
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path)})
+    gateway = await start_gateway(
+        providers=settings.providers, model_aliases=settings.model_aliases
+    )
+    return gateway, await gateway.create_key(name="vertex")
+
+
+async def test_messages_for_claude_are_passed_through_raw_predict(
+    start_gateway: Any, tmp_path: Path, fake: FakeGemini, private_key: str
+) -> None:
+    gateway, key = await start_with_claude(start_gateway, tmp_path, fake, private_key)
+    client = gateway.anthropic_client(key)
+    message = await client.messages.create(
+        model="sonnet",
+        max_tokens=64,
+        messages=HELLO,
+        extra_headers={"anthropic-beta": "context-1m-2025-08-07"},
+    )
+    assert message.content[0].text == "Hello from fake Gemini!"  # type: ignore[union-attr]
+    [call] = fake.received
+    assert call.path == (
+        f"/v1/projects/llmgw-test/locations/us-east5/publishers/anthropic/models/{CLAUDE}:rawPredict"
+    )
+    assert call.json == {
+        "max_tokens": 64,
+        "messages": HELLO,
+        "anthropic_version": "vertex-2023-10-16",
+    }
+    assert call.headers["anthropic-beta"] == "context-1m-2025-08-07"
+    async with client.messages.stream(model="sonnet", max_tokens=64, messages=HELLO) as stream:
+        texts = [text async for text in stream.text_stream]
+    assert "".join(texts) == "Hello from fake Gemini!" and len(texts) == 3
+    assert fake.received[-1].path.endswith(":streamRawPredict")
+    assert fake.received[-1].json["stream"] is True
+    counted = await client.messages.count_tokens(model="sonnet", messages=HELLO)
+    assert counted.input_tokens > 0
+    assert fake.received[-1].path.endswith("/publishers/anthropic/models/count-tokens:rawPredict")
+    assert fake.received[-1].json["model"] == CLAUDE
+
+
+async def test_chat_for_claude_on_vertex_is_translated_to_messages(
+    start_gateway: Any, tmp_path: Path, fake: FakeGemini, private_key: str
+) -> None:
+    gateway, key = await start_with_claude(start_gateway, tmp_path, fake, private_key)
+    client = gateway.client(key)
+    completion = await client.chat.completions.create(model="sonnet", messages=HELLO)
+    assert completion.choices[0].message.content == "Hello from fake Gemini!"
+    assert fake.received[-1].json["messages"] == HELLO
+    stream = await client.chat.completions.create(model="sonnet", messages=HELLO, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == "Hello from fake Gemini!"
+
+
+async def test_messages_for_gemini_on_vertex_are_translated(
+    start_gateway: Any, tmp_path: Path, fake: FakeGemini, private_key: str
+) -> None:
+    gateway, key = await start_with_claude(start_gateway, tmp_path, fake, private_key)
+    client = gateway.anthropic_client(key)
+    message = await client.messages.create(model="flash", max_tokens=64, messages=HELLO)
+    assert message.content[0].text == "Hello from fake Gemini!"  # type: ignore[union-attr]
+    async with client.messages.stream(model="flash", max_tokens=64, messages=HELLO) as stream:
+        texts = [text async for text in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(texts) == "Hello from fake Gemini!"
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+    counted = await client.messages.count_tokens(model="flash", messages=HELLO)
+    assert counted.input_tokens > 0 and fake.received[-1].path.endswith(":countTokens")

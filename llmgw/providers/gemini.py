@@ -13,7 +13,7 @@ retried or moved on from, and an input over the model's window is the context-le
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -33,7 +33,14 @@ from llmgw.translation.gemini import (
     gemini_request,
 )
 
-__all__ = ["GEMINI_CAPABILITIES", "PLUGIN", "GeminiProvider"]
+__all__ = [
+    "GEMINI_CAPABILITIES",
+    "PLUGIN",
+    "GeminiProvider",
+    "GeminiStream",
+    "model_segment",
+    "with_body",
+]
 
 _JSON: Final = "application/json"
 _SSE: Final = "text/event-stream"
@@ -66,7 +73,7 @@ class GeminiProvider(OpenAICompatibleProvider):
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         request = gemini_request(orjson.loads(call.body))
-        answer = await self._complete(":generateContent", _with_body(call, request))
+        answer = await self._complete(":generateContent", with_body(call, request))
         try:
             document = orjson.loads(answer.body)
         except orjson.JSONDecodeError:
@@ -84,15 +91,27 @@ class GeminiProvider(OpenAICompatibleProvider):
     async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
         body = orjson.loads(call.body)
         options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return await self._stream(call, body, include_usage=include_usage, render=_chat_event)
+
+    async def _stream(
+        self,
+        call: UpstreamCall,
+        body: dict[str, Any],
+        *,
+        include_usage: bool,
+        render: Callable[[dict[str, Any] | bytes], bytes],
+        start: bytes = b"",
+    ) -> GeminiStream:
+        """streamGenerateContent for the chat request ``body``, each chat chunk ``render``ed
+        (as chat's SSE, or as another API's events), after ``start``."""
         chunks = GeminiChunks(
-            model=model_segment(call.model),
-            created=int(time.time()),
-            include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+            model=model_segment(call.model), created=int(time.time()), include_usage=include_usage
         )
         stream = await super().forward_stream(
-            ":streamGenerateContent?alt=sse", _with_body(call, gemini_request(body)), accept=_SSE
+            ":streamGenerateContent?alt=sse", with_body(call, gemini_request(body)), accept=_SSE
         )
-        return _ChatStream(stream, chunks, self.name)
+        return GeminiStream(stream, chunks, self.name, render=render, start=start)
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         request = orjson.loads(call.body)
@@ -110,9 +129,7 @@ class GeminiProvider(OpenAICompatibleProvider):
             if isinstance(request.get("dimensions"), int):
                 entry["outputDimensionality"] = request["dimensions"]
             entries.append(entry)
-        answer = await self._complete(
-            ":batchEmbedContents", _with_body(call, {"requests": entries})
-        )
+        answer = await self._complete(":batchEmbedContents", with_body(call, {"requests": entries}))
         embeddings = orjson.loads(answer.body).get("embeddings")
         if not isinstance(embeddings, list) or len(embeddings) != len(texts):
             raise UpstreamUnavailable(
@@ -152,25 +169,41 @@ def model_segment(model: str | None) -> str:
     return quote(model.removeprefix("models/"), safe="")
 
 
-def _with_body(call: UpstreamCall, body: Any) -> UpstreamCall:
+def with_body(call: UpstreamCall, body: Any) -> UpstreamCall:
     return attrs.evolve(call, body=orjson.dumps(body), content_type=_JSON)
 
 
-class _ChatStream:
-    """streamGenerateContent's SSE answers read as chat completion chunks. A stream that ends
-    before an answer with a finish reason is a broken one (the route may continue it)."""
+def _chat_event(chunk: dict[str, Any] | bytes) -> bytes:
+    return b"data: " + (chunk if isinstance(chunk, bytes) else orjson.dumps(chunk)) + b"\n\n"
 
-    def __init__(self, upstream: ChatStream, chunks: GeminiChunks, provider: str) -> None:
+
+class GeminiStream:
+    """streamGenerateContent's SSE answers read as chat completion chunks, each rendered as the
+    caller's API has it. A stream that ends before an answer with a finish reason is a broken one
+    (the route may continue it)."""
+
+    def __init__(
+        self,
+        upstream: ChatStream,
+        chunks: GeminiChunks,
+        provider: str,
+        *,
+        render: Callable[[dict[str, Any] | bytes], bytes],
+        start: bytes,
+    ) -> None:
         self._upstream = upstream
         self._chunks = chunks
         self._provider = provider
+        self._render = render
+        self._start = start
         self.retries = upstream.retries
         self.content_type = _SSE
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         scanner = SSEScanner()
         async for data in self._upstream.chunks():
-            out: list[bytes] = []
+            out: list[bytes] = [self._start] if self._start else []
+            self._start = b""
             for event in scanner.feed(data):
                 payload = event_data(event)
                 if payload is None:
@@ -188,9 +221,7 @@ class _ChatStream:
                     )
                 if not isinstance(document, dict):
                     continue
-                for chunk in self._chunks.feed(document):
-                    encoded = chunk if isinstance(chunk, bytes) else orjson.dumps(chunk)
-                    out.append(b"data: " + encoded + b"\n\n")
+                out.extend(self._render(chunk) for chunk in self._chunks.feed(document))
             if out:
                 yield b"".join(out)
         if not self._chunks.finished:
