@@ -243,6 +243,20 @@ class FakeGemini(ServedHere):
             return _error(*self._failures.popleft())
         document = orjson.loads(body)
         method = request.match_info["method"]
+        if method == "predict":  # Vertex's embeddings
+            return web.json_response(
+                {
+                    "predictions": [
+                        {
+                            "embeddings": {
+                                "values": [0.5, float(i)],
+                                "statistics": {"token_count": 2.0},
+                            }
+                        }
+                        for i in range(len(document["instances"]))
+                    ]
+                }
+            )
         if method == "countTokens":
             return web.json_response({"totalTokens": max(1, len(orjson.dumps(document)) // 4)})
         if method == "batchEmbedContents":

@@ -264,3 +264,19 @@ async def test_messages_for_gemini_on_vertex_are_translated(
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
     counted = await client.messages.count_tokens(model="flash", messages=HELLO)
     assert counted.input_tokens > 0 and fake.received[-1].path.endswith(":countTokens")
+
+
+async def test_embeddings_through_predict(
+    start_gateway: Any, tmp_path: Path, fake: FakeGemini, private_key: str
+) -> None:
+    gateway, key = await start(start_gateway, tmp_path, fake, private_key)
+    answer = await gateway.client(key).embeddings.create(
+        model="vertex/gemini-embedding-001", input=["a", "b"], encoding_format="float", dimensions=2
+    )
+    assert [d.embedding for d in answer.data] == [[0.5, 0.0], [0.5, 1.0]]
+    assert answer.usage.prompt_tokens == 4
+    assert fake.received[-1].path.endswith("/models/gemini-embedding-001:predict")
+    assert fake.received[-1].json == {
+        "instances": [{"content": "a"}, {"content": "b"}],
+        "parameters": {"outputDimensionality": 2},
+    }

@@ -147,6 +147,38 @@ class VertexProvider(GeminiProvider):
         )
         return MessagesAsChat(stream, translator)
 
+    async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
+        """Vertex embeds through ``:predict``, one instance per text, each with its token count."""
+        request = orjson.loads(call.body)
+        texts = request.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest("input: Vertex AI embeds text: a string or a list of strings.")
+        body: dict[str, Any] = {"instances": [{"content": text} for text in texts]}
+        if isinstance(request.get("dimensions"), int):
+            body["parameters"] = {"outputDimensionality": request["dimensions"]}
+        answer = await self._complete(":predict", with_body(call, body))
+        predictions = _document(answer, self.name).get("predictions")
+        if not isinstance(predictions, list) or len(predictions) != len(texts):
+            raise _invalid_answer(self.name)
+        data, tokens = [], 0
+        for index, prediction in enumerate(predictions):
+            embedding = prediction.get("embeddings") if isinstance(prediction, dict) else None
+            embedding = embedding if isinstance(embedding, dict) else {}
+            data.append(
+                {"object": "embedding", "index": index, "embedding": embedding.get("values")}
+            )
+            statistics = embedding.get("statistics")
+            count = statistics.get("token_count") if isinstance(statistics, dict) else None
+            tokens += int(count) if isinstance(count, int | float) else 0
+        result = {
+            "object": "list",
+            "data": data,
+            "model": call.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return attrs.evolve(answer, body=orjson.dumps(result), content_type=_JSON)
+
     # -- Messages: Claude's passed through, Gemini's translated -------------------------------
 
     async def forward(self, path: str, call: UpstreamCall) -> UpstreamResponse:
