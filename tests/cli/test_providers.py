@@ -33,4 +33,5 @@ def test_the_installed_kinds_are_listed_with_a_broken_one_s_reason(tmp_path: Pat
     ]
     assert rows[5][1:3] == ["llmgw-half-done", "1.2"]
     assert "failed to load: RuntimeError: not finished" in rows[5][3]
-    assert rows[-1][1] == "llmgw" and rows[-1][3].startswith("reasoning ")
+    [venice] = [row for row in rows if row[0] == "venice"]
+    assert venice[1] == "llmgw" and venice[3].startswith("reasoning ")
