@@ -145,7 +145,21 @@ class FakeGemini(ServedHere):
         if key is None:
             return _error(401, "Method doesn't allow unregistered callers.")
         if key != FAKE_GEMINI_KEY:
-            return _error(400, "API key not valid. Please pass a valid API key.")
+            document = {
+                "error": {
+                    "code": 400,
+                    "message": "API key not valid. Please pass a valid API key.",
+                    "status": "INVALID_ARGUMENT",
+                    "details": [
+                        {
+                            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "API_KEY_INVALID",
+                            "domain": "googleapis.com",
+                        }
+                    ],
+                }
+            }
+            return web.json_response(document, status=400)
         return await self._serve(request)
 
     async def _vertex(self, request: web.Request) -> web.StreamResponse:

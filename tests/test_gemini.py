@@ -371,3 +371,21 @@ async def test_a_stream_cut_mid_answer_is_finished_on_the_next_deployment(
         {"role": "user", "parts": [{"text": "hi"}]}
     ]
     assert orjson.loads(fake.received[0].body)["contents"][0]["parts"] == [{"text": "hi"}]
+
+
+async def test_a_key_gemini_does_not_know_is_the_gateways_problem(
+    start_gateway: Any, tmp_path: Path, fake: FakeGemini
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        entry("gemini", fake) + f'[[models]]\nalias = "flash"\ndeployments = ["gemini:{MODEL}"]\n'
+    )
+    settings = load_settings({"LLMGW_CONFIG": str(path), "GEMINI_API_KEY": "AIza-not-the-key"})
+    gateway: Gateway = await start_gateway(
+        providers=settings.providers, model_aliases=settings.model_aliases
+    )
+    key = await gateway.create_key(name="gemini")
+    with pytest.raises(openai.APIStatusError) as refused:
+        await gateway.client(key).chat.completions.create(model="flash", messages=HELLO)
+    assert refused.value.status_code == 502
+    assert refused.value.body["code"] == "upstream_auth_failed"  # type: ignore[index]

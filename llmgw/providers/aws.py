@@ -1,4 +1,5 @@
-"""AWS credentials and request signing for an adapter whose transport is aiohttp (Bedrock's).
+"""AWS credentials, request signing and the event stream's parser, for an adapter whose transport
+is aiohttp (Bedrock's): botocore's, imported here once, with one message when it is missing.
 
 Credentials come from botocore's standard chain, the one the AWS SDKs and CLI read: the
 environment, a shared profile (``profile``), web identity (IRSA on EKS), the container endpoint
@@ -22,13 +23,14 @@ try:
     from botocore.auth import SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import ReadOnlyCredentials, RefreshableCredentials
+    from botocore.eventstream import EventStreamBuffer, ParserError
     from botocore.exceptions import BotoCoreError
 except ImportError as exc:  # an optional dependency: say how to install it
     raise ImportError(
         "the bedrock provider kind needs botocore: pip install 'llmgw[bedrock]'"
     ) from exc
 
-__all__ = ["AwsSigner"]
+__all__ = ["AwsSigner", "EventStreamBuffer", "ParserError"]
 
 log = logging.getLogger(__name__)
 

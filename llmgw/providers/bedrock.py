@@ -40,7 +40,7 @@ from yarl import URL
 from llmgw.config_converter import check
 from llmgw.errors import InvalidRequest, UpstreamAuthFailed, UpstreamUnavailable
 from llmgw.providers.anthropic import as_messages_errors
-from llmgw.providers.aws import AwsSigner
+from llmgw.providers.aws import AwsSigner, EventStreamBuffer, ParserError
 from llmgw.providers.base import (
     ChatStream,
     UpstreamCall,
@@ -53,8 +53,6 @@ from llmgw.translation.anthropic_stream import sse_event
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.converse import ConverseEvents, converse_request, message_from_converse
 from llmgw.translation.messages_to_chat import ChatChunks, completion_from_message
-
-from botocore.eventstream import EventStreamBuffer, ParserError  # isort: skip  (after aws's check)
 
 __all__ = ["ANTHROPIC_VERSION", "PLUGIN", "BedrockOptions", "BedrockProvider"]
 
@@ -510,7 +508,10 @@ class _EventStream:
             kind = headers.get(":event-type")
             if not isinstance(event, dict) or not isinstance(kind, str):
                 return []
-            return self._translator.feed(kind, event)
+            try:
+                return self._translator.feed(kind, event)
+            except ValueError:  # a chunk whose bytes are not base64 JSON
+                raise self._broken(f"sent a {kind} event that is not valid") from None
         # An exception (or error) frame: Bedrock's failure mid-stream, with its type and message.
         kind = headers.get(":exception-type") or headers.get(":error-code") or "error"
         try:

@@ -38,12 +38,15 @@ __all__ = [
     "PLUGIN",
     "GeminiProvider",
     "GeminiStream",
+    "answer_document",
+    "invalid_answer",
     "model_segment",
     "with_body",
 ]
 
 _JSON: Final = "application/json"
 _SSE: Final = "text/event-stream"
+_KEY_REFUSED: Final = b"API_KEY_INVALID"
 _NO_MODELS: Final = UpstreamResponse(200, b'{"object":"list","data":[]}', _JSON)
 GEMINI_API: Final = "https://generativelanguage.googleapis.com"
 
@@ -67,6 +70,9 @@ class GeminiProvider(OpenAICompatibleProvider):
         answer = await super()._read_answer(response, retries)
         if answer.status < 300:
             return answer
+        if answer.status == 400 and _KEY_REFUSED in answer.body:
+            # The Gemini API refuses a bad key with a 400: the gateway's key, not the caller's.
+            self._check_credentials_accepted(401)
         return attrs.evolve(
             answer, body=gemini_error_body(answer.status, answer.body), content_type=_JSON
         )
@@ -74,17 +80,10 @@ class GeminiProvider(OpenAICompatibleProvider):
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         request = gemini_request(orjson.loads(call.body))
         answer = await self._complete(":generateContent", with_body(call, request))
-        try:
-            document = orjson.loads(answer.body)
-        except orjson.JSONDecodeError:
-            document = None
-        if not isinstance(document, dict):
-            raise UpstreamUnavailable(
-                f"{self.name} answered with a body that is not a Gemini answer.",
-                code="upstream_invalid_response",
-            )
         completion = completion_from_gemini(
-            document, model=model_segment(call.model), created=int(time.time())
+            answer_document(answer, self.name),
+            model=model_segment(call.model),
+            created=int(time.time()),
         )
         return attrs.evolve(answer, body=orjson.dumps(completion), content_type=_JSON)
 
@@ -130,12 +129,9 @@ class GeminiProvider(OpenAICompatibleProvider):
                 entry["outputDimensionality"] = request["dimensions"]
             entries.append(entry)
         answer = await self._complete(":batchEmbedContents", with_body(call, {"requests": entries}))
-        embeddings = orjson.loads(answer.body).get("embeddings")
+        embeddings = answer_document(answer, self.name).get("embeddings")
         if not isinstance(embeddings, list) or len(embeddings) != len(texts):
-            raise UpstreamUnavailable(
-                f"{self.name} answered with a body that is not a Gemini answer.",
-                code="upstream_invalid_response",
-            )
+            raise invalid_answer(self.name)
         result = {
             "object": "list",
             "data": [
@@ -167,6 +163,24 @@ def model_segment(model: str | None) -> str:
     if not model or model in (".", ".."):
         raise InvalidRequest(f"{model!r} is not a Gemini model name.", param="model")
     return quote(model.removeprefix("models/"), safe="")
+
+
+def answer_document(answer: UpstreamResponse, provider: str) -> dict[str, Any]:
+    """A 2xx answer's JSON object; a 502 ``upstream_invalid_response`` when it is not one."""
+    try:
+        document = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        document = None
+    if not isinstance(document, dict):
+        raise invalid_answer(provider)
+    return document
+
+
+def invalid_answer(provider: str) -> UpstreamUnavailable:
+    return UpstreamUnavailable(
+        f"{provider} answered with a body that is not the answer its API defines.",
+        code="upstream_invalid_response",
+    )
 
 
 def with_body(call: UpstreamCall, body: Any) -> UpstreamCall:

@@ -27,10 +27,16 @@ from aiohttp.typedefs import StrOrURL
 
 from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.config_converter import check
-from llmgw.errors import InvalidRequest, UpstreamUnavailable
+from llmgw.errors import InvalidRequest
 from llmgw.providers.anthropic import MessagesAsChat, as_messages_errors
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamResponse, UpstreamStream
-from llmgw.providers.gemini import GeminiProvider, model_segment, with_body
+from llmgw.providers.gemini import (
+    GeminiProvider,
+    answer_document,
+    invalid_answer,
+    model_segment,
+    with_body,
+)
 from llmgw.providers.google_auth import GoogleToken
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
@@ -128,7 +134,9 @@ class VertexProvider(GeminiProvider):
             return await super().chat_completion(call)
         request = _claude_body(chat_to_messages(orjson.loads(call.body)))
         answer = await self._complete(":rawPredict", with_body(call, request))
-        completion = completion_from_message(_document(answer, self.name), created=int(time.time()))
+        completion = completion_from_message(
+            answer_document(answer, self.name), created=int(time.time())
+        )
         return attrs.evolve(answer, body=orjson.dumps(completion), content_type=_JSON)
 
     async def stream_chat_completion(self, call: UpstreamCall) -> ChatStream:
@@ -158,9 +166,9 @@ class VertexProvider(GeminiProvider):
         if isinstance(request.get("dimensions"), int):
             body["parameters"] = {"outputDimensionality": request["dimensions"]}
         answer = await self._complete(":predict", with_body(call, body))
-        predictions = _document(answer, self.name).get("predictions")
+        predictions = answer_document(answer, self.name).get("predictions")
         if not isinstance(predictions, list) or len(predictions) != len(texts):
-            raise _invalid_answer(self.name)
+            raise invalid_answer(self.name)
         data, tokens = [], 0
         for index, prediction in enumerate(predictions):
             embedding = prediction.get("embeddings") if isinstance(prediction, dict) else None
@@ -194,7 +202,7 @@ class VertexProvider(GeminiProvider):
             chat = anthropic.messages_to_chat(body)
             answer = await self.chat_completion(attrs.evolve(call, body=orjson.dumps(chat)))
         message = anthropic.message_from_chat(
-            _document(answer, self.name), request=body, message_id=anthropic.new_message_id()
+            answer_document(answer, self.name), request=body, message_id=anthropic.new_message_id()
         )
         return attrs.evolve(answer, body=orjson.dumps(message), content_type=_JSON)
 
@@ -238,9 +246,9 @@ class VertexProvider(GeminiProvider):
         answer = await self._complete(
             ":countTokens", with_body(call, {k: request[k] for k in fields if k in request})
         )
-        count = _document(answer, self.name).get("totalTokens")
+        count = answer_document(answer, self.name).get("totalTokens")
         if not isinstance(count, int):
-            raise _invalid_answer(self.name)
+            raise invalid_answer(self.name)
         return attrs.evolve(answer, body=orjson.dumps({"input_tokens": count}), content_type=_JSON)
 
     def _not_offered(self, path: str) -> InvalidRequest:
@@ -259,23 +267,6 @@ def _claude_body(body: dict[str, Any]) -> dict[str, Any]:
     request = {k: v for k, v in body.items() if k not in ("model", "stream")}
     request["anthropic_version"] = ANTHROPIC_VERSION
     return request
-
-
-def _document(answer: UpstreamResponse, provider: str) -> dict[str, Any]:
-    try:
-        document = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        document = None
-    if not isinstance(document, dict):
-        raise _invalid_answer(provider)
-    return document
-
-
-def _invalid_answer(provider: str) -> UpstreamUnavailable:
-    return UpstreamUnavailable(
-        f"{provider} answered with a body that is not a Vertex AI answer.",
-        code="upstream_invalid_response",
-    )
 
 
 def _from_setup(setup: ProviderSetup[VertexOptions]) -> VertexProvider:
