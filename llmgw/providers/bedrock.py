@@ -24,6 +24,7 @@ class, ``AccessDeniedException`` the credentials' class (502 ``upstream_auth_fai
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import struct
 import time
@@ -55,6 +56,8 @@ from llmgw.translation.converse import ConverseEvents, converse_request, message
 from llmgw.translation.messages_to_chat import ChatChunks, completion_from_message
 
 __all__ = ["ANTHROPIC_VERSION", "PLUGIN", "BedrockOptions", "BedrockProvider"]
+
+log = logging.getLogger(__name__)
 
 # What Bedrock's Anthropic models take in the body instead of the anthropic-version header.
 ANTHROPIC_VERSION: Final = "bedrock-2023-05-31"
@@ -133,6 +136,7 @@ class BedrockProvider(OpenAICompatibleProvider):
 
     def _check_credentials_accepted(self, status: int) -> None:
         if status in (401, 403):
+            log.warning("provider %s refused the AWS credentials (HTTP %d)", self.name, status)
             raise UpstreamAuthFailed(
                 f"The provider {self.name} refused the gateway's AWS credentials (HTTP "
                 f"{status}): their role may lack bedrock:InvokeModel for this model, or the "
