@@ -780,3 +780,22 @@ def test_a_bad_entry_is_refused_naming_the_key(tmp_path: Path, keys: str, says: 
     with pytest.raises(ConfigError) as refused:
         load_settings({"LLMGW_CONFIG": str(path)})
     assert says in str(refused.value)
+
+
+async def test_a_role_sts_refuses_is_the_gateways_problem(
+    start_gateway: Any, tmp_path: Path, fake: FakeBedrock, aws_environment: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        aws_environment.delenv(name, raising=False)
+    token = tmp_path / "token"
+    token.write_text("a token STS does not know")
+    aws_environment.setenv("AWS_ROLE_ARN", ROLE_ARN)
+    aws_environment.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    aws_environment.setenv("AWS_ENDPOINT_URL_STS", fake.endpoint_url)
+    toml = bedrock_entry("bedrock", fake) + alias("llama", f"bedrock:{LLAMA}")
+    gateway, key = await start(start_gateway, tmp_path, toml)
+    with pytest.raises(openai.APIStatusError) as refused:
+        await gateway.client(key).chat.completions.create(model="llama", messages=HELLO)
+    assert refused.value.status_code == 502
+    assert refused.value.body["code"] == "upstream_auth_failed"  # type: ignore[index]
+    assert fake.received == []

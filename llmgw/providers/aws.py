@@ -24,7 +24,7 @@ try:
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import ReadOnlyCredentials, RefreshableCredentials
     from botocore.eventstream import EventStreamBuffer, ParserError
-    from botocore.exceptions import BotoCoreError
+    from botocore.exceptions import BotoCoreError, ClientError
 except ImportError as exc:  # an optional dependency: say how to install it
     raise ImportError(
         "the bedrock provider kind needs botocore: pip install 'llmgw[bedrock]'"
@@ -72,7 +72,7 @@ class AwsSigner:
             if self._credentials is None:
                 raise self._refused("found no AWS credentials in its environment")
             frozen: ReadOnlyCredentials = self._credentials.get_frozen_credentials()
-        except BotoCoreError as exc:  # its messages name files and roles, never a secret
+        except (BotoCoreError, ClientError) as exc:  # messages name files and roles, no secret
             raise self._refused(f"could not get AWS credentials ({exc})") from None
         return frozen
 
