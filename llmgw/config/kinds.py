@@ -80,6 +80,9 @@ class Kind(Protocol):
     @property
     def summary(self) -> str: ...
 
+    @property
+    def default_base_url(self) -> Callable[[Any], str] | None: ...  # from the options, or None
+
 
 class KindError(ValueError):
     """A kind that is not installed, or whose plugin cannot be loaded; the message says which."""
