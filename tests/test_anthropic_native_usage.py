@@ -43,10 +43,17 @@ async def priced_gateway(
     fake_anthropic: FakeAnthropic,
     fake_venice: FakeVenice,
     tmp_path: Path,
+    stall_timeout_seconds: float | None = None,
     **overrides: Any,
 ) -> Gateway:
+    toml = config(fake_anthropic.base_url, fake_venice.base_url) + CLAUDE_PRICES
+    if stall_timeout_seconds is not None:
+        toml = toml.replace(
+            'kind = "anthropic"',
+            f'kind = "anthropic"\nstall_timeout_seconds = {stall_timeout_seconds}',
+        )
     path = tmp_path / "llmgw.toml"
-    path.write_text(config(fake_anthropic.base_url, fake_venice.base_url) + CLAUDE_PRICES)
+    path.write_text(toml)
     keys = {"ANTHROPIC_KEY": FAKE_ANTHROPIC_KEY, "VENICE_API_KEY": FAKE_VENICE_KEY}
     settings = load_settings({"LLMGW_CONFIG": str(path), **keys})
     gateway: Gateway = await start_gateway(
@@ -109,7 +116,9 @@ async def test_a_caller_leaving_before_message_delta_is_billed_what_was_relayed(
     [
         ({"upstream_max_event_bytes": 8192}, "upstream_event_too_large", "api_error"),
         ({"stream_max_seconds": 1.0}, "stream_max_duration", "timeout_error"),
+        ({"stall_timeout_seconds": 0.5}, "upstream_stream_timeout", "timeout_error"),
     ],
+    ids=["event too large", "stream max seconds", "stall"],
 )
 async def test_a_stream_the_gateway_ends_before_message_delta_raises_in_the_sdk_and_is_billed(
     start_gateway: Any,
