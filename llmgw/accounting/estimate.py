@@ -25,14 +25,15 @@ __all__ = [
 ]
 
 BYTES_PER_TOKEN = 4
-# Fields of a chat completions body that reach the model's context.
-_PROMPT_FIELDS = ("messages", "tools", "functions", "input", "prompt")
+# Fields of a chat completions body that reach the model's context (and of a Messages body
+# forwarded as it came: its ``system`` prompt, Claude Code's largest part, is one).
+_PROMPT_FIELDS = ("messages", "tools", "functions", "input", "prompt", "system")
 # Messages content blocks whose ``input`` the model wrote (a server tool's too).
 _TOOL_USES = frozenset({"tool_use", "server_tool_use"})
 
 
 def estimate_input_tokens(chat_body: dict[str, Any]) -> int:
-    """Input tokens of a chat completions (or embeddings) body; at least 1."""
+    """Input tokens of a chat completions (embeddings, Messages) body; at least 1."""
     size = 0
     for field in _PROMPT_FIELDS:
         value = chat_body.get(field)
