@@ -58,7 +58,50 @@ def charge(
     add up to more than their total are flagged ``total:parts_exceed_total``. Any estimated
     figure makes the whole charge estimated.
     """
-    usage = reported or Usage()
+    usage, source = reported or Usage(), REPORTED
+    flags: tuple[str, ...] = ()
+    if not (final and _kept(usage)):
+        usage, estimated, flags = _usable(usage, provider_worked, estimate, final)
+        source = ESTIMATED if estimated else REPORTED
+    found = None if usage.cost_usd is not None or not provider_worked else price()
+    if found is None:
+        return Charged(usage, source, cost_computed=False, flags=flags)
+    cost = found.bill(usage) if metered is None else found.media_cost(metered)
+    if cost is None:
+        return Charged(usage, source, cost_computed=False, flags=flags)
+    # A float for the record: the ledger stores its shortest decimal spelling (cost_decimal),
+    # which is the exact bill whenever it has at most 15 significant digits.
+    return Charged(
+        attrs.evolve(usage, cost_usd=float(cost)), source, cost_computed=True, flags=flags
+    )
+
+
+def _kept(usage: Usage) -> bool:
+    """True when every figure of ``usage`` is kept as reported: both totals counts, each part a
+    count within its total, each cost a cost (the usual answer, told without building anything)."""
+    total_in, total_out = usage.input_tokens, usage.output_tokens
+    if total_in is None or total_out is None or not (_is_count(total_in) and _is_count(total_out)):
+        return False
+    read, write = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
+    hour, reasoning = usage.cache_creation_1h_input_tokens, usage.reasoning_output_tokens
+    for part in (read, write, hour, reasoning):
+        if part is not None and not _is_count(part):
+            return False
+    if (read or 0) + (write or 0) > total_in or (hour or 0) > (write or 0):
+        return False
+    if (reasoning or 0) > total_out:
+        return False
+    return all(cost is None or _is_cost(cost) for cost in (usage.cost_usd, usage.cost_diem))
+
+
+def _usable(
+    usage: Usage,
+    provider_worked: bool,
+    estimate: Callable[[], tuple[int, int]],
+    final: bool,
+) -> tuple[Usage, bool, tuple[str, ...]]:
+    """``usage`` with each figure that cannot be kept dropped, and (``provider_worked``) the
+    estimate where a total is needed; whether any figure is the estimate's; the flags."""
     values: dict[str, Any] = {field: getattr(usage, field) for field in _COUNTS}
     flags: list[str] = []
     dropped: set[str] = set()
@@ -79,19 +122,7 @@ def charge(
     for total, parts in _PARTS:
         if (values[total] or 0) < sum(values[part] or 0 for part in parts):
             flags.append(f"{total}:parts_exceed_total")
-    usage = Usage(**values, **costs)
-    source = ESTIMATED if estimated else REPORTED
-    found = None if usage.cost_usd is not None or not provider_worked else price()
-    if found is None:
-        return Charged(usage, source, cost_computed=False, flags=tuple(flags))
-    cost = found.bill(usage) if metered is None else found.media_cost(metered)
-    if cost is None:
-        return Charged(usage, source, cost_computed=False, flags=tuple(flags))
-    # A float for the record: the ledger stores its shortest decimal spelling (cost_decimal),
-    # which is the exact bill whenever it has at most 15 significant digits.
-    return Charged(
-        attrs.evolve(usage, cost_usd=float(cost)), source, cost_computed=True, flags=tuple(flags)
-    )
+    return Usage(**values, **costs), estimated, tuple(flags)
 
 
 def _estimate_totals(
