@@ -519,6 +519,7 @@ def _upstream_call(
         encode_for_model=upstream.encode_for_model,
         reasoning_params=upstream.reasoning_params,
         caller_headers=upstream.caller_headers,
+        caller=str(exchange.key.id),
     )
 
 

@@ -52,6 +52,12 @@ class UpstreamCall:
     # Those of REASONING_PARAMS the (chat) body carries: a deployment without the capability is
     # sent the body without them.
     reasoning_params: tuple[str, ...] = ()
+    # Whose request it is (the API key's id; None: no key): one caller's failures alone do not
+    # take a deployment away from the others (llmgw.routing.breaker).
+    caller: str | None = None
+    # At most this many retries on one deployment (None: its provider's own): a route sets 0 when
+    # another deployment is left to try, or for a probe of one that was down.
+    max_retries: int | None = None
 
     def for_deployment(self, deployment: Deployment) -> tuple[UpstreamCall, tuple[str, ...]]:
         """The call as ``deployment`` is sent it, and the parameters it was sent without.
