@@ -681,11 +681,21 @@ function describeChange(entry) {
 // ---------------------------------------------------------------------------------------------
 // Routing
 
-const pages = { overview, keys, subjects, usage, audit };
+// A team admin or member (single sign-on) sees their keys and usage; the rest is an admin's.
+const ROLE = document.querySelector('meta[name="console-role"]').content;
+const pages = ROLE === "admin" ? { overview, keys, subjects, usage, audit } : { keys, usage, audit };
+const FIRST = ROLE === "admin" ? "overview" : "keys";
+for (const link of document.querySelectorAll("nav a")) {
+  if (!(link.getAttribute("href").slice(1) in pages)) link.hidden = true;
+}
+if (ROLE !== "admin") {
+  for (const button of document.querySelectorAll('button[value="everywhere"]')) button.hidden = true;
+}
 
 async function render() {
-  const name = (window.location.hash || "#overview").slice(1);
-  const draw = pages[name] || overview;
+  const wanted = (window.location.hash || `#${FIRST}`).slice(1);
+  const name = wanted in pages ? wanted : FIRST;
+  const draw = pages[name];
   for (const link of document.querySelectorAll("nav a")) {
     if (link.getAttribute("href") === `#${name}`) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
