@@ -230,3 +230,30 @@ async def test_usage_by_team_in_the_api_report_and_csv(admin: Admin) -> None:
     assert lines[2].startswith(team["id"] + ",2,")
     _, spent = await admin.call("GET", f"/teams/{team['id']}")
     assert spent["spend_month_usd"] > 0
+
+
+async def test_a_team_change_reaches_every_replica_within_a_second(
+    admin: Admin, start_gateway: Any
+) -> None:
+    other = await start_gateway(admin_token=ADMIN_TOKEN)  # a second replica on the same database
+    team = await _team(admin)
+    _, key = await admin.call("POST", "/keys", {"name": "k", "team_id": team["id"]})
+
+    async def chat_on(gateway: Any) -> int:
+        async with admin.session.post(
+            gateway.url("/v1/chat/completions"),
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {key['key']}"},
+        ) as response:
+            await response.read()
+            return response.status
+
+    for gateway in (admin.gateway, other):
+        assert await chat_on(gateway) == 200  # the key (and its team) is cached on both
+    await admin.call("PATCH", f"/teams/{team['id']}", {"max_concurrent_requests": 1,
+                                                      "allowed_models": ["other-model"]})  # fmt: skip
+
+    async def refused_on_both() -> bool:
+        return [await chat_on(g) for g in (admin.gateway, other)] == [403, 403]
+
+    assert await eventually(refused_on_both, within=1.0) < 1.0
