@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from joserfc.jwk import RSAKey
 
+from llmgw.config import ConfigError, load_settings
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
@@ -178,3 +179,54 @@ async def test_token_sign_in_can_be_turned_off(
         gateway.url("/admin/v1/keys"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
     ) as response:
         assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OIDC_ISSUER": "http://sso.example.com", "OIDC_CLIENT_ID": "c", "OIDC_CLIENT_SECRET": "s"}, "OIDC_ISSUER"),
+        ({"OIDC_ISSUER": "https://sso.example.com"}, "OIDC_ISSUER"),
+        ({"CONSOLE_SESSION_HOURS": "0"}, "CONSOLE_SESSION_HOURS"),
+    ],
+)  # fmt: skip
+def test_sign_in_settings_are_checked(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert named in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_sign_in_settings_are_read() -> None:
+    settings = load_settings(
+        {
+            "OIDC_ISSUER": "http://127.0.0.1:8080/realms/acme/",
+            "OIDC_CLIENT_ID": "llmgw",
+            "OIDC_CLIENT_SECRET": "s3cret",
+            "OIDC_ADMIN_GROUPS": "platform, sre ,",
+            "CONSOLE_TOKEN_SIGN_IN": "false",
+            "CONSOLE_SESSION_HOURS": "2",
+        }
+    )
+    assert settings.oidc_issuer == "http://127.0.0.1:8080/realms/acme"
+    assert settings.oidc_admin_groups == ("platform", "sre")
+    assert (settings.console_token_sign_in, settings.console_session_hours) == (False, 2.0)
+    assert settings.oidc_groups_claim == "groups"
+    assert "s3cret" not in repr(settings)
+
+
+async def test_the_redirect_url_given_to_the_provider_can_be_set(
+    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    behind_proxy = "https://llmgw.example.com/console/oidc/callback"
+    gateway = await start_gateway(
+        admin_token=ADMIN_TOKEN,
+        oidc_issuer=provider.issuer,
+        oidc_client_id=CLIENT_ID,
+        oidc_client_secret=CLIENT_SECRET,
+        oidc_redirect_url=behind_proxy,
+    )
+    async with browser.get(gateway.url("/console/login"), allow_redirects=False) as response:
+        to_provider = response.headers["Location"]
+    async with browser.get(to_provider, allow_redirects=False) as response:
+        assert response.headers["Location"].startswith(behind_proxy + "?code=")
+    assert provider.authorize_queries[-1]["redirect_uri"] == behind_proxy
