@@ -190,6 +190,9 @@ usage_events = sa.Table(
     # (UsageRecord.attempts). NULL deployment: older rows.
     sa.Column("deployment", sa.Text(), nullable=True),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
+    # Answered by the response cache (cost_usd 0), and what the answer cost when it was fetched.
+    sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.text("false")),
+    sa.Column("saved_cost_usd", _COST, nullable=True),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),

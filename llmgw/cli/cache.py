@@ -1,0 +1,71 @@
+"""``llmgw cache clear``: delete response-cache entries through a running gateway's admin API
+(``DELETE /admin/v1/cache``: a memory cache lives in the serving process, and the admin API
+audits the clear)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+import aiohttp
+import orjson
+
+from llmgw.cli.common import EXIT_CONFIG, CommandError
+from llmgw.cli.smoke import default_base_url
+from llmgw.config import load_bind_addr
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cache = commands.add_parser(
+        "cache",
+        help="manage the response cache (clear)",
+        description="The response cache (LLMGW_CACHE): clear all of it, or one key's or model's.",
+        epilog=(
+            "environment variables:\n"
+            "  LLMGW_ADMIN_TOKEN  the admin API's bearer token (required)\n"
+            "  BIND_ADDR          where the gateway listens, for the default --url"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = cache.add_subparsers(dest="action", metavar="ACTION", required=True)
+    clear = actions.add_parser("clear", help="delete cached answers (all, or --key-id / --model)")
+    clear.add_argument("--key-id", help="only the entries this key stored")
+    clear.add_argument("--model", help="only the entries of this model (as callers name it)")
+    clear.add_argument(
+        "--url", help="gateway root (default: http://HOST:PORT from BIND_ADDR, 127.0.0.1:3000)"
+    )
+    clear.set_defaults(run=_clear)
+
+
+async def _delete(url: str, token: str, params: dict[str, str]) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        session.delete(
+            url, params=params, headers={"Authorization": f"Bearer {token}"}
+        ) as response,
+    ):
+        return response.status, await response.read()
+
+
+def _clear(args: argparse.Namespace) -> int:
+    token = os.environ.get("LLMGW_ADMIN_TOKEN", "").strip()
+    if not token:
+        raise CommandError("set LLMGW_ADMIN_TOKEN to the gateway's admin token", EXIT_CONFIG)
+    root = args.url or default_base_url(load_bind_addr()).removesuffix("/v1")
+    url = root.rstrip("/") + "/admin/v1/cache"
+    params = {
+        name: value
+        for name, value in (("key_id", args.key_id), ("model", args.model))
+        if value is not None
+    }
+    try:
+        status, body = asyncio.run(_delete(url, token, params))
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise CommandError(f"cannot reach {url}: {type(exc).__name__}") from None
+    if status != 200:
+        raise CommandError(f"{url} answered {status}: {body.decode(errors='replace')[:200]}")
+    print(f"deleted {orjson.loads(body)['deleted']} cached answers")
+    return 0
