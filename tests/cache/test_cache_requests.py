@@ -1,0 +1,232 @@
+"""The response cache through the gateway, driven by the real SDKs, on memory and on Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import Gateway
+from tests.fake_venice import Behaviour
+from tests.processes import eventually, free_port
+
+REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
+
+BACKENDS = [
+    pytest.param({"cache": "memory"}, id="memory"),
+    pytest.param(
+        {"cache": "redis", "redis_url": REDIS_URL},
+        id="redis",
+        marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL to test Redis"),
+    ),
+]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(params=BACKENDS)
+async def cached(request: pytest.FixtureRequest, start_gateway: Any) -> Gateway:
+    gateway: Gateway = await start_gateway(**request.param)
+    return gateway
+
+
+async def _chat(gateway: Gateway, key: str, *, stream: bool = False, **headers: str) -> Any:
+    async with gateway.client(key) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="qwen3-5-9b",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=stream,
+            extra_headers=headers or None,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )
+        if not stream:
+            return raw.headers, raw.parse()
+        text, finish, usage = "", None, None
+        async for chunk in raw.parse():
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        return raw.headers, (text, finish, usage)
+
+
+async def _stored(gateway: Gateway, key: str, **headers: str) -> None:
+    """A Redis write lands after the answer: wait until the cache answers."""
+
+    async def hit() -> bool:
+        found, _ = await _chat(gateway, key, **headers)
+        return bool(found["x-llmgw-cache"] == "hit")
+
+    await eventually(hit)
+
+
+async def test_a_repeat_is_a_hit_with_the_same_answer_in_both_forms(cached: Gateway) -> None:
+    key = await cached.create_key()
+    headers, first = await _chat(cached, key)
+    assert headers["x-llmgw-cache"] == "miss"
+    await _stored(cached, key)
+    headers, again = await _chat(cached, key)
+    assert headers["x-llmgw-cache"] == "hit" and "age" in headers
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.total_tokens == first.usage.total_tokens
+    headers, (text, finish, usage) = await _chat(cached, key, stream=True)
+    assert headers["x-llmgw-cache"] == "hit"
+    assert text == first.choices[0].message.content
+    assert finish == first.choices[0].finish_reason
+    assert usage.total_tokens == first.usage.total_tokens
+    assert len(cached.fake.chats()) == 1
+
+
+async def test_a_streamed_answer_serves_a_json_request(cached: Gateway) -> None:
+    key = await cached.create_key()
+    headers, (text, finish, usage) = await _chat(cached, key, stream=True)
+    assert headers["x-llmgw-cache"] == "miss"
+    await _stored(cached, key)
+    _, answer = await _chat(cached, key)
+    assert answer.choices[0].message.content == text
+    assert answer.choices[0].finish_reason == finish
+    assert answer.usage.total_tokens == usage.total_tokens
+    headers, (again, _, _) = await _chat(cached, key, stream=True)
+    assert headers["x-llmgw-cache"] == "hit" and again == text
+    assert len(cached.fake.chats()) == 1
+
+
+async def test_one_key_never_reads_another_keys_entry(cached: Gateway) -> None:
+    owner, other = await cached.create_key(), await cached.create_key()
+    await _chat(cached, owner)
+    await _stored(cached, owner)
+    headers, _ = await _chat(cached, other)
+    assert headers["x-llmgw-cache"] == "miss"
+    assert len(cached.fake.chats()) == 2
+
+
+async def test_controls(cached: Gateway) -> None:
+    key = await cached.create_key()
+    headers, _ = await _chat(cached, key, **{"Cache-Control": "no-store"})
+    assert headers["x-llmgw-cache"] == "bypass"
+    headers, _ = await _chat(cached, key)
+    assert headers["x-llmgw-cache"] == "miss"  # no-store wrote nothing
+    await _stored(cached, key)
+    headers, _ = await _chat(cached, key, **{"Cache-Control": "no-cache"})
+    assert headers["x-llmgw-cache"] == "bypass"
+    calls = len(cached.fake.chats())
+    await _stored(cached, key)
+    headers, _ = await _chat(cached, key, **{"Cache-Control": "max-age=0"})
+    assert headers["x-llmgw-cache"] in ("hit", "miss")  # an entry stored this very second is 0 old
+    assert len(cached.fake.chats()) >= calls
+
+
+async def test_errors_and_cut_streams_are_not_stored(cached: Gateway) -> None:
+    key = await cached.create_key()
+    cached.fake.enqueue(Behaviour(status=400))
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "qwen3-5-9b", "messages": MESSAGES}
+        auth = {"Authorization": f"Bearer {key}"}
+        response = await session.post(cached.url("/v1/chat/completions"), json=body, headers=auth)
+        assert response.status == 400
+        cached.fake.enqueue(Behaviour(drop_after_chunks=2))
+        response = await session.post(
+            cached.url("/v1/chat/completions"), json={**body, "stream": True}, headers=auth
+        )
+        await response.read()
+    await asyncio.sleep(0.05)
+    headers, _ = await _chat(cached, key)
+    assert headers["x-llmgw-cache"] == "miss"
+
+
+async def test_ten_identical_requests_make_one_upstream_call(cached: Gateway) -> None:
+    key = await cached.create_key()
+    cached.fake.enqueue(Behaviour(delay_before_headers=0.3))
+    answers = await asyncio.gather(
+        *(_chat(cached, key, stream=bool(i % 2)) for i in range(10))
+    )
+    assert len(cached.fake.chats()) == 1
+    results = sorted(headers["x-llmgw-cache"] for headers, _ in answers)
+    assert results == ["hit"] * 9 + ["miss"]
+    texts = {a.choices[0].message.content if not isinstance(a, tuple) else a[0] for _, a in answers}
+    assert len(texts) == 1
+
+
+async def test_a_failed_leader_sends_each_follower_to_the_provider(cached: Gateway) -> None:
+    key = await cached.create_key()
+    cached.fake.enqueue(Behaviour(status=400, delay_before_headers=0.3))
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "qwen3-5-9b", "messages": MESSAGES}
+        auth = {"Authorization": f"Bearer {key}"}
+
+        async def post() -> int:
+            async with session.post(
+                cached.url("/v1/chat/completions"), json=body, headers=auth
+            ) as response:
+                await response.read()
+                return response.status
+
+        statuses = await asyncio.gather(*(post() for _ in range(3)))
+    assert sorted(statuses) == [200, 200, 400]
+    assert len(cached.fake.chats()) == 3
+
+
+async def test_the_ledger_and_usage_api_show_hits_at_no_cost(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory", admin_token="a" * 32)
+    key = await gateway.create_key()
+    await _chat(gateway, key)
+    await _chat(gateway, key)
+
+    async def rows() -> list[Any]:
+        return list(
+            await gateway.db.fetch(
+                "SELECT cache_hit, cost_usd, saved_cost_usd, input_tokens, output_tokens,"
+                " api_key_id FROM usage_events WHERE api_key_id = "
+                "(SELECT id FROM api_keys ORDER BY created_at DESC LIMIT 1) ORDER BY id"
+            )
+        )
+
+    await eventually(lambda: _count(rows, 2))
+    miss, hit = await rows()
+    assert not miss["cache_hit"] and miss["cost_usd"] > 0
+    assert hit["cache_hit"] and hit["cost_usd"] == 0
+    assert hit["saved_cost_usd"] == miss["cost_usd"]
+    assert hit["input_tokens"] == miss["input_tokens"]
+    async with aiohttp.ClientSession() as session:
+        response = await session.get(
+            gateway.url("/admin/v1/usage"),
+            params={"key_id": str(hit["api_key_id"]), "group_by": "key"},
+            headers={"Authorization": "Bearer " + "a" * 32},
+        )
+        (group,) = (await response.json())["data"]
+    assert group["requests"] == 2 and group["cache_hits"] == 1
+    assert float(group["saved_cost_usd"]) == float(miss["cost_usd"])
+
+
+async def _count(rows: Any, n: int) -> bool:
+    return len(await rows()) == n
+
+
+async def test_admin_clear_deletes_entries(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory", admin_token="a" * 32)
+    key = await gateway.create_key()
+    await _chat(gateway, key)
+    async with aiohttp.ClientSession() as session:
+        response = await session.delete(
+            gateway.url("/admin/v1/cache"),
+            params={"model": "qwen3-5-9b"},
+            headers={"Authorization": "Bearer " + "a" * 32},
+        )
+        assert response.status == 200
+        assert await response.json() == {"deleted": 1}
+    headers, _ = await _chat(gateway, key)
+    assert headers["x-llmgw-cache"] == "miss"
+
+
+async def test_a_stopped_redis_gives_bypass_and_200(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(
+        cache="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0"
+    )
+    key = await gateway.create_key()
+    for _ in range(2):
+        headers, answer = await _chat(gateway, key)
+        assert headers["x-llmgw-cache"] == "bypass"
+        assert answer.choices[0].message.content
