@@ -140,9 +140,7 @@ async def test_errors_and_cut_streams_are_not_stored(cached: Gateway) -> None:
 async def test_ten_identical_requests_make_one_upstream_call(cached: Gateway) -> None:
     key = await cached.create_key()
     cached.fake.enqueue(Behaviour(delay_before_headers=0.3))
-    answers = await asyncio.gather(
-        *(_chat(cached, key, stream=bool(i % 2)) for i in range(10))
-    )
+    answers = await asyncio.gather(*(_chat(cached, key, stream=bool(i % 2)) for i in range(10)))
     assert len(cached.fake.chats()) == 1
     results = sorted(headers["x-llmgw-cache"] for headers, _ in answers)
     assert results == ["hit"] * 9 + ["miss"]
