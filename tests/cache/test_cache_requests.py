@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
 from tests.conftest import Gateway
@@ -228,3 +229,182 @@ async def test_a_stopped_redis_gives_bypass_and_200(start_gateway: Any) -> None:
         headers, answer = await _chat(gateway, key)
         assert headers["x-llmgw-cache"] == "bypass"
         assert answer.choices[0].message.content
+
+
+async def test_messages_both_forms_from_one_entry(cached: Gateway) -> None:
+    key = await cached.create_key()
+    async with cached.anthropic_client(key) as client:
+        first = await client.messages.with_raw_response.create(
+            model="qwen3-5-9b", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert first.headers["x-llmgw-cache"] == "miss"
+        message = await first.parse()
+
+        async def streamed() -> tuple[str, Any, Any]:
+            async with client.messages.stream(
+                model="qwen3-5-9b", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+            ) as stream:
+                final = await stream.get_final_message()
+                return stream.response.headers["x-llmgw-cache"], final, final.usage
+
+        result, final, usage = await eventually_hit(streamed)
+    assert final.content[0].text == message.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason == message.stop_reason
+    assert usage.output_tokens == message.usage.output_tokens
+    assert len(cached.fake.chats()) == 1
+
+
+async def eventually_hit(call: Any) -> Any:
+    """A Redis write lands just after the answer: the first repeat that is a hit."""
+    for _ in range(50):
+        result = await call()
+        if result[0] == "hit":
+            return result
+        await asyncio.sleep(0.02)
+    raise AssertionError("never a hit")
+
+
+async def test_responses_without_state_are_cached_and_with_state_are_not(cached: Gateway) -> None:
+    key = await cached.create_key()
+    async with cached.client(key) as client:
+        raw = await client.responses.with_raw_response.create(
+            model="qwen3-5-9b", input="hi", store=False
+        )
+        assert raw.headers["x-llmgw-cache"] == "miss"
+        first = raw.parse()
+
+        async def streamed() -> tuple[str, str]:
+            raw = await client.responses.with_raw_response.create(
+                model="qwen3-5-9b", input="hi", store=False, stream=True
+            )
+            text = ""
+            async for event in raw.parse():
+                if event.type == "response.output_text.delta":
+                    text += event.delta
+            return raw.headers["x-llmgw-cache"], text
+
+        _, text = await eventually_hit(streamed)
+        assert text == first.output_text
+        stored = await client.responses.with_raw_response.create(model="qwen3-5-9b", input="hi")
+        assert stored.headers["x-llmgw-cache"] == "bypass"
+
+
+async def test_tool_calls_and_reasoning_replay_in_both_forms(cached: Gateway) -> None:
+    cached.fake.reasoning = "Let me think."
+    key = await cached.create_key()
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True}
+    auth = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            cached.url("/v1/chat/completions"), json=body, headers=auth
+        ) as response:
+            assert response.headers["X-LLMGW-Cache"] == "miss"
+            streamed = await response.read()
+
+        async def as_json() -> tuple[str, dict[str, Any]]:
+            async with session.post(
+                cached.url("/v1/chat/completions"), json={**body, "stream": False}, headers=auth
+            ) as response:
+                return response.headers["X-LLMGW-Cache"], await response.json()
+
+        _, answer = await eventually_hit(as_json)
+    message = answer["choices"][0]["message"]
+    assert message["reasoning_content"] == "Let me think."
+    assert b'"reasoning_content":"Let me' in streamed
+    assert b'"usage"' not in streamed  # the caller did not ask for it
+    assert answer["usage"]["total_tokens"] > 0
+
+
+async def test_two_replicas_on_one_redis_share_hits(start_gateway: Any) -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    one = await start_gateway(cache="redis", redis_url=REDIS_URL)
+    two = await start_gateway(cache="redis", redis_url=REDIS_URL)
+    key = await one.create_key()
+    headers, first = await _chat(one, key)
+    assert headers["x-llmgw-cache"] == "miss"
+
+    async def from_two() -> tuple[str, Any]:
+        headers, answer = await _chat(two, key)
+        return headers["x-llmgw-cache"], answer
+
+    _, again = await eventually_hit(from_two)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert len(one.fake.chats()) == 1
+
+
+async def test_a_hit_counts_against_the_request_rate(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    key = await gateway.create_key(rate_limit_requests=2, rate_limit_window_seconds=60)
+    await _chat(gateway, key)
+    headers, _ = await _chat(gateway, key)
+    assert headers["x-llmgw-cache"] == "hit"
+    async with gateway.client(key) as client:
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)  # type: ignore[arg-type]
+
+
+async def test_the_span_says_hit_or_miss_and_lookups_are_counted(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    key = await gateway.create_key()
+    await _chat(gateway, key)
+    await _chat(gateway, key)
+    spans = [
+        s
+        for s in gateway.telemetry.spans.get_finished_spans()
+        if "llmgw.cache.result" in s.attributes
+    ]
+    assert [s.attributes["llmgw.cache.result"] for s in spans] == ["miss", "hit"]
+    data = gateway.telemetry.metrics.get_metrics_data()
+    counted = {
+        m.name: {p.attributes.get("llmgw.cache.result"): p.value for p in m.data.data_points}
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name.startswith("llmgw.cache.")
+    }
+    assert counted["llmgw.cache.lookups"] == {"miss": 1, "hit": 1}
+    assert counted["llmgw.cache.bytes"][None] > 0
+
+
+async def test_the_cache_is_off_by_default(gateway: Gateway, api_key: str) -> None:
+    headers, _ = await _chat(gateway, api_key)
+    assert "x-llmgw-cache" not in headers
+
+
+async def test_a_tool_call_is_the_same_from_a_stored_stream(cached: Gateway) -> None:
+    cached.fake.tool_call = ("get_weather", '{"city": "Paris"}')
+    key = await cached.create_key()
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "parameters": {"type": "object"}},
+        }
+    ]
+    async with cached.client(key) as client:
+        stream = await client.chat.completions.create(
+            model="qwen3-5-9b",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            stream=True,
+        )
+        arguments, name, finish = "", "", None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                for call in choice.delta.tool_calls or ():
+                    name += (call.function and call.function.name) or ""
+                    arguments += (call.function and call.function.arguments) or ""
+                finish = choice.finish_reason or finish
+
+        async def as_json() -> tuple[str, Any]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="qwen3-5-9b",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                tools=tools,  # type: ignore[arg-type]
+            )
+            return raw.headers["x-llmgw-cache"], raw.parse()
+
+        _, answer = await eventually_hit(as_json)
+    (call,) = answer.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == (name, arguments) != ("", "")
+    assert answer.choices[0].finish_reason == finish == "tool_calls"
