@@ -1,5 +1,6 @@
 """Usage rows say when the response cache answered: ``cache_hit`` (no provider was paid, so
-``cost_usd`` is 0) and ``saved_cost_usd``, what the stored answer cost when it was fetched.
+``cost_usd`` is 0) and ``saved_cost_usd``, what the stored answer cost when it was fetched; the hourly rollup counts
+both, for the usage report and the console's overview.
 
 Revision ID: 0019
 Revises: 0015
@@ -25,8 +26,20 @@ def upgrade() -> None:
         sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     )
     op.add_column("usage_events", sa.Column("saved_cost_usd", sa.Numeric(30, 18), nullable=True))
+    op.add_column(
+        "usage_hourly",
+        sa.Column("cache_hits", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    )
+    op.add_column(
+        "usage_hourly",
+        sa.Column(
+            "saved_cost_usd", sa.Numeric(38, 18), nullable=False, server_default=sa.text("0")
+        ),
+    )
 
 
 def downgrade() -> None:
+    op.drop_column("usage_hourly", "saved_cost_usd")
+    op.drop_column("usage_hourly", "cache_hits")
     op.drop_column("usage_events", "saved_cost_usd")
     op.drop_column("usage_events", "cache_hit")

@@ -434,7 +434,16 @@ def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
     )
 
 
-REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
+REPORT_COLUMNS = (
+    "requests",
+    "errors",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "cost_diem",
+    "cache_hits",
+    "saved_cost_usd",
+)
 
 
 # A spreadsheet runs a cell that begins with one of these as a formula (OWASP "CSV injection").
