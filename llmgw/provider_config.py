@@ -381,6 +381,8 @@ class _Parser:
             if key not in known:
                 raise ConfigProblem(f"{where}.{key}", _unknown_key(key, kind, known))
         options = structure(_only(table, option_keys), plugin.options, where)
+        if "base_url" not in table and plugin.default_base_url is not None:
+            table = {**table, "base_url": plugin.default_base_url(options)}
         # The options in, not their default: a kind's options may have keys that are required.
         spec = structure({**_only(table, _PROVIDER_KEYS), "options": options}, ProviderSpec, where)
         declared = structure(_only(table, _CAPABILITY_KEYS), _CapabilityKeys, where)

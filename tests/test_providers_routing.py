@@ -514,7 +514,7 @@ def test_prefill_is_off_by_default_for_every_kind_and_can_be_declared(tmp_path: 
 
 VENICE_OK = provider("venice", "venice", "https://api.venice.ai/api/v1", "VENICE_API_KEY")
 BAD_FILES = [
-    (VENICE_OK + provider("x", "foo", "http://x/v1"), 'providers[1].kind: no provider kind "foo" is installed; installed kinds: "anthropic", "azure-openai", "openai-compatible", "venice"'),
+    (VENICE_OK + provider("x", "foo", "http://x/v1"), 'providers[1].kind: no provider kind "foo" is installed; installed kinds: "anthropic", "azure-openai", "bedrock", "gemini", "openai-compatible", "venice", "vertex"'),
     (VENICE_OK + provider("venice", "openai-compatible", "http://x/v1"), 'providers[1].name: "venice" is already used by providers[0]'),
     (VENICE_OK + alias("fast", "venice:a", "nope:b"), 'models[0].deployments[1]: unknown provider "nope"'),
     (VENICE_OK + alias("fast", "venice"), 'models[0].deployments[0]: expected "provider:model"'),

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import attrs
 from aiohttp import hdrs
+from aiohttp.typedefs import StrOrURL
 
 from llmgw.config_common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
@@ -361,7 +362,7 @@ class OpenAICompatibleProvider:
 
     async def _attempt(
         self,
-        url: str,
+        url: StrOrURL,
         call: UpstreamCall,
         headers: Mapping[str, str],
         answer_by: float,
