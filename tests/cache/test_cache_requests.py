@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
+from llmgw.storage import api_keys
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
-from tests.processes import eventually, free_port
+from tests.processes import clean_env, eventually, free_port
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
 
@@ -247,7 +250,7 @@ async def test_messages_both_forms_from_one_entry(cached: Gateway) -> None:
                 final = await stream.get_final_message()
                 return stream.response.headers["x-llmgw-cache"], final, final.usage
 
-        result, final, usage = await eventually_hit(streamed)
+        _, final, usage = await eventually_hit(streamed)
     assert final.content[0].text == message.content[0].text  # type: ignore[union-attr]
     assert final.stop_reason == message.stop_reason
     assert usage.output_tokens == message.usage.output_tokens
@@ -408,3 +411,72 @@ async def test_a_tool_call_is_the_same_from_a_stored_stream(cached: Gateway) -> 
     (call,) = answer.choices[0].message.tool_calls
     assert (call.function.name, call.function.arguments) == (name, arguments) != ("", "")
     assert answer.choices[0].finish_reason == finish == "tool_calls"
+
+
+async def test_a_stream_its_caller_left_is_not_stored(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    key = await gateway.create_key()
+    await gateway.hang_up_mid_stream(key)
+    await eventually(lambda: gateway.fake.cancelled_streams == 1)
+    headers, _ = await _chat(gateway, key)
+    assert headers["x-llmgw-cache"] == "miss"
+
+
+async def test_a_key_never_follows_another_keys_request_in_flight(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    owner, other = await gateway.create_key(), await gateway.create_key()
+    gateway.fake.enqueue(Behaviour(delay_before_headers=0.3))
+    (first, _), (second, _) = await asyncio.gather(_chat(gateway, owner), _chat(gateway, other))
+    assert first["x-llmgw-cache"] == second["x-llmgw-cache"] == "miss"
+    assert len(gateway.fake.chats()) == 2
+
+
+async def test_a_revoked_key_gets_no_hit(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    key = await gateway.create_key()
+    await _chat(gateway, key)
+    await api_keys.revoke_key(gateway.db, key)
+
+    async def refused() -> bool:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                gateway.url("/v1/chat/completions"),
+                json={"model": "qwen3-5-9b", "messages": MESSAGES},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response:
+                return response.status == 401 and "X-LLMGW-Cache" not in response.headers
+
+    await eventually(refused)
+
+
+async def test_embeddings_repeat_as_a_hit(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    key = await gateway.create_key()
+    async with gateway.client(key) as client:
+        for expected in ("miss", "hit"):
+            raw = await client.embeddings.with_raw_response.create(
+                model="text-embedding-qwen3-0-6b", input=["the quick brown fox"]
+            )
+            assert raw.headers["x-llmgw-cache"] == expected
+            assert raw.parse().data[0].embedding
+
+
+async def test_the_cli_clears_through_the_admin_api(start_gateway: Any) -> None:
+    token = "b" * 32
+    gateway: Gateway = await start_gateway(cache="memory", admin_token=token)
+    key = await gateway.create_key()
+    await _chat(gateway, key)
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmgw", "cache", "clear", "--url", gateway.url("/")],
+        env=clean_env(LLMGW_ADMIN_TOKEN=token),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "deleted 1 cached answers" in result.stdout
+    audit = await gateway.db.fetchval(
+        "SELECT count(*) FROM admin_audit WHERE action = 'cache.clear'"
+    )
+    assert audit >= 1
