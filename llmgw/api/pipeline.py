@@ -553,7 +553,9 @@ async def _from_cache(
     if lookup.follows is not None:
         if stream and await lookup.follows.first_event():
             headers["Age"] = "0"
-            return await _replay(exchange, lookup.follows, hide_usage_chunk, translator())
+            return await _replay(
+                exchange, operation, lookup.follows, hide_usage_chunk, translator()
+            )
         if not stream:
             entry = await lookup.follows.answer()
         if entry is None:
@@ -567,7 +569,7 @@ async def _from_cache(
         return None
     headers["Age"] = str(int(lookup.age))
     if stream:
-        return await _replay(exchange, entry, hide_usage_chunk, translator())
+        return await _replay(exchange, operation, entry, hide_usage_chunk, translator())
     try:
         body = entry.json_body()
         if operation.codec is not None:
@@ -597,6 +599,7 @@ async def _followed(flight: Flight) -> AsyncIterator[bytes]:
 
 async def _replay(
     exchange: Exchange,
+    operation: Operation,
     answer: Entry | Flight,
     hide_usage_chunk: bool,
     translator: StreamTranslator | None,
@@ -608,7 +611,11 @@ async def _replay(
     cancelled = False
     try:
         response, failed = await replay_stream(
-            exchange.request, events, hide_usage_chunk=hide_usage_chunk, translator=translator
+            exchange.request,
+            events,
+            hide_usage_chunk=hide_usage_chunk,
+            translator=translator,
+            error_event=operation.stream_error_event,
         )
         return response
     except (asyncio.CancelledError, ConnectionResetError):

@@ -5,7 +5,7 @@ another API's events; the usage chunk hidden from a caller who did not ask for i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 
 import orjson
 from aiohttp import web
@@ -26,6 +26,7 @@ async def replay_stream(
     *,
     hide_usage_chunk: bool,
     translator: StreamTranslator | None,
+    error_event: Callable[[GatewayError], bytes] = sse_error_event,
 ) -> tuple[web.StreamResponse, GatewayError | None]:
     """Send ``events`` (no ``[DONE]``) as they come; a GatewayError they raise ends the stream
     with the API's error event, and is returned with the response."""
@@ -42,7 +43,7 @@ async def replay_stream(
     except GatewayError as error:
         with contextlib.suppress(ConnectionResetError):
             await response.write(
-                sse_error_event(error) if translator is None else translator.error(error)
+                error_event(error) if translator is None else translator.error(error)
             )
         return response, error
     return response, None
