@@ -6,16 +6,18 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
+from llmgw.clocks import Clocks
 from llmgw.storage import api_keys
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
-from tests.processes import clean_env, eventually, free_port
+from tests.processes import Clock, clean_env, eventually, free_port
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
 
@@ -480,3 +482,20 @@ async def test_the_cli_clears_through_the_admin_api(start_gateway: Any) -> None:
         "SELECT count(*) FROM admin_audit WHERE action = 'cache.clear'"
     )
     assert audit >= 1
+
+
+async def test_the_callers_ttl_max_age_and_age_through_the_gateway(start_gateway: Any) -> None:
+    clock = Clock(time.time())
+    gateway: Gateway = await start_gateway(cache="memory", clocks=Clocks(wall=clock))
+    key = await gateway.create_key()
+    headers, _ = await _chat(gateway, key, **{"X-LLMGW-Cache-TTL": "10"})
+    assert headers["x-llmgw-cache"] == "miss"
+    clock.now += 5
+    headers, _ = await _chat(gateway, key)
+    assert (headers["x-llmgw-cache"], headers["age"]) == ("hit", "5")
+    headers, _ = await _chat(gateway, key, **{"Cache-Control": "max-age=4"})
+    assert headers["x-llmgw-cache"] == "miss"  # and stored again, for the default hour
+    clock.now += 11
+    headers, _ = await _chat(gateway, key)
+    assert (headers["x-llmgw-cache"], headers["age"]) == ("hit", "11")
+    assert len(gateway.fake.chats()) == 2
