@@ -499,3 +499,23 @@ async def test_the_callers_ttl_max_age_and_age_through_the_gateway(start_gateway
     headers, _ = await _chat(gateway, key)
     assert (headers["x-llmgw-cache"], headers["age"]) == ("hit", "11")
     assert len(gateway.fake.chats()) == 2
+
+
+async def test_a_streamed_follower_gets_events_as_they_arrive(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory")
+    key = await gateway.create_key()
+    gateway.fake.enqueue(Behaviour(chunk_delay=0.2))
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True}
+    auth = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as session:
+        leader = await session.post(gateway.url("/v1/chat/completions"), json=body, headers=auth)
+        await leader.content.readline()  # the leader's stream has begun
+        follower = await session.post(gateway.url("/v1/chat/completions"), json=body, headers=auth)
+        assert follower.headers["X-LLMGW-Cache"] == "hit"
+        first = await follower.content.readline()
+        assert first.startswith(b"data: {")
+        assert gateway.fake.completed_streams == 0  # the leader's answer is still coming
+        rest = await follower.read()
+        whole = await leader.read()
+    assert rest.endswith(b"data: [DONE]\n\n") and whole.endswith(b"data: [DONE]\n\n")
+    assert len(gateway.fake.chats()) == 1
