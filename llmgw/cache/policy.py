@@ -46,8 +46,8 @@ class Lookup:
     follows: Flight | None = None  # a follower: the leader's flight
     leads: Flight | None = None  # the leader: the flight it publishes to
     ttl: float = 0.0  # 0: the answer is not stored
+    # The streamed answer's events, held while it lasts (its size is checked when it is stored).
     events: list[bytes] = attrs.Factory(list)
-    size: int = 0
     complete: bool = False
     spoiled: bool = False
 
@@ -56,7 +56,6 @@ class Lookup:
         if self.spoiled:
             return
         self.events.append(event)
-        self.size += len(event)
         if self.leads is not None:
             self.leads.publish(event)
 
