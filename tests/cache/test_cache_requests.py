@@ -13,6 +13,7 @@ import aiohttp
 import openai
 import pytest
 
+from llmgw.auth.keys import key_prefix
 from llmgw.clocks import Clocks
 from llmgw.storage import api_keys
 from tests.conftest import Gateway
@@ -519,3 +520,29 @@ async def test_a_streamed_follower_gets_events_as_they_arrive(start_gateway: Any
         whole = await leader.read()
     assert rest.endswith(b"data: [DONE]\n\n") and whole.endswith(b"data: [DONE]\n\n")
     assert len(gateway.fake.chats()) == 1
+
+
+async def test_the_cli_clears_a_redis_cache_itself(start_gateway: Any, database_url: str) -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    gateway: Gateway = await start_gateway(cache="redis", redis_url=REDIS_URL)
+    key = await gateway.create_key()
+    await _chat(gateway, key)
+    await _stored(gateway, key)
+    key_id = await gateway.db.fetchval("SELECT id FROM api_keys WHERE prefix = $1", key_prefix(key))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmgw", "cache", "clear", "--key-id", str(key_id)],
+        env=clean_env(LLMGW_CACHE="redis", REDIS_URL=REDIS_URL, DATABASE_URL=database_url),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "deleted 1 cached answers" in result.stdout
+    headers, _ = await _chat(gateway, key)
+    assert headers["x-llmgw-cache"] == "miss"
+    assert await gateway.db.fetchval(
+        "SELECT count(*) FROM admin_audit WHERE action = 'cache.clear' AND target = $1",
+        str(key_id),
+    )
