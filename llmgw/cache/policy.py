@@ -126,7 +126,12 @@ class ResponseCache:
     ) -> Lookup:
         """Read the cache for a request (counted by result); a miss leads its flight, which
         the caller must end with :meth:`settle` or :meth:`abandon`."""
-        lookup = await self._lookup(api, model, body, key_id, subject_id, controls)
+        try:
+            lookup = await self._lookup(api, model, body, key_id, subject_id, controls)
+        except Exception:
+            # The cache's own failure never fails a request: it goes to the provider.
+            log.exception("the response cache could not look a request up; bypassed")
+            lookup = _BYPASS
         self.counted(lookup.result)
         return lookup
 

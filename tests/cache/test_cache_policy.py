@@ -313,3 +313,15 @@ def test_a_json_answer_and_its_stream_are_the_same_answer() -> None:
     assert again["usage"] == original["usage"]
     assert decode_entry(encode_entry(entry)) == entry
     assert decode_entry(b"not an entry") is None
+
+
+async def test_a_failing_lookup_is_a_bypass(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(MemoryCacheStore):
+        async def get(self, key: object) -> bytes | None:  # type: ignore[override]
+            raise RuntimeError("a bug")
+
+    clock = Clock()
+    cache = _cache(Broken(max_bytes=1024, clock=clock), clock)
+    with caplog.at_level(logging.ERROR, logger="llmgw.cache.policy"):
+        assert (await _lookup(cache)).result == BYPASS  # type: ignore[attr-defined]
+    assert "bypassed" in caplog.text
