@@ -7,6 +7,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -18,6 +19,7 @@ from llmgw.cache.entry import Entry, assemble_completion, decode_entry, encode_e
 from llmgw.cache.key import cache_key, cacheable, scope_of
 from llmgw.cache.policy import BYPASS, HIT, MISS, AliasCache, ResponseCache
 from llmgw.cache.store import CacheStore, MemoryCacheStore
+from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 from tests.processes import Clock, free_port
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
@@ -325,3 +327,20 @@ async def test_a_failing_lookup_is_a_bypass(caplog: pytest.LogCaptureFixture) ->
     with caplog.at_level(logging.ERROR, logger="llmgw.cache.policy"):
         assert (await _lookup(cache)).result == BYPASS  # type: ignore[attr-defined]
     assert "bypassed" in caplog.text
+
+
+def test_an_alias_says_cache_false_or_its_own_ttl_in_the_providers_file(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9"\n'
+        '[[models]]\nalias = "private"\ndeployments = ["local:m"]\ncache = false\n'
+        '[[models]]\nalias = "short"\ndeployments = ["local:m"]\ncache_ttl_seconds = 60\n'
+        '[[models]]\nalias = "plain"\ndeployments = ["local:m"]\n'
+    )
+    aliases = {a.alias: a for a in load_provider_config(path, {}).model_aliases}
+    assert (aliases["private"].cache, aliases["private"].cache_ttl_seconds) == (False, None)
+    assert (aliases["short"].cache, aliases["short"].cache_ttl_seconds) == (True, 60)
+    assert (aliases["plain"].cache, aliases["plain"].cache_ttl_seconds) == (True, None)
+    path.write_text(path.read_text().replace("= 60", "= 0"))
+    with pytest.raises(ProviderConfigError, match="cache_ttl_seconds"):
+        load_provider_config(path, {})

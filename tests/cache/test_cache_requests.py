@@ -15,6 +15,7 @@ import pytest
 
 from llmgw.auth.keys import key_prefix
 from llmgw.clocks import Clocks
+from llmgw.config.providers_file import DeploymentSpec, ModelAlias
 from llmgw.storage import api_keys
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
@@ -546,3 +547,17 @@ async def test_the_cli_clears_a_redis_cache_itself(start_gateway: Any, database_
         "SELECT count(*) FROM admin_audit WHERE action = 'cache.clear' AND target = $1",
         str(key_id),
     )
+
+
+async def test_an_alias_with_the_cache_off_is_a_bypass(start_gateway: Any) -> None:
+    private = ModelAlias("private", (DeploymentSpec("venice", "qwen3-5-9b"),), cache=False)
+    gateway: Gateway = await start_gateway(cache="memory", model_aliases=(private,))
+    key = await gateway.create_key()
+    async with gateway.client(key) as client:
+        for _ in range(2):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="private",
+                messages=MESSAGES,  # type: ignore[arg-type]
+            )
+            assert raw.headers["x-llmgw-cache"] == "bypass"
+    assert len(gateway.fake.chats()) == 2
