@@ -211,7 +211,10 @@ def create_app(
         refusals.close()  # the repeats counted so far, before the process ends
 
     cache = build_cache(
-        settings, clock=clocks.wall, meter_provider=telemetry.providers.meter_provider
+        settings,
+        clock=clocks.wall,
+        meter=telemetry.providers.local_meter,
+        meter_provider=telemetry.providers.meter_provider,
     )
     if cache is not None:
         app[app_keys.CACHE] = cache

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from opentelemetry import metrics
 
 from llmgw import __version__
-from llmgw.cache.policy import AliasCache, ResponseCache
+from llmgw.cache.policy import AliasCache, CounterMeter, ResponseCache
 from llmgw.cache.store import CacheStore, MemoryCacheStore
 from llmgw.config import Settings
 
@@ -15,11 +15,16 @@ __all__ = ["build_cache"]
 
 
 def build_cache(
-    settings: Settings, *, clock: Callable[[], float], meter_provider: metrics.MeterProvider
+    settings: Settings,
+    *,
+    clock: Callable[[], float],
+    meter: CounterMeter,
+    meter_provider: metrics.MeterProvider,
 ) -> ResponseCache | None:
+    """``meter`` makes the counters (the gateway's own, cheap per point), ``meter_provider`` the
+    gauge of bytes held (read only when a reader collects)."""
     if settings.cache == "off":
         return None
-    meter = meter_provider.get_meter("llmgw", __version__)
     evicted: list[Callable[[int], None]] = []
     store: CacheStore
     if settings.cache == "redis":
@@ -44,6 +49,7 @@ def build_cache(
             for alias in settings.model_aliases
         },
         meter=meter,
+        gauges=meter_provider.get_meter("llmgw", __version__),
     )
     evicted.append(cache.evictions.add)
     return cache
