@@ -37,6 +37,7 @@ from llmgw.admin.schemas import (
 )
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import parse_json
+from llmgw.cache.store import CacheUnavailable
 from llmgw.errors import (
     AuthenticationFailed,
     Conflict,
@@ -496,6 +497,34 @@ async def _may_read_usage(
     raise Forbidden("Name the team_id of a team you administer, or the key_id of a key of yours.")
 
 
+async def clear_cache(request: web.Request) -> web.Response:
+    """Delete response-cache entries: all, or those stored by ``key_id`` or for ``model``."""
+    _may(request, Action.CACHE_CLEAR)
+    query = request.query
+    key_id = query.get("key_id")
+    if key_id is not None:
+        key_id = str(_uuid(key_id, "key_id"))
+    model = query.get("model")
+    if model is not None and (not model or len(model) > 1000):
+        raise InvalidRequest("model must be a model name.", param="model")
+    cache = request.config_dict.get(app_keys.CACHE)
+    deleted = 0
+    if cache is not None:
+        try:
+            deleted = await cache.clear(key_id=key_id, model=model)
+        except CacheUnavailable:
+            raise ServiceUnavailable("The response cache's Redis did not answer.") from None
+    async with _transaction(request) as connection:
+        await _audit(
+            connection,
+            request,
+            "cache.clear",
+            key_id or model or "*",
+            after={"key_id": key_id, "model": model, "deleted": deleted},
+        )
+    return _json({"deleted": deleted})
+
+
 def _page_size(query: Any) -> int:
     try:
         limit = int(query.get("limit", "50"))
@@ -589,7 +618,16 @@ def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
     )
 
 
-REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
+REPORT_COLUMNS = (
+    "requests",
+    "errors",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "cost_diem",
+    "cache_hits",
+    "saved_cost_usd",
+)
 
 
 # A spreadsheet runs a cell that begins with one of these as a formula (OWASP "CSV injection").
@@ -774,6 +812,13 @@ def admin_routes() -> tuple[Route, ...]:
             "adminUsageReport",
             "Usage by day, model, key, subject or team, as JSON or CSV (format=csv).",
             content={**_OBJECT, "text/csv": {"type": "string"}},
+        ),
+        _admin(
+            "DELETE",
+            "/cache",
+            clear_cache,
+            "adminClearCache",
+            "Delete response-cache entries (all, or ?key_id= / ?model=); answers {deleted: N}.",
         ),
         _admin("GET", "/overview", overview, "adminOverview", "The console's overview."),
         _admin("GET", "/routes", routes, "adminRoutes", "Providers and model routing."),

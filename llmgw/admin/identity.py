@@ -48,6 +48,7 @@ class Action(enum.Enum):
     OVERVIEW_READ = "overview.read"
     ROUTES_READ = "routes.read"
     SESSIONS_REVOKE = "sessions.revoke"
+    CACHE_CLEAR = "cache.clear"
 
 
 @attrs.frozen

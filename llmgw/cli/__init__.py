@@ -1,5 +1,5 @@
 """The ``llmgw`` command line: serve, keys, db, usage, budgets, teams, responses, routes,
-providers and smoke. Parsing only."""
+providers, cache and smoke. Parsing only."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from llmgw import __version__
 from llmgw.cli import (
     budgets,
+    cache,
     db,
     keys,
     providers,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     responses.register(commands)
     routes.register(commands)
     providers.register(commands)
+    cache.register(commands)
     return parser
 
 

@@ -58,6 +58,7 @@ TABLE: list[tuple[Action, Target | None, tuple[int, int, int, int]]] = [
     (Action.OVERVIEW_READ, None, (OK, NO, NO, NO)),
     (Action.ROUTES_READ, None, (OK, NO, NO, NO)),
     (Action.SESSIONS_REVOKE, None, (OK, NO, NO, NO)),
+    (Action.CACHE_CLEAR, None, (OK, NO, NO, NO)),
 ]
 
 
@@ -176,6 +177,7 @@ async def test_the_role_table_through_the_console(
             ("GET", "/subjects", None): (200, 403, 403),
             ("GET", "/overview", None): (200, 403, 403),
             ("GET", "/routes", None): (200, 403, 403),
+            ("DELETE", "/cache", None): (200, 403, 403),
             ("DELETE", "/console/sessions", None): (200, 403, 403),
         }
         bodies = {

@@ -6,8 +6,8 @@ identity (person and role) of a single sign-on; ``console_oidc_logins`` holds si
 A change to a team is announced on the key channel for each of its keys, as a subject's is, so every
 replica drops the cached keys (and the team limits read with them) at once.
 
-Revision ID: 0018
-Revises: 0015
+Revision ID: 0020
+Revises: 0019
 Create Date: 2026-12-04
 """
 
@@ -18,8 +18,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, UUID
 
 from alembic import op
 
-revision = "0018"
-down_revision = "0015"
+revision = "0020"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
@@ -28,7 +28,7 @@ _NOTIFY_COLUMNS_0005 = (
     "rate_limit_window_seconds, expires_at, allowed_models, tokens_per_minute, "
     "max_concurrent_requests"
 )
-_NOTIFY_COLUMNS_0018 = _NOTIFY_COLUMNS_0005 + ", team_id"
+_NOTIFY_COLUMNS_0020 = _NOTIFY_COLUMNS_0005 + ", team_id"
 
 _TEAM_NOTIFY = """
 CREATE FUNCTION llmgw_notify_team_change() RETURNS trigger
@@ -103,7 +103,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_api_keys_team_id", "api_keys", ["team_id"])
     op.add_column("api_keys", sa.Column("owner", sa.Text(), nullable=True))
-    _notify_trigger(_NOTIFY_COLUMNS_0018)
+    _notify_trigger(_NOTIFY_COLUMNS_0020)
     op.add_column("console_sessions", sa.Column("identity", JSONB(), nullable=True))
     op.create_table(
         "console_oidc_logins",
