@@ -15,10 +15,11 @@ requests' worth, under a lease id of its own) and admits from its slices in memo
   rate of use (never more than two slices early);
 - slices live under a lease: a killed replica's unused slices come back when the lease expires
   (``slice_seconds``; renewed while the replica lives). The request window is also a counter here
-  (``window:<key>:<seconds>:<start>``) whose slices last until the window ends: a hit, once used,
-  must not come back within its window;
+  (``window:<key>:<seconds>:<start>``): a hit, once admitted, must not come back within its window,
+  so what a window slice admitted is reported to the store as *used* every tick (the lease keeps
+  the rest) and only the rest comes back when the lease expires;
 - usage is pushed to the store in the background (off the request path) every tick: a slice whose
-  amount is used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
+  amount is used up is settled at its amount, a window slice's hits are reported as used, and idle replicas (nothing admitted since the last tick) and
   contended counters (a slice was refused) give their unused slices back; ``close`` gives back
   everything that is not in use;
 - fail closed: when a round trip to the store fails, nothing is admitted locally until one works
@@ -56,9 +57,6 @@ __all__ = ["LeasedLimitStore"]
 log = logging.getLogger(__name__)
 
 _WINDOW = "window"
-# A window slice outlives its window by this much: its counter is named after the window, so a
-# slice that lasts a little longer holds nothing anyone else could use.
-_WINDOW_MARGIN_SECONDS = 5.0
 
 
 def _is_window(counter: str) -> bool:
@@ -78,7 +76,6 @@ class _Part:
 
     amount: float
     deadline: float
-    renewable: bool
 
 
 @attrs.define(slots=True)
@@ -108,6 +105,12 @@ class _Pool:
         # Summed again, not subtracted: float sums must not leave a crumb behind.
         self.granted = sum(part.amount for part in self.parts.values()) if self.parts else 0.0
         self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
+
+    def shrink(self, lease_id: uuid.UUID, amount: float) -> None:
+        """``amount`` of a part was reported used: it is the store's now, no longer this pool's."""
+        self.parts[lease_id].amount -= amount
+        self.consumed -= amount
+        self.granted = sum(part.amount for part in self.parts.values())
 
     def renewed(self) -> None:
         self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
@@ -159,6 +162,7 @@ class LeasedLimitStore:
         self._requests: dict[uuid.UUID, dict[str, float]] = {}  # what each request holds
         self._cancels: list[tuple[uuid.UUID, tuple[str, ...]]] = []  # slices cut off in flight
         self._unsent: list[Charge] = []  # slices settled here, not yet in the store
+        self._using: list[Charge] = []  # window slices' hits, not yet reported used
         self._refilling: dict[tuple[str, ...], asyncio.Lock] = {}
         self._pushing = asyncio.Lock()
         self._down = False
@@ -234,12 +238,12 @@ class LeasedLimitStore:
             names = tuple(sorted(r.counter for r in wanted))
             lock = self._refilling.setdefault(names, asyncio.Lock())
             async with lock:
-                refused = await self._refill(wanted, reset)
+                refused = await self._refill(wanted)
             pools = [self._pool(r) for r in wanted]  # a push meanwhile may have dropped some
         if refused is None:
             self._take(admission.lease_id, wanted, pools)
             if not self._down and _low(wanted, pools, now, self._lead):
-                self._prefetch(wanted, reset)
+                self._prefetch(wanted)
         decision = None
         if window is not None:
             window_pool = pools[-1]
@@ -272,24 +276,22 @@ class LeasedLimitStore:
         if taken:
             self._requests[lease_id] = taken
 
-    async def _refill(self, wanted: Sequence[Reservation], reset: float) -> Reservation | None:
-        """Take slices until the request fits (None) or the store refuses what it lacks;
-        ``reset``: seconds until the request's window ends."""
+    async def _refill(self, wanted: Sequence[Reservation]) -> Reservation | None:
+        """Take slices until the request fits (None) or the store refuses what it lacks."""
         while True:
             now = self._clock()
             short = [r for r in wanted if self._down or self._pool(r).free(now) < r.amount]
             if not short:
                 return None
-            refused = await self._take_slices(short, wanted, reset)
+            refused = await self._take_slices(short, wanted)
             if refused is not None:
                 return refused
 
     async def _take_slices(
-        self, short: Sequence[Reservation], wanted: Sequence[Reservation], reset: float
+        self, short: Sequence[Reservation], wanted: Sequence[Reservation]
     ) -> Reservation | None:
         now = self._clock()
-        # Window slices last until their window ends, the others until their lease does.
-        groups: dict[float, list[Reservation]] = {}
+        slices = []
         for reservation in short:
             pool = self._pool(reservation)
             lacking = max(0.0, reservation.amount - pool.free(now))
@@ -302,22 +304,10 @@ class LeasedLimitStore:
             if pool.rate * self._lead <= whole / 2:
                 whole -= pool.free(now)
             amount = min(max(lacking, whole), pool.cap)
-            seconds = self._slice_seconds
-            if _is_window(reservation.counter):
-                seconds = reset + _WINDOW_MARGIN_SECONDS
-            groups.setdefault(seconds, []).append(
-                attrs.evolve(reservation, amount=max(amount, lacking))
-            )
-        if len(groups) == 1:  # the usual refill: no task to start
-            [(seconds, slices)] = groups.items()
-            return await self._take_slice(seconds, slices, wanted)
-        # At once, not one after the other: a request waiting for both waits for one round trip.
-        results = await asyncio.gather(
-            *(self._take_slice(seconds, slices, wanted) for seconds, slices in groups.items())
-        )
-        return next((refused for refused in results if refused is not None), None)
+            slices.append(attrs.evolve(reservation, amount=max(amount, lacking)))
+        return await self._take_slice(slices, wanted)
 
-    def _prefetch(self, wanted: Sequence[Reservation], reset: float) -> None:
+    def _prefetch(self, wanted: Sequence[Reservation]) -> None:
         """Take the next slices in the background before these run out, so that admissions do
         not wait for the round trip (unless one is already under way)."""
         names = tuple(sorted(r.counter for r in wanted))
@@ -335,14 +325,14 @@ class LeasedLimitStore:
                 if low:
                     # Once, not until it is enough: near a cap a refusal only shrinks the next.
                     with contextlib.suppress(ServiceUnavailable):
-                        await self._take_slices(low, wanted, reset)
+                        await self._take_slices(low, wanted)
 
         task = asyncio.create_task(prefetching(), name="llmgw-limits-slices-prefetch")
         self._prefetches.add(task)
         task.add_done_callback(self._prefetches.discard)
 
     async def _take_slice(
-        self, seconds: float, slices: list[Reservation], wanted: Sequence[Reservation]
+        self, slices: list[Reservation], wanted: Sequence[Reservation]
     ) -> Reservation | None:
         """One store admission for these slices; the request's refused reservation, if at its
         minimum the store still refuses."""
@@ -350,7 +340,9 @@ class LeasedLimitStore:
         counters = tuple(r.counter for r in slices)
         sent = self._clock()
         try:
-            result = await self.store.admit(Admission(lease_id, seconds, None, tuple(slices)))
+            result = await self.store.admit(
+                Admission(lease_id, self._slice_seconds, None, tuple(slices))
+            )
         except BaseException as exc:
             # Cut off: the store may still grant it, so it is taken back in the background.
             self._cancels.append((lease_id, counters))
@@ -364,10 +356,7 @@ class LeasedLimitStore:
         if result.refused is None:
             for reservation in slices:
                 pool = self._pool(reservation)
-                pool.add(
-                    lease_id,
-                    _Part(reservation.amount, sent + seconds, not _is_window(reservation.counter)),
-                )
+                pool.add(lease_id, _Part(reservation.amount, sent + self._slice_seconds))
                 pool.size = min(self._max_size, pool.size * 2)
             return None
         request = next(r for r in wanted if r.counter == result.refused.counter)
@@ -407,6 +396,19 @@ class LeasedLimitStore:
         if contended:
             self._wake.set()
 
+    async def use(self, charges: Sequence[Charge]) -> None:
+        """Use part of what requests took, locally; it reaches the store as their slices' use."""
+        for charge in charges:
+            taken = self._requests.get(charge.lease_id, {})
+            moved = min(taken.get(charge.counter, 0.0), charge.actual)
+            if charge.counter in taken:
+                taken[charge.counter] -= moved
+            pool = self._pools.get(charge.counter)
+            if pool is not None:
+                pool.in_use = max(0.0, pool.in_use - moved)
+                pool.consumed += charge.actual
+                pool.used += charge.actual
+
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
     ) -> None:
@@ -423,9 +425,10 @@ class LeasedLimitStore:
                     pool.in_use = max(0.0, pool.in_use - amount)
 
     async def push(self, *, give_back: bool = False) -> None:
-        """One round trip: settle used-up slices at their amount, give back unused slices of
-        idle or contended counters (all of them with ``give_back``), and take back slices cut off
-        in flight. Raises ServiceUnavailable if the store cannot be reached."""
+        """Settle used-up slices at their amount, give back unused slices of idle or contended
+        counters (all of them with ``give_back``), report what window slices admitted, and take
+        back slices cut off in flight (a round trip for each that has anything to send). Raises
+        ServiceUnavailable if the store cannot be reached."""
         async with self._pushing:
             now = self._clock()
             for name, pool in self._pools.items():
@@ -443,11 +446,22 @@ class LeasedLimitStore:
                     pool.remove(lease_id)
                     pool.consumed -= actual
                     self._unsent.append(Charge(lease_id, name, actual))
-            cancels, charges = self._cancels.copy(), self._unsent.copy()
+                if _is_window(name) and pool.consumed > 0 and pool.parts:
+                    # Hits are used once admitted: reported, so that should this replica die
+                    # the store gives back only the rest of the slice when its lease expires.
+                    lease_id = max(pool.parts, key=lambda held: pool.parts[held].amount)
+                    hits = min(pool.consumed, pool.parts[lease_id].amount)
+                    self._using.append(Charge(lease_id, name, hits))
+                    pool.shrink(lease_id, hits)
+            cancels, charges, using = self._cancels.copy(), self._unsent.copy(), self._using.copy()
             try:
                 if cancels:
                     await self.store.cancel(cancels, self._slice_seconds * 10)
                     del self._cancels[: len(cancels)]
+                if using:
+                    # Sent again if this fails, as settlements are.
+                    await self.store.use(using)
+                    del self._using[: len(using)]
                 if charges:
                     # Sent again if this fails: a slice settled twice only charges its use
                     # twice, which refuses a little early but never admits past a cap.
@@ -491,9 +505,8 @@ class LeasedLimitStore:
     async def _renew(self) -> None:
         by_lease: dict[uuid.UUID, list[str]] = {}
         for name, pool in self._pools.items():
-            for lease_id, part in pool.parts.items():
-                if part.renewable:
-                    by_lease.setdefault(lease_id, []).append(name)
+            for lease_id in pool.parts:
+                by_lease.setdefault(lease_id, []).append(name)
         sent = self._clock()
         if by_lease:
             try:

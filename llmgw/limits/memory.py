@@ -125,6 +125,18 @@ class MemoryLimitStore:
                 counter.reserved = max(0.0, counter.reserved - lease[0])
             counter.used += charge.actual
 
+    async def use(self, charges: Sequence[Charge]) -> None:
+        for charge in charges:
+            counter = self._counters.get(charge.counter)
+            if counter is None:
+                continue
+            lease = counter.leases.get(charge.lease_id)
+            if lease is not None:
+                moved = min(lease[0], charge.actual)
+                counter.leases[charge.lease_id] = (lease[0] - moved, lease[1])
+                counter.reserved = max(0.0, counter.reserved - moved)
+            counter.used += charge.actual
+
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
     ) -> None:

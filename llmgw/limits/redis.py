@@ -157,6 +157,27 @@ return 0
 """
 )
 
+# KEYS: counters; ARGV: per counter, the lease id and the amount used (moved from the lease to
+# ``used``; the lease keeps the rest).
+_USE = (
+    _PRELUDE
+    + """
+for i = 1, #KEYS do
+    local counter, lease, actual = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+    if redis.call('EXISTS', counter) == 1 then
+        local given = redis.call('HGET', counter .. ':a', lease)
+        if given then
+            local moved = math.min(tonumber(given), actual)
+            redis.call('HSET', counter .. ':a', lease, tostring(tonumber(given) - moved))
+            redis.call('HINCRBYFLOAT', counter, 'reserved', -moved)
+        end
+        redis.call('HINCRBYFLOAT', counter, 'used', actual)
+    end
+end
+return 0
+"""
+)
+
 # KEYS: counters; ARGV[1]: seconds; ARGV[2..]: the lease id for each counter.
 _RENEW = (
     _PRELUDE
@@ -234,6 +255,7 @@ class RedisLimitStore:
         self._hit: Any = self._client.register_script(_HIT)
         self._admit: Any = self._client.register_script(_ADMIT)
         self._settle: Any = self._client.register_script(_SETTLE)
+        self._use: Any = self._client.register_script(_USE)
         self._renew: Any = self._client.register_script(_RENEW)
         self._cancel: Any = self._client.register_script(_CANCEL)
         self._usage: Any = self._client.register_script(_USAGE)
@@ -308,6 +330,12 @@ class RedisLimitStore:
     async def settle(self, charges: Sequence[Charge]) -> None:
         with self._reachability.errors():
             await self._settle(
+                keys=[self._counter(c.counter) for c in charges], args=self._settle_args(charges)
+            )
+
+    async def use(self, charges: Sequence[Charge]) -> None:
+        with self._reachability.errors():
+            await self._use(
                 keys=[self._counter(c.counter) for c in charges], args=self._settle_args(charges)
             )
 

@@ -134,15 +134,21 @@ async def test_a_killed_replicas_slice_comes_back_after_its_lease_never_twice() 
     assert await admitted(survivor, slot) == reserved  # its whole slice, not more
 
 
-async def test_a_killed_replicas_window_hits_stay_counted_in_their_window() -> None:
+async def test_a_killed_replicas_window_hits_stay_counted_and_its_unused_slice_comes_back() -> None:
     clock = Clock()
     store = MemoryLimitStore(clock=clock)
     window = Window(uuid.uuid4(), limit=10, seconds=60)
     killed, survivor = replica(store, clock), replica(store, clock)
     for _ in range(4):
         assert (await killed.hit(window)).allowed
+    await killed.push()  # its tick reports the 4 hits used; then it is killed, holding the rest
+    [counter] = [name for name in store._counters if name.startswith("window:")]
+    used, held = await store.usage(counter)
+    assert (used, held > 0) == (4, True)
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == 6 - held
+    await survivor.push()  # its own hits too (it lives: its ticks report them)
     clock.now += LEASE + 0.1  # a lease later, still the same window
-    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) <= 6
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == held  # not 0
     clock.now += 60  # the next window
     assert sum([(await survivor.hit(window)).allowed for _ in range(12)]) == 10
 

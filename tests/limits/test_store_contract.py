@@ -207,6 +207,34 @@ async def test_an_unsettled_lease_expires(store: LimitStore) -> None:
     await eventually(admitted, within=5, what="the lease expired")
 
 
+async def test_what_was_used_of_a_lease_stays_used_when_it_expires(store: LimitStore) -> None:
+    counter = f"window:{uuid.uuid4()}:60:0"
+    held = admission(counter, 10.0, 8.0, lease_seconds=0.3)
+    assert (await store.admit(held)).admitted
+    await store.use([Charge(held.lease_id, counter, 3.0)])
+    assert await store.usage(counter) == (3.0, 5.0)
+    assert not (await store.admit(admission(counter, 10.0, 3.0))).admitted  # still held
+
+    async def rest_given_back() -> bool:
+        return await store.usage(counter) == (3.0, 0.0)
+
+    await eventually(rest_given_back, within=5, what="the unused part of the lease came back")
+    assert (await store.admit(admission(counter, 10.0, 7.0))).admitted
+    assert not (await store.admit(admission(counter, 10.0, 1.0))).admitted
+
+
+async def test_using_then_settling_a_lease_charges_both(store: LimitStore) -> None:
+    counter = f"window:{uuid.uuid4()}:60:0"
+    held = admission(counter, 10.0, 8.0)
+    assert (await store.admit(held)).admitted
+    await store.use([Charge(held.lease_id, counter, 2.0)])
+    await store.use([Charge(held.lease_id, counter, 1.0)])
+    await store.settle([Charge(held.lease_id, counter, 4.0)])
+    assert await store.usage(counter) == (7.0, 0.0)
+    await store.use([Charge(held.lease_id, counter, 1.0)])  # the lease is gone: charged anyway
+    assert await store.usage(counter) == (8.0, 0.0)
+
+
 async def test_a_renewed_lease_does_not_expire(store: LimitStore) -> None:
     counter, alongside = f"concurrency:{uuid.uuid4()}", f"concurrency:{uuid.uuid4()}"
     held = admission(counter, 1.0, 1.0, lease_seconds=0.3)
