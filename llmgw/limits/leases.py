@@ -175,7 +175,8 @@ class LeasedLimitStore:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[None]] = set()
-        self._prefetching: set[tuple[str, ...]] = set()  # started, not yet holding their lock
+        self._prefetching: set[tuple[str, ...]] = set()  # prefetches under way
+        self._starving: dict[tuple[str, ...], int] = {}  # admissions waiting for a refill
         self._closing = False
 
     # Lifecycle --------------------------------------------------------------------------------
@@ -237,8 +238,14 @@ class LeasedLimitStore:
         if self._down or not _fits(wanted, pools, now):
             names = tuple(sorted(r.counter for r in wanted))
             lock = self._refilling.setdefault(names, asyncio.Lock())
-            async with lock:
-                refused = await self._refill(wanted)
+            self._starving[names] = self._starving.get(names, 0) + 1
+            try:
+                async with lock:
+                    refused = await self._refill(wanted, names)
+            finally:
+                self._starving[names] -= 1
+                if not self._starving[names]:
+                    del self._starving[names]
             pools = [self._pool(r) for r in wanted]  # a push meanwhile may have dropped some
         if refused is None:
             self._take(admission.lease_id, wanted, pools)
@@ -276,26 +283,33 @@ class LeasedLimitStore:
         if taken:
             self._requests[lease_id] = taken
 
-    async def _refill(self, wanted: Sequence[Reservation]) -> Reservation | None:
-        """Take slices until the request fits (None) or the store refuses what it lacks."""
+    async def _refill(
+        self, wanted: Sequence[Reservation], names: tuple[str, ...]
+    ) -> Reservation | None:
+        """Take slices until the request fits (None) or the store refuses what it lacks. One
+        refill at a time per key (``names``), sized for every admission waiting for one: they
+        are served by one round trip instead of one after another."""
         while True:
             now = self._clock()
             short = [r for r in wanted if self._down or self._pool(r).free(now) < r.amount]
             if not short:
                 return None
-            refused = await self._take_slices(short, wanted)
+            refused = await self._take_slices(short, wanted, self._starving.get(names, 1))
             if refused is not None:
                 return refused
 
     async def _take_slices(
-        self, short: Sequence[Reservation], wanted: Sequence[Reservation]
+        self, short: Sequence[Reservation], wanted: Sequence[Reservation], waiting: int = 1
     ) -> Reservation | None:
+        """One slice round trip for the ``short`` counters; ``waiting``: admissions waiting for it
+        (a grown slice covers them all; near a cap, single units, slices cover one)."""
         now = self._clock()
         slices = []
         for reservation in short:
             pool = self._pool(reservation)
             lacking = max(0.0, reservation.amount - pool.free(now))
-            whole = reservation.amount * pool.size
+            size = min(self._max_size, max(pool.size, waiting)) if pool.size > 1 else 1.0
+            whole = reservation.amount * size
             # At a busy key (its next slice is due by its rate, see _low) a whole slice: a top-up
             # taken early is a sliver, as many round trips on the key's shared rows as requests.
             # Otherwise a top-up to one slice: a replica holding a slice and a whole one more
@@ -311,21 +325,25 @@ class LeasedLimitStore:
         """Take the next slices in the background before these run out, so that admissions do
         not wait for the round trip (unless one is already under way)."""
         names = tuple(sorted(r.counter for r in wanted))
-        lock = self._refilling.setdefault(names, asyncio.Lock())
-        # One at a time: until its task runs, the lock is free and every admission would start one.
-        if lock.locked() or names in self._prefetching:
+        refilling = self._refilling.get(names)
+        # One at a time, and none while a refill is under way (it brings what is needed).
+        if (refilling is not None and refilling.locked()) or names in self._prefetching:
             return
         self._prefetching.add(names)
 
         async def prefetching() -> None:
-            self._prefetching.discard(names)
-            async with lock:
+            # Not under the refill lock: an admission that finds nothing left (starving) sends
+            # its own slice request at once instead of waiting for this one, which may be
+            # refused or fall short (near a cap it only tops up).
+            try:
                 pools = [self._pool(r) for r in wanted]
                 low = _low(wanted, pools, self._clock(), self._lead)
                 if low:
                     # Once, not until it is enough: near a cap a refusal only shrinks the next.
                     with contextlib.suppress(ServiceUnavailable):
                         await self._take_slices(low, wanted)
+            finally:
+                self._prefetching.discard(names)
 
         task = asyncio.create_task(prefetching(), name="llmgw-limits-slices-prefetch")
         self._prefetches.add(task)

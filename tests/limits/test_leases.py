@@ -288,3 +288,42 @@ async def test_a_quiet_key_takes_its_next_slice_at_half_a_slice_left() -> None:
     late = store.left_when_asked[len(store.left_when_asked) // 2 :]
     # Two round trips at 50 a second are 4 requests: half a slice (32) comes first.
     assert late and max(late) < 32
+
+
+class _GatedStore(MemoryLimitStore):
+    """A memory store whose admissions wait at a gate while it is closed; counts them in flight."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = self.most_in_flight = 0
+
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await self.gate.wait()
+            return await super().admit(admission, settling)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_starving_key_does_not_wait_behind_a_slice_request_under_way() -> None:
+    clock = Clock()
+    store = _GatedStore(clock)
+    leased = replica(store, clock)
+    counter = tokens("tokens:k:0", 1000.0)
+    for _ in range(7):  # slices of 1, 2 and 4: all used, the next one (8) is being fetched ahead
+        assert (await leased.admit(request(counter))).admitted
+    store.gate.clear()  # the store stalls: the prefetch under way does not come back
+    await asyncio.sleep(0)
+    assert store.in_flight == 1
+    starving = [asyncio.create_task(leased.admit(request(counter))) for _ in range(20)]
+    await asyncio.sleep(0.01)
+    # One slice request of their own, sized for all of them, not one after the other behind it.
+    assert store.in_flight == 2
+    store.gate.set()
+    assert all(result.admitted for result in await asyncio.gather(*starving))
+    assert store.most_in_flight == 2
+    await leased.close()
