@@ -107,7 +107,11 @@ class MemoryLimitStore:
             self._windows[slot] = self._windows.get(slot, 0) + 1
         for reservation in admission.reservations:
             self._reserve(admission, reservation, now)
-        return AdmissionResult(decision)
+        taken = tuple(
+            self._counters[r.counter].used + self._counters[r.counter].reserved
+            for r in admission.reservations
+        )
+        return AdmissionResult(decision, taken=taken)
 
     def _reserve(self, admission: Admission, reservation: Reservation, now: float) -> None:
         counter = self._counters[reservation.counter]

@@ -3,7 +3,7 @@
 A plain request window (keys with no reservable limit) is today's single ``INSERT … ON CONFLICT DO
 UPDATE … WHERE request_count < limit``: the row lock serialises concurrent requests on any number
 of replicas, so exactly ``limit`` of them see a row come back. A request with reservations calls
-``llmgw_limits_settle_then_admit`` (migration 0014), which does the window hit and every
+``llmgw_limits_settle_then_admit`` (migrations 0014 and 0017), which does the window hit and every
 reservation all or nothing in the same single statement, refuses a lease that
 ``llmgw_limits_cancel`` (migration 0010) cancelled first, and first settles the batch of
 settlements that rides along (so a busy replica's settlements cost no transaction of their own);
@@ -149,7 +149,9 @@ class PostgresLimitStore:
         refused: int = row["refused"]
         if refused < 0:
             return AdmissionResult(None, cancelled=True)
-        return AdmissionResult(decision, reservations[refused - 1] if refused > 0 else None)
+        if refused > 0:
+            return AdmissionResult(decision, reservations[refused - 1])
+        return AdmissionResult(decision, taken=tuple(row["taken"] or ()))
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         with database_errors():

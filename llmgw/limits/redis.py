@@ -69,8 +69,8 @@ end
 # the m counters; KEYS[m+3..]: the counters of the settlements that ride along. ARGV: window limit
 # ('' for none), window seconds, lease id, lease seconds, m, then per counter: cap, amount, keep
 # seconds, then per settlement: lease id, actual. The settlements are applied first, whatever the
-# admission's outcome. Returns {window allowed, count, reset, refused counter index} (index -1: the
-# lease was cancelled, nothing counted).
+# admission's outcome. Returns {window allowed, count, reset, refused counter index, and (admitted)
+# each counter's used + reserved with it} (index -1: the lease was cancelled, nothing counted).
 _HIT_WINDOW = """
 local function window_state(prefix, limit, seconds)
     local start = math.floor(now / seconds) * seconds
@@ -130,10 +130,12 @@ end
 if window_key then
     count = count_window(window_key, ends)
 end
+local totals = {}
 for i = 3, m + 2 do
     local at = 6 + (i - 3) * 3
     local counter, amount, keep = KEYS[i], ARGV[at + 1], math.ceil(tonumber(ARGV[at + 2]))
     redis.call('HINCRBYFLOAT', counter, 'reserved', amount)
+    totals[#totals + 1] = tostring(taken(counter))
     redis.call('ZADD', counter .. ':l', now + lease_seconds, lease)
     redis.call('HSET', counter .. ':a', lease, amount)
     for _, key in ipairs({counter, counter .. ':l', counter .. ':a'}) do
@@ -142,7 +144,7 @@ for i = 3, m + 2 do
         end
     end
 end
-return {1, count, tostring(reset), 0}
+return {1, count, tostring(reset), 0, totals}
 """
 )
 
@@ -309,7 +311,7 @@ class RedisLimitStore:
         ]
         args.extend(self._settle_args(settling))
         with self._reachability.errors():
-            allowed, count, reset, refused = await self._admit(keys=keys, args=args)
+            allowed, count, reset, refused, *totals = await self._admit(keys=keys, args=args)
         index = int(refused)
         if index < 0:
             return AdmissionResult(None, cancelled=True)
@@ -321,7 +323,9 @@ class RedisLimitStore:
                 remaining=max(0, window.limit - int(count)),
                 reset_seconds=float(reset),
             )
-        return AdmissionResult(decision, admission.reservations[index - 1] if index > 0 else None)
+        if index > 0:
+            return AdmissionResult(decision, admission.reservations[index - 1])
+        return AdmissionResult(decision, taken=tuple(float(t) for t in (totals or [[]])[0]))
 
     @staticmethod
     def _settle_args(charges: Sequence[Charge]) -> list[str]:

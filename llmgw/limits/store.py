@@ -96,6 +96,8 @@ class AdmissionResult:
     window: RateLimitDecision | None
     refused: Reservation | None = None
     cancelled: bool = False  # its lease was cancelled before it reached the store
+    # Admitted: each reservation's counter, ``used + reserved`` with it (in their order).
+    taken: tuple[float, ...] = ()
 
     @property
     def admitted(self) -> bool:

@@ -100,6 +100,23 @@ async def test_concurrent_reservations_never_exceed_the_cap(store: LimitStore) -
     assert await store.usage(counter) == (0.0, 5.0)
 
 
+async def test_an_admission_reports_what_each_counter_holds_with_it(store: LimitStore) -> None:
+    first, second = f"a:{uuid.uuid4()}", f"b:{uuid.uuid4()}"
+
+    def both(amount: float) -> Admission:
+        return Admission(uuid.uuid4(), 30.0, None, (
+            Reservation(first, 10.0, amount, keep_seconds=120),
+            Reservation(second, 10.0, 2 * amount, keep_seconds=120),
+        ))  # fmt: skip
+
+    assert (await store.admit(both(1.0))).taken == (1.0, 2.0)
+    held = both(2.0)
+    assert (await store.admit(held)).taken == (3.0, 6.0)
+    await store.settle([Charge(held.lease_id, first, 0.5), Charge(held.lease_id, second, 0.0)])
+    assert (await store.admit(both(1.0))).taken == (2.5, 4.0)
+    assert (await store.admit(both(4.0))).taken == ()  # refused: nothing taken
+
+
 async def test_settling_gives_back_the_difference(store: LimitStore) -> None:
     counter = f"tokens:{uuid.uuid4()}:0"
     first = admission(counter, 100.0, 60.0)
