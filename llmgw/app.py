@@ -79,6 +79,7 @@ def _limit_store(settings: Settings, pool: asyncpg.Pool, database_url: str) -> L
         store,
         slice_requests=settings.limit_slice_requests,
         slice_seconds=settings.limit_slice_seconds,
+        busy_rate=settings.limit_slice_busy_rate,
     )
 
 

@@ -161,9 +161,16 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
     EnvVar(
         "LIMIT_SLICE_REQUESTS",
-        "0",
-        "capacity leases: the largest slice of a key's limits a replica takes at once, in "
-        "requests, e.g. 64 (0 = off: every admission is a round trip to the limit store)",
+        "64",
+        "capacity leases, for keys busy on a replica (a few hundred admissions a second): the "
+        "largest slice of a key's limits a replica takes at once, in requests (0 = off: every "
+        "admission is a round trip to the limit store)",
+    ),
+    EnvVar(
+        "LIMIT_SLICE_BUSY_RATE",
+        "200",
+        "capacity leases: admissions a second on a replica from which a key takes slices (off "
+        "again below half of it); 0 = every key takes slices",
     ),
     EnvVar(
         "LIMIT_SLICE_SECONDS",
@@ -225,7 +232,8 @@ class Settings:
     upstream_max_event_bytes: int = 1_048_576
     rate_limit_backend: str = "postgres"
     redis_url: str | None = attrs.field(default=None, repr=False)
-    limit_slice_requests: int = 0
+    limit_slice_requests: int = 64
+    limit_slice_busy_rate: float = 200.0
     limit_slice_seconds: float = 10.0
     default_max_output_tokens: int = 4096
     price_refresh_seconds: float = 3600.0
@@ -343,6 +351,9 @@ def load_settings(
         redis_url=redis_url,
         limit_slice_requests=reader.get(
             "LIMIT_SLICE_REQUESTS", _parse_int(0, 1_000_000), "an integer 0-1000000"
+        ),
+        limit_slice_busy_rate=reader.get(
+            "LIMIT_SLICE_BUSY_RATE", _parse_non_negative_float, "a number of admissions a second"
         ),
         limit_slice_seconds=reader.get(
             "LIMIT_SLICE_SECONDS", _parse_positive_float, "a positive number of seconds"

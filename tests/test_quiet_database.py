@@ -113,7 +113,12 @@ async def run_gateway(
     admin = await asyncpg.connect(postgres_server.admin_url)
     try:
         before = await committed(admin, database)
-        env = gateway_env(database_url, fake_venice.base_url, LIMIT_SLICE_REQUESTS=str(slices))
+        env = gateway_env(
+            database_url,
+            fake_venice.base_url,
+            LIMIT_SLICE_REQUESTS=str(slices),
+            LIMIT_SLICE_BUSY_RATE="0",  # with slices, every key takes them
+        )
         (gateway,) = gateway_processes(env)
         # Both runs look the key up and write one ledger row first: a burst of first requests
         # would each look it up before the first lookup is cached, which is not the steady state.

@@ -108,6 +108,7 @@ def two_leased_gateways(database_url: str, fake_venice: FakeVenice) -> Iterator[
         VENICE_API_KEY=FAKE_VENICE_KEY,
         VENICE_BASE_URL=fake_venice.base_url,
         LIMIT_SLICE_REQUESTS="64",
+        LIMIT_SLICE_BUSY_RATE="0",  # every key, not only busy ones
         LIMIT_SLICE_SECONDS=str(SLICE_SECONDS),
     )
     ports = [free_port(), free_port()]

@@ -37,7 +37,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import attrs
 
@@ -125,6 +125,14 @@ class _Pool:
         return self.granted - self.in_use - self.consumed
 
 
+@attrs.define(slots=True)
+class _Key:
+    """A key's admissions on this replica since the last tick, and whether it takes slices."""
+
+    admitted: int = 0
+    sliced: bool = False
+
+
 def _fits(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> bool:
     return all(pool.free(now) >= r.amount for r, pool in zip(wanted, pools, strict=True))
 
@@ -151,9 +159,14 @@ class LeasedLimitStore:
         slice_requests: int = 64,
         slice_seconds: float = 10.0,
         tick_seconds: float = 0.25,
+        busy_rate: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self._busy_rate = busy_rate
+        self._keys: dict[Hashable, _Key] = {}
+        self._direct: set[uuid.UUID] = set()  # requests the store admitted (quiet keys)
+        self._hits: list[Charge] = []  # quiet keys' window hits, to be settled as used
         self._max_size = float(max(1, slice_requests))
         self._slice_seconds = slice_seconds
         self._tick_seconds = tick_seconds
@@ -222,6 +235,19 @@ class LeasedLimitStore:
         return result.window
 
     async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        if self._busy_rate:
+            window = admission.window
+            key: Hashable = (
+                window.key_id
+                if window is not None
+                else tuple(r.counter for r in admission.reservations)
+            )
+            state = self._keys.get(key)
+            if state is None:
+                state = self._keys[key] = _Key()
+            state.admitted += 1
+            if not state.sliced:
+                return await self._admit_directly(admission, settling)
         if settling:
             await self.settle(settling)
         now = self._clock()
@@ -260,6 +286,58 @@ class LeasedLimitStore:
             if not allowed:
                 return AdmissionResult(decision)
         return AdmissionResult(decision, refused)
+
+    async def _admit_directly(
+        self, admission: Admission, settling: Sequence[Charge]
+    ) -> AdmissionResult:
+        """A quiet key's admission: one store round trip, as without slices, carrying what is
+        to be settled in the store. Its window is the counter busy keys take slices of (a key
+        that turns busy, or quiet again, mid-window is counted in one place on every replica),
+        reserved under the request's lease and settled as used with the next round trip; the
+        store's figures make its headers exact."""
+        now = self._clock()
+        window = admission.window
+        reservations = list(admission.reservations)
+        window_counter = ""
+        reset = 0.0
+        if window is not None:
+            window_reservation, reset = self._window_reservation(window, now)
+            window_counter = window_reservation.counter
+            reservations.append(window_reservation)
+        # One locking order (by name) for every store, as the policy's admissions.
+        reservations.sort(key=lambda r: r.counter)
+        local = [c for c in settling if c.lease_id in self._requests]
+        if local:
+            await self.settle(local)
+        carried = [c for c in settling if c.lease_id not in self._requests]
+        hits, self._hits = self._hits, []
+        self._direct.add(admission.lease_id)
+        try:
+            result = await self.store.admit(
+                attrs.evolve(admission, window=None, reservations=tuple(reservations)),
+                [*carried, *hits],
+            )
+        except BaseException:
+            self._hits[:0] = hits  # sent again: a hit settled twice refuses early, never late
+            if window_counter:
+                # It may still land: its window hit is taken back with the next push.
+                self._cancels.append((admission.lease_id, (window_counter,)))
+            raise
+        if not admission.reservations:
+            self._direct.discard(admission.lease_id)  # nothing for anyone to settle
+        if result.cancelled or window is None:
+            return result
+        if result.refused is not None and result.refused.counter == window_counter:
+            self._direct.discard(admission.lease_id)
+            return AdmissionResult(RateLimitDecision(False, window.limit, 0, reset))
+        remaining = 0
+        if result.refused is None:
+            # Used, not reserved: a hit never comes back within its window.
+            self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
+            at = next(i for i, r in enumerate(reservations) if r.counter == window_counter)
+            remaining = max(0, math.floor(window.limit - result.taken[at] + 1e-9))
+        decision = RateLimitDecision(True, window.limit, remaining, reset)
+        return AdmissionResult(decision, result.refused, taken=result.taken)
 
     def _pool(self, reservation: Reservation) -> _Pool:
         pool = self._pools.get(reservation.counter)
@@ -393,8 +471,15 @@ class LeasedLimitStore:
         """Settle requests locally; their usage reaches the store with the next tick's push, or
         at once in the background when a counter is contended (other replicas may be waiting
         for what this one gives back)."""
+        direct = [c for c in charges if c.lease_id in self._direct]
+        if direct:
+            for charge in direct:
+                self._direct.discard(charge.lease_id)
+            await self.store.settle(direct)
         contended = False
         for charge in charges:
+            if charge.lease_id not in self._requests:
+                continue
             taken = self._requests.get(charge.lease_id, {})
             amount = taken.pop(charge.counter, 0.0)
             if not taken:
@@ -430,12 +515,21 @@ class LeasedLimitStore:
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
     ) -> None:
-        """Requests hold no lease of their own in the store: their slices are renewed here."""
+        """Requests admitted from slices hold no lease of their own in the store (their slices
+        are renewed by the ticks); those the store admitted (quiet keys) do."""
+        direct = [lease for lease in leases if lease[0] in self._direct]
+        if direct:
+            await self.store.renew(direct, seconds)
 
     async def cancel(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
     ) -> None:
-        """Give back what these requests took locally (an admission is never half done here)."""
+        """Give back what these requests took locally (an admission is never half done here),
+        and cancel in the store those it admitted."""
+        direct = [lease for lease in leases if lease[0] in self._direct]
+        if direct:
+            self._direct.difference_update(lease_id for lease_id, _ in direct)
+            await self.store.cancel(direct, seconds)
         for lease_id, _counters in leases:
             for name, amount in self._requests.pop(lease_id, {}).items():
                 pool = self._pools.get(name)
@@ -480,6 +574,13 @@ class LeasedLimitStore:
                     # Sent again if this fails, as settlements are.
                     await self.store.use(using)
                     del self._using[: len(using)]
+                quiet_hits, self._hits = self._hits, []
+                if quiet_hits:
+                    try:
+                        await self.store.settle(quiet_hits)
+                    except BaseException:
+                        self._hits[:0] = quiet_hits
+                        raise
                 if charges:
                     # Sent again if this fails: a slice settled twice only charges its use
                     # twice, which refuses a little early but never admits past a cap.
@@ -517,8 +618,23 @@ class LeasedLimitStore:
             pool.rate = pool.used / seconds
             pool.busy = pool.contended = False
             pool.used = 0.0
+        self._sort_keys(seconds)
         self._last_round_trip, self._round_trip = self._round_trip, 0.0
         self._lead = 2 * self._last_round_trip
+
+    def _sort_keys(self, seconds: float) -> None:
+        """Slices on for the keys that admitted at least ``busy_rate`` a second over the last
+        tick, off again below half of it (a key near the line does not flap); keys that
+        admitted nothing are forgotten. A key turned quiet gives its slices back as any idle
+        counter does (the next tick's push)."""
+        keys = {}
+        for key, state in self._keys.items():
+            rate = state.admitted / seconds
+            state.sliced = rate >= self._busy_rate / (2 if state.sliced else 1)
+            if state.admitted or state.sliced:
+                keys[key] = state
+            state.admitted = 0
+        self._keys = keys
 
     async def _renew(self) -> None:
         by_lease: dict[uuid.UUID, list[str]] = {}

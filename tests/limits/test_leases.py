@@ -327,3 +327,74 @@ async def test_a_starving_key_does_not_wait_behind_a_slice_request_under_way() -
     assert all(result.admitted for result in await asyncio.gather(*starving))
     assert store.most_in_flight == 2
     await leased.close()
+
+
+# Leases that turn themselves on (``busy_rate``): quiet keys are admitted by the store.
+
+BUSY = 200.0
+
+
+def auto_replica(store: MemoryLimitStore, clock: Clock) -> LeasedLimitStore:
+    return LeasedLimitStore(store, slice_seconds=LEASE, busy_rate=BUSY, clock=clock)
+
+
+async def test_a_quiet_keys_requests_are_each_counted_by_the_store_with_exact_headers() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    replicas = [auto_replica(store, clock) for _ in range(2)]
+    window = Window(uuid.uuid4(), limit=5, seconds=60)
+    decisions = [await replicas[i % 2].hit(window) for i in range(7)]
+    assert [d.remaining for d in decisions] == [4, 3, 2, 1, 0, 0, 0]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
+    # Slots too: each request reserves in the store, and its settlement reaches it.
+    slot = Reservation("concurrency:q", 2.0, 1.0, keep_seconds=120)
+    held = [request(slot, window=Window(uuid.uuid4(), 100, 60)) for _ in range(3)]
+    results = [await replicas[i % 2].admit(h) for i, h in enumerate(held)]
+    assert [r.admitted for r in results] == [True, True, False]
+    assert await store.usage(slot.counter) == (0.0, 2.0)
+    await replicas[0].settle([Charge(held[0].lease_id, slot.counter, 0.0)])
+    assert await store.usage(slot.counter) == (0.0, 1.0)
+    for leased in replicas:
+        await leased.tick()
+    _used, reserved = await store.usage(slot.counter)
+    assert reserved == 1.0  # a quiet key takes no slice
+
+
+async def test_a_key_turning_busy_mid_window_takes_slices_and_keeps_its_window_exact() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    first, second = auto_replica(store, clock), auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=300, seconds=60)
+    quiet = sum([(await first.hit(window)).allowed for _ in range(100)])  # one by one
+    clock.now += 0.25
+    await first.tick()  # 100 in a tick: 400 a second, busy
+    await second.tick()
+    [counter] = [name for name in store._counters if name.startswith("window:")]
+    before = await store.usage(counter)
+    assert before == (100.0, 0.0)  # each hit in the store, settled as used by the tick's push
+    busy = sum([(await first.hit(window)).allowed for _ in range(150)])
+    used, reserved = await store.usage(counter)
+    assert used + reserved > 100 + busy  # a slice, held ahead
+    later = sum([(await second.hit(window)).allowed for _ in range(300)])  # still quiet there
+    assert quiet + busy + later <= 300  # one window, counted in one place
+    for _ in range(2):
+        clock.now += 0.25
+        await first.tick()  # busy, then idle: its unused slice goes back
+    later += sum([(await second.hit(window)).allowed for _ in range(300)])
+    assert quiet + busy + later == 300
+
+
+async def test_a_quiet_keys_admission_cut_off_gives_its_window_hit_back() -> None:
+    clock = Clock()
+    store = _GatedStore(clock)
+    leased = auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=1, seconds=60)
+    store.gate.clear()
+    stalled = asyncio.create_task(leased.hit(window))
+    await asyncio.sleep(0)
+    stalled.cancel()
+    store.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stalled
+    await leased.push()  # the cut-off admission is cancelled in the store
+    assert (await leased.hit(window)).allowed

@@ -409,11 +409,15 @@ async def new_store(
         await pool.close()
 
 
+@pytest.mark.parametrize("busy_rate", [0.0, 200.0], ids=["sliced", "quiet"])
 async def test_leased_replicas_admitting_at_once_never_exceed_any_cap(
-    new_store: StoreFactory,
+    new_store: StoreFactory, busy_rate: float
 ) -> None:
     key_id = uuid.uuid4()
-    replicas = [LeasedLimitStore(await new_store(), slice_seconds=5.0) for _ in range(4)]
+    replicas = [
+        LeasedLimitStore(await new_store(), slice_seconds=5.0, busy_rate=busy_rate)
+        for _ in range(4)
+    ]
     for leased in replicas:
         await leased.start()
     try:
