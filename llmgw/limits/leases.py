@@ -130,6 +130,8 @@ class _Key:
     """A key's admissions on this replica since the last tick, and whether it takes slices."""
 
     admitted: int = 0
+    waited: float = 0.0  # seconds its store round trips took, together
+    round_trip: float = 0.0  # the mean of those, when it last had any
     sliced: bool = False
 
 
@@ -247,7 +249,11 @@ class LeasedLimitStore:
                 state = self._keys[key] = _Key()
             state.admitted += 1
             if not state.sliced:
-                return await self._admit_directly(admission, settling)
+                sent = self._clock()
+                try:
+                    return await self._admit_directly(admission, settling)
+                finally:
+                    state.waited += self._clock() - sent
         if settling:
             await self.settle(settling)
         now = self._clock()
@@ -623,17 +629,26 @@ class LeasedLimitStore:
         self._lead = 2 * self._last_round_trip
 
     def _sort_keys(self, seconds: float) -> None:
-        """Slices on for the keys that admitted at least ``busy_rate`` a second over the last
-        tick, off again below half of it (a key near the line does not flap); keys that
-        admitted nothing are forgotten. A key turned quiet gives its slices back as any idle
+        """Slices on for the keys busy over the last tick: that admitted at least
+        ``busy_rate`` a second, or whose round trips queued (on average more than one in flight
+        at once: many replicas on one key's rows each wait for the others, even at a low rate
+        each); off again below half of both (a key near the line does not flap). Keys that
+        admitted nothing are forgotten; a key turned quiet gives its slices back as any idle
         counter does (the next tick's push)."""
         keys = {}
         for key, state in self._keys.items():
             rate = state.admitted / seconds
-            state.sliced = rate >= self._busy_rate / (2 if state.sliced else 1)
+            if state.sliced:
+                # Its round trips, were it admitted by the store again: as long as the last ones
+                # it had, at the rate it has now (a slice makes no round trip per admission).
+                state.sliced = rate >= self._busy_rate / 2 or rate * state.round_trip >= 0.5
+            else:
+                if state.admitted:
+                    state.round_trip = state.waited / state.admitted
+                state.sliced = rate >= self._busy_rate or state.waited / seconds >= 1.0
             if state.admitted or state.sliced:
                 keys[key] = state
-            state.admitted = 0
+            state.admitted, state.waited = 0, 0.0
         self._keys = keys
 
     async def _renew(self) -> None:

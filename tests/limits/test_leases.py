@@ -398,3 +398,37 @@ async def test_a_quiet_keys_admission_cut_off_gives_its_window_hit_back() -> Non
         await stalled
     await leased.push()  # the cut-off admission is cancelled in the store
     assert (await leased.hit(window)).allowed
+
+
+async def test_a_key_whose_round_trips_queue_takes_slices_even_at_a_low_rate() -> None:
+    """Many replicas on one key's rows: each waits for the others, and admits little itself."""
+    clock = Clock()
+
+    class Queued(MemoryLimitStore):
+        calls = 0
+
+        async def admit(
+            self, admission: Admission, settling: Sequence[Charge] = ()
+        ) -> AdmissionResult:
+            self.calls += 1
+            await asyncio.sleep(0)  # sent together ...
+            clock.now += 0.1  # ... each waits behind the one before (and other replicas')
+            return await super().admit(admission, settling)
+
+    store = Queued(clock=clock)
+    leased = auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=1000, seconds=60)
+    # Three at once, answered 0.1, 0.2 and 0.3 s later: two in flight on average.
+    assert all(d.allowed for d in await asyncio.gather(*(leased.hit(window) for _ in range(3))))
+    await leased.tick()
+    store.calls = 0
+    for _ in range(15):
+        assert (await leased.hit(window)).allowed
+    assert store.calls <= 7  # slices (1, 2, 4, 8 and ahead), not a round trip each
+    quiet = auto_replica(store, clock)  # the same rate without queueing stays quiet
+    other = Window(uuid.uuid4(), limit=1000, seconds=60)
+    for _ in range(3):
+        assert (await quiet.hit(other)).allowed
+        clock.now += 0.1
+    await quiet.tick()
+    assert (await quiet.hit(other)).remaining == 996  # the store's count: not sliced
