@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import orjson
 
+from llmgw.limits.caps import CapTaker
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import Decision
 
@@ -52,6 +53,9 @@ class UpstreamCall:
     # Those of REASONING_PARAMS the (chat) body carries: a deployment without the capability is
     # sent the body without them.
     reasoning_params: tuple[str, ...] = ()
+    # The request's admission (its ticket): a deployment whose provider has account caps is
+    # counted on it before it is sent; None (no request behind the call): not counted.
+    admission: CapTaker | None = attrs.field(default=None, eq=False)
 
     def for_deployment(self, deployment: Deployment) -> tuple[UpstreamCall, tuple[str, ...]]:
         """The call as ``deployment`` is sent it, and the parameters it was sent without.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from llmgw.config import ConfigError, Settings
+from llmgw.limits.caps import AccountCap
 from llmgw.provider_config import ModelAlias, ProviderSpec
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
@@ -18,7 +19,6 @@ from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
-from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
 __all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry", "close_providers"]

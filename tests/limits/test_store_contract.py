@@ -302,7 +302,7 @@ async def _no_lease_survives_a_stall(store: LimitStore, stall: Stall, key_id: uu
     await limits.start()
     try:
         k = key(id=key_id, max_concurrent_requests=2)
-        limits.settle(await admit(limits, k), None)  # the counter exists; statements are ready
+        (await admit(limits, k)).settle(None)  # the counter exists; statements are ready
         assert await limits.flush()
         async with stall(f"concurrency:{k.id}"):
             cut_off = await asyncio.gather(
