@@ -117,6 +117,7 @@ async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.Respo
             deadline=asyncio.get_running_loop().time() + timeout,
             model=model,
             caller_headers={n: request.headers[n] for n in PASSED_HEADERS if n in request.headers},
+            admission=request[app_keys.TICKET],  # provider account caps count it too
         )
         try:
             answer = await route.forward("/messages/count_tokens", call)
