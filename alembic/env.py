@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from alembic import context
-from llmgw.storage.migrations import sqlalchemy_url
+from llmgw.storage.migrations import AFTER, BEFORE, migration_lock, sqlalchemy_url
 from llmgw.storage.schema import metadata
 
 config = context.config
@@ -28,9 +28,15 @@ def _database_url() -> str:
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=metadata, compare_type=True)
-    with context.begin_transaction():
-        context.run_migrations()
+    # Under llmgw's advisory lock: concurrent upgrades run one after another, and each reads the
+    # revision only once it holds the lock (see llmgw.storage.migrations).
+    with migration_lock(connection, config):
+        context.configure(connection=connection, target_metadata=metadata, compare_type=True)
+        migration = context.get_context()
+        config.attributes[BEFORE] = migration.get_current_revision()
+        with context.begin_transaction():
+            context.run_migrations()
+        config.attributes[AFTER] = migration.get_current_revision()
 
 
 async def _run_online() -> None:

@@ -123,7 +123,13 @@ def _migrate(url: str) -> None:
         check=False,
     )
     if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
+        # The child's last line is its reason (`llmgw: ...`); should an unforeseen error escape
+        # as a traceback, SQLAlchemy's closing link to its error catalogue is not the cause.
+        lines = [
+            line.removeprefix("llmgw: ")
+            for line in (result.stderr or result.stdout).strip().splitlines()
+            if not line.startswith("(Background on this error at:")
+        ]
         raise CommandError(f"migrating the database failed: {lines[-1] if lines else 'no output'}")
 
 

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
 
 from llmgw.cli.common import (
     EXIT_CONFIG,
+    EXIT_FAILURE,
     CommandError,
     database_url,
     environment_help,
+    grace_seconds,
     run_with_connection,
 )
 from llmgw.config import load_settings
 from llmgw.storage import revisions
 from llmgw.storage.database import DATABASE_DOWN_ERRORS
+
+if TYPE_CHECKING:
+    from llmgw.storage.migrations import Upgraded
 
 __all__ = ["register"]
 
@@ -34,6 +42,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     actions = db.add_subparsers(dest="action", metavar="ACTION", required=True)
     upgrade = actions.add_parser("upgrade", help="migrate to a revision (default: head)")
     upgrade.add_argument("revision", nargs="?", default="head")
+    upgrade.add_argument(
+        "--wait-for-database",
+        type=grace_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="retry an unreachable database for up to SECONDS (a release step started beside it)",
+    )
     upgrade.set_defaults(run=_upgrade)
     downgrade = actions.add_parser("downgrade", help="migrate down to a revision ('base' = empty)")
     downgrade.add_argument("revision")
@@ -46,31 +61,74 @@ def _url() -> str:
     return database_url(load_settings())
 
 
-def _migrate(action: str, revision: str) -> int:
+def _wait_for_database(url: str, seconds: float) -> None:
+    """Connect until the database answers, for up to ``seconds``; refusals are not retried."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            run_with_connection(url, revisions.current_revision)
+            return
+        except CommandError as exc:
+            if exc.exit_code != EXIT_FAILURE or time.monotonic() >= deadline:
+                if seconds and exc.exit_code == EXIT_FAILURE:
+                    raise CommandError(f"{exc} (waited {seconds:g} s)") from None
+                raise
+        time.sleep(1.0)
+
+
+def _cause(exc: BaseException) -> str:
+    """The database's own reason for a failed statement: SQLAlchemy wraps the driver's exception
+    (twice, for asyncpg) and ends its message with a link to its error catalogue."""
+    inner: BaseException = exc
+    while True:
+        wrapped = getattr(inner, "orig", None) or inner.__cause__
+        if not isinstance(wrapped, BaseException):
+            break
+        inner = wrapped
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else 'no message'}"
+
+
+def _waiting() -> None:
+    print("llmgw: another migration holds the migration lock; waiting for it", file=sys.stderr)
+
+
+def _outcome(revision: str, upgraded: Upgraded) -> str:
+    before = upgraded.before or "nothing (empty)"
+    waited = " (after waiting for another migration)" if upgraded.waited else ""
+    if upgraded.before == upgraded.after:
+        return f"database already at {upgraded.after or 'nothing'}{waited}; nothing to do"
+    return f"database upgraded to {revision} ({upgraded.after}) from {before}{waited}"
+
+
+def _migrate(action: str, revision: str, wait_seconds: float = 0.0) -> int:
     # Imported here: Alembic and SQLAlchemy are for this command, not for every llmgw process.
     from alembic.util import CommandError as AlembicCommandError
+    from sqlalchemy.exc import DBAPIError
 
     from llmgw.storage import migrations
 
     url = _url()
-    # Connect once without Alembic first, so an unreachable or refusing database is reported as
-    # every other command reports it, not as SQLAlchemy's wrapped exception.
-    run_with_connection(url, revisions.current_revision)
+    # Connect without Alembic first, so an unreachable or refusing database is reported as every
+    # other command reports it, not as SQLAlchemy's wrapped exception.
+    _wait_for_database(url, wait_seconds)
     try:
         if action == "upgrade":
-            migrations.upgrade(url, revision)
+            print(_outcome(revision, migrations.upgrade(url, revision, on_wait=_waiting)))
         else:
             migrations.downgrade(url, revision)
+            print(f"database downgraded to {revision}")
     except DATABASE_DOWN_ERRORS as exc:
         raise CommandError(f"cannot reach the database ({type(exc).__name__})") from None
     except AlembicCommandError as exc:  # an unknown or ambiguous revision
         raise CommandError(f"db {action} {revision}: {exc}", EXIT_CONFIG) from None
-    print(f"database {action}d to {revision}")
+    except (DBAPIError, migrations.MigrationLockTimeout) as exc:
+        raise CommandError(f"db {action} {revision} failed: {_cause(exc)}") from None
     return 0
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    return _migrate("upgrade", args.revision)
+    return _migrate("upgrade", args.revision, args.wait_for_database)
 
 
 def _downgrade(args: argparse.Namespace) -> int:

@@ -129,5 +129,5 @@ class RedisHealthChannel:
                     )
                 failing = True
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
             await asyncio.sleep(0.5)
