@@ -325,16 +325,17 @@ class LeasedLimitStore:
             )
         except BaseException:
             self._hits[:0] = hits  # sent again: a hit settled twice refuses early, never late
+            if not admission.reservations:
+                self._direct.discard(admission.lease_id)  # nobody cancels a bare hit
             if window_counter:
                 # It may still land: its window hit is taken back with the next push.
                 self._cancels.append((admission.lease_id, (window_counter,)))
             raise
-        if not admission.reservations:
+        if not result.admitted or not admission.reservations:
             self._direct.discard(admission.lease_id)  # nothing for anyone to settle
         if result.cancelled or window is None:
             return result
         if result.refused is not None and result.refused.counter == window_counter:
-            self._direct.discard(admission.lease_id)
             return AdmissionResult(RateLimitDecision(False, window.limit, 0, reset))
         remaining = 0
         if result.refused is None:
@@ -478,13 +479,9 @@ class LeasedLimitStore:
         at once in the background when a counter is contended (other replicas may be waiting
         for what this one gives back)."""
         direct = [c for c in charges if c.lease_id in self._direct]
-        if direct:
-            for charge in direct:
-                self._direct.discard(charge.lease_id)
-            await self.store.settle(direct)
         contended = False
         for charge in charges:
-            if charge.lease_id not in self._requests:
+            if charge.lease_id in self._direct:
                 continue
             taken = self._requests.get(charge.lease_id, {})
             amount = taken.pop(charge.counter, 0.0)
@@ -504,6 +501,14 @@ class LeasedLimitStore:
         # the slices.
         if contended:
             self._wake.set()
+        if direct:
+            # Requests the store admitted (quiet keys): settled there, at once; should the store
+            # not answer, with the next pushes (never raised: the policy need not queue them).
+            self._direct.difference_update(c.lease_id for c in direct)
+            try:
+                await self.store.settle(direct)
+            except ServiceUnavailable:
+                self._unsent.extend(direct)
 
     async def use(self, charges: Sequence[Charge]) -> None:
         """Use part of what requests took, locally; it reaches the store as their slices' use."""
