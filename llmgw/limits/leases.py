@@ -57,6 +57,9 @@ __all__ = ["LeasedLimitStore"]
 log = logging.getLogger(__name__)
 
 _WINDOW = "window"
+# A quiet key's bare hit is held this much past its window's end: its counter is named after the
+# window, so holding it a little longer holds nothing anyone else could use.
+_WINDOW_MARGIN_SECONDS = 5.0
 
 
 def _is_window(counter: str) -> bool:
@@ -312,6 +315,10 @@ class LeasedLimitStore:
             reservations.append(window_reservation)
         # One locking order (by name) for every store, as the policy's admissions.
         reservations.sort(key=lambda r: r.counter)
+        # A bare hit (a key with nothing else to reserve) is held until its window ends: no
+        # settlement to send, and none to lose should this replica die.
+        bare = not admission.reservations
+        lease_seconds = reset + _WINDOW_MARGIN_SECONDS if bare else admission.lease_seconds
         local = [c for c in settling if c.lease_id in self._requests]
         if local:
             await self.settle(local)
@@ -320,18 +327,23 @@ class LeasedLimitStore:
         self._direct.add(admission.lease_id)
         try:
             result = await self.store.admit(
-                attrs.evolve(admission, window=None, reservations=tuple(reservations)),
+                attrs.evolve(
+                    admission,
+                    lease_seconds=lease_seconds,
+                    window=None,
+                    reservations=tuple(reservations),
+                ),
                 [*carried, *hits],
             )
         except BaseException:
             self._hits[:0] = hits  # sent again: a hit settled twice refuses early, never late
-            if not admission.reservations:
+            if bare:
                 self._direct.discard(admission.lease_id)  # nobody cancels a bare hit
             if window_counter:
                 # It may still land: its window hit is taken back with the next push.
                 self._cancels.append((admission.lease_id, (window_counter,)))
             raise
-        if not result.admitted or not admission.reservations:
+        if not result.admitted or bare:
             self._direct.discard(admission.lease_id)  # nothing for anyone to settle
         if result.cancelled or window is None:
             return result
@@ -339,8 +351,9 @@ class LeasedLimitStore:
             return AdmissionResult(RateLimitDecision(False, window.limit, 0, reset))
         remaining = 0
         if result.refused is None:
-            # Used, not reserved: a hit never comes back within its window.
-            self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
+            if not bare:
+                # Used, not reserved: a hit never comes back within its window.
+                self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
             at = next(i for i, r in enumerate(reservations) if r.counter == window_counter)
             remaining = max(0, math.floor(window.limit - result.taken[at] + 1e-9))
         decision = RateLimitDecision(True, window.limit, remaining, reset)

@@ -370,8 +370,8 @@ async def test_a_key_turning_busy_mid_window_takes_slices_and_keeps_its_window_e
     await first.tick()  # 100 in a tick: 400 a second, busy
     await second.tick()
     [counter] = [name for name in store._counters if name.startswith("window:")]
-    before = await store.usage(counter)
-    assert before == (100.0, 0.0)  # each hit in the store, settled as used by the tick's push
+    # Each hit in the store, held until the window ends (a bare hit: nothing to settle).
+    assert await store.usage(counter) == (0.0, 100.0)
     busy = sum([(await first.hit(window)).allowed for _ in range(150)])
     used, reserved = await store.usage(counter)
     assert used + reserved > 100 + busy  # a slice, held ahead
@@ -432,3 +432,14 @@ async def test_a_key_whose_round_trips_queue_takes_slices_even_at_a_low_rate() -
         clock.now += 0.1
     await quiet.tick()
     assert (await quiet.hit(other)).remaining == 996  # the store's count: not sliced
+
+
+async def test_a_killed_replicas_quiet_hits_stay_counted_in_their_window() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    killed, survivor = auto_replica(store, clock), auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=10, seconds=60)
+    for _ in range(3):
+        assert (await killed.hit(window)).allowed  # then it is killed: nothing more is sent
+    clock.now += LEASE + 0.1  # a lease later, still the same window
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == 7
