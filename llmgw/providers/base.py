@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import orjson
 
-from llmgw.limits.caps import CapTaker
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import Decision
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price
+    from llmgw.limits.caps import CapTaker  # the request's ticket, as routing uses it
 
 __all__ = [
     "REASONING_PARAMS",
