@@ -22,7 +22,11 @@
     prefill = false                  #   it accepts reasoning_effort; it continues a trailing
                                      #   assistant message (a broken stream is finished that way)
     circuit_cooldown_seconds = 30    # optional: how long a deployment that keeps failing is
-                                     #   skipped (doubles while it keeps failing, up to 300 s)
+                                     #   skipped before one request probes it again
+    circuit_max_failed_probes = 5    # optional: failed probes in a row after which the cooldown
+                                     #   doubles with each further one
+    circuit_max_cooldown_seconds = 300   # optional: the longest any opening lasts, a Retry-After's
+                                     #   too; default 300 (or the cooldown, when longer)
     rpm = 500                        # optional: the account's requests per minute, and
     tpm = 200000                     #   tokens per minute (a request's worst case), counted
                                      #   across replicas; a deployment of a provider at its
@@ -62,6 +66,7 @@ from llmgw.config_common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, Confi
 from llmgw.config_converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
 from llmgw.providers.kinds import InstalledKind, KindError, installed_kinds, load_kind
 from llmgw.providers.plugin import Capabilities, Timeouts
+from llmgw.routing.breaker import MAX_COOLDOWN_SECONDS, STEADY_PROBES, Cooldown
 from llmgw.routing.strategy import ORDERED, Strategy, StrategyName
 
 __all__ = [
@@ -163,12 +168,41 @@ class ProviderSpec:
             lambda n: 0 < n <= 86400, "a number of seconds, more than 0 and at most 86400"
         ),
     )
+    circuit_max_failed_probes: int = attrs.field(
+        default=STEADY_PROBES, validator=check(lambda n: 0 <= n <= 1000, "an integer 0-1000")
+    )
+    # None: MAX_COOLDOWN_SECONDS, or the cooldown when that is longer.
+    circuit_max_cooldown_seconds: float | None = attrs.field(
+        default=None,
+        validator=check(
+            lambda n: 0 < n <= 86400, "a number of seconds, more than 0 and at most 86400"
+        ),
+    )
     rpm: int | None = attrs.field(default=None, validator=_per_minute)  # requests per minute
     tpm: int | None = attrs.field(default=None, validator=_per_minute)  # tokens (worst case)
     capabilities: Capabilities = attrs.field(
         default=attrs.Factory(_kind_capabilities, takes_self=True)
     )
     options: Any = attrs.field(default=attrs.Factory(_kind_options, takes_self=True))
+
+    def __attrs_post_init__(self) -> None:
+        most = self.circuit_max_cooldown_seconds
+        if most is not None and most < self.circuit_cooldown_seconds:
+            raise Invalid(
+                "circuit_max_cooldown_seconds",
+                f"expected at least circuit_cooldown_seconds ({show(self.circuit_cooldown_seconds)}),"
+                f" got {show(most)}",
+            )
+
+    def cooldown(self) -> Cooldown:
+        """How long its deployments' breakers stay open."""
+        seconds = self.circuit_cooldown_seconds
+        most = self.circuit_max_cooldown_seconds
+        return Cooldown(
+            seconds=seconds,
+            most=max(seconds, MAX_COOLDOWN_SECONDS) if most is None else most,
+            steady_probes=self.circuit_max_failed_probes,
+        )
 
     def timeouts(self, request_timeout: float) -> Timeouts:
         """This provider's timeouts; none is longer than one attempt (``request_timeout`` unless
@@ -341,6 +375,8 @@ class _Parser:
             if key not in known:
                 raise ConfigProblem(f"{where}.{key}", _unknown_key(key, kind, known))
         options = structure(_only(table, option_keys), plugin.options, where)
+        if "base_url" not in table and plugin.default_base_url is not None:
+            table = {**table, "base_url": plugin.default_base_url(options)}
         # The options in, not their default: a kind's options may have keys that are required.
         spec = structure({**_only(table, _PROVIDER_KEYS), "options": options}, ProviderSpec, where)
         declared = structure(_only(table, _CAPABILITY_KEYS), _CapabilityKeys, where)

@@ -96,6 +96,7 @@ class FakeAnthropic(ServedHere):
         self.received: list[Received] = []
         self.streamed: list[bytes] = []  # each stream's bytes, as written
         self._failures: collections.deque[int] = collections.deque()
+        self._count_failures: collections.deque[int] = collections.deque()
         self._mid_stream_errors: collections.deque[str] = collections.deque()
 
     @property
@@ -105,6 +106,10 @@ class FakeAnthropic(ServedHere):
     def fail_next(self, *statuses: int) -> None:
         """The next /v1/messages requests answer these statuses, one each, in order."""
         self._failures.extend(statuses)
+
+    def fail_counts_next(self, *statuses: int) -> None:
+        """The next /v1/messages/count_tokens requests answer these statuses, one each."""
+        self._count_failures.extend(statuses)
 
     def error_mid_stream(self, error_type: str = "overloaded_error") -> None:
         """The next stream sends its first text, then an ``error`` event, and ends."""
@@ -141,6 +146,8 @@ class FakeAnthropic(ServedHere):
         body = await self._admit(request)
         if isinstance(body, web.Response):
             return body
+        if self._count_failures:
+            return _error(self._count_failures.popleft())
         return web.json_response({"input_tokens": input_tokens(body)})
 
     async def _models(self, request: web.Request) -> web.Response:

@@ -988,6 +988,9 @@ class FakeVenice:
         # The standalone benchmark server turns this off so memory stays flat.
         self.record_requests = record_requests
         self.default_behaviour = Behaviour()
+        # A request whose body holds ``poison[0]`` is answered with ``poison[1]`` (content only this
+        # upstream cannot serve: what a hostile caller crafts), whatever comes next otherwise.
+        self.poison: tuple[bytes, Behaviour] | None = None
         self.received: list[ReceivedRequest] = []
         self.active_streams = 0
         self.cancelled_streams = 0
@@ -1118,7 +1121,10 @@ class FakeVenice:
         rejection = _auth_rejection(request.headers.get("Authorization")) or reject(body)
         if rejection is not None:
             return self._reject(rejection)
-        behaviour = self._next_behaviour()
+        if self.poison is not None and self.poison[0] in orjson.dumps(body):
+            behaviour = self.poison[1]
+        else:
+            behaviour = self._next_behaviour()
         if behaviour.delay_before_headers:
             await asyncio.sleep(behaviour.delay_before_headers)
         if behaviour.reset_before_headers:

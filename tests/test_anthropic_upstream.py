@@ -21,6 +21,7 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.config import load_settings
+from llmgw.routing.breaker import FAILURES_TO_OPEN
 from tests.conftest import Gateway, eventually
 from tests.fake_anthropic import (
     CACHE_CREATION,
@@ -244,6 +245,38 @@ async def test_count_tokens_asks_anthropic_and_models_lists_its_models(
     assert counted.input_tokens == input_tokens(received.json)
     models = await gateway.client(await gateway.create_key(name="models")).models.list()
     assert {CLAUDE, "claude-haiku-4-5"} <= {m.id for m in models.data}
+
+
+async def test_count_tokens_refuses_a_model_outside_the_keys_allowed_models(
+    gateway: Gateway, fake_anthropic: FakeAnthropic
+) -> None:
+    """Issue 34 item 3: the same policy as /v1/messages, before anything is asked upstream."""
+    key = await gateway.create_key(name="single", allowed_models=["venice-then-claude"])
+    client = gateway.anthropic_client(key)
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
+        await client.messages.count_tokens(model="sonnet", messages=HELLO)  # type: ignore[arg-type]
+    body: Any = refused.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "permission_error"
+    with pytest.raises(anthropic.PermissionDeniedError):
+        await client.messages.create(model="sonnet", max_tokens=64, messages=HELLO)  # type: ignore[arg-type]
+    # Allowed: counted by the gateway's estimate (not every deployment of it speaks Messages).
+    counted = await client.messages.count_tokens(model="venice-then-claude", messages=HELLO)  # type: ignore[arg-type]
+    assert counted.input_tokens > 0
+    assert fake_anthropic.received == [], "Anthropic was asked with the gateway's key"
+
+
+async def test_count_tokens_429s_do_not_open_the_messages_breaker(
+    gateway: Gateway, fake_anthropic: FakeAnthropic
+) -> None:
+    client = gateway.anthropic_client(await gateway.create_key(name="counting"))
+    fake_anthropic.fail_counts_next(*[429] * 30)
+    for _ in range(FAILURES_TO_OPEN + 1):
+        with pytest.raises(anthropic.RateLimitError):
+            await client.messages.count_tokens(model="sonnet", messages=HELLO)  # type: ignore[arg-type]
+    health = gateway.server.app[app_keys.PROVIDERS].routing.health(f"claude:{CLAUDE}")
+    assert (health.state, health.consecutive_failures) == ("closed", 0)
+    message = await client.messages.create(model="sonnet", max_tokens=64, messages=HELLO)  # type: ignore[arg-type]
+    assert message.content[0].text == "Hello from fake Claude!"  # type: ignore[union-attr]
 
 
 async def test_overloaded_is_retried_and_an_anthropic_error_keeps_its_shape(

@@ -41,6 +41,17 @@ NOT_SETTINGS = {
     "GEMINI_API_KEY": "a provider's key, named by its api_key_env",
     "GROQ_API_KEY": "a provider's key, named by its api_key_env",
     "VLLM_API_KEY": "a provider's key, named by its api_key_env",
+    "AWS_ACCESS_KEY_ID": "AWS's credential chain, read by botocore for kind = bedrock",
+    "AWS_SECRET_ACCESS_KEY": "AWS's credential chain, read by botocore for kind = bedrock",
+    "AWS_SESSION_TOKEN": "AWS's credential chain, read by botocore for kind = bedrock",
+    "AWS_ROLE_ARN": "AWS's credential chain (web identity), set by EKS for IRSA",
+    "AWS_WEB_IDENTITY_TOKEN_FILE": "AWS's credential chain (web identity), set by EKS for IRSA",
+    "AWS_REGION": "AWS's, the region botocore's STS calls use",
+    "GOOGLE_APPLICATION_CREDENTIALS": "Google's Application Default Credentials, read by google-auth",
+    "IMAGE_SAFETY": "a Gemini finishReason",
+    "MAX_TOKENS": "a Gemini finishReason",
+    "PROHIBITED_CONTENT": "a Gemini finishReason",
+    "RESOURCE_EXHAUSTED": "a Google API error status",
 }
 SETTING_NAME = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
 

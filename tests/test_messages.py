@@ -11,7 +11,7 @@ import anthropic
 import orjson
 import pytest
 
-from tests.conftest import Gateway
+from tests.conftest import Gateway, eventually
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, count_prompt_tokens
 
 MODEL = "qwen3-5-9b"
@@ -224,6 +224,32 @@ async def test_count_tokens_is_the_estimate_and_asks_no_provider(
     bigger = await client.messages.count_tokens(model=MODEL, messages=HELLO * 50)
     assert 10 < counted.input_tokens < bigger.input_tokens
     assert len(gateway.fake.received) == before
+
+
+async def test_count_tokens_takes_a_slot_of_the_keys_concurrency_as_a_message_does(
+    gateway: Gateway,
+) -> None:
+    """Issue 34 item 3: the same policy as /v1/messages, its requests in flight included."""
+    client = gateway.anthropic_client(await gateway.create_key(max_concurrent_requests=1))
+    gateway.fake.enqueue(Behaviour(endless=True))
+    async with client.messages.stream(model=MODEL, max_tokens=50, messages=HELLO) as events:
+        async for _ in events:
+            break  # the stream holds the key's one slot while it runs
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            await client.messages.count_tokens(model=MODEL, messages=HELLO)
+    body: Any = refused.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
+    await eventually(
+        lambda: _counts(client), within=2.0, what="the slot is given back when the stream ends"
+    )
+
+
+async def _counts(client: anthropic.AsyncAnthropic) -> bool:
+    try:
+        await client.messages.count_tokens(model=MODEL, messages=HELLO)
+    except anthropic.RateLimitError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("header", ["x-api-key", "authorization"])

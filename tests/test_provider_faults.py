@@ -126,6 +126,10 @@ alias = "fast"
 deployments = ["primary:qwen3-5-9b", "backup:llama-3.3-70b"]
 
 [[models]]
+alias = "alone"   # primary is the last deployment: the only one retried (issue 29 item 6)
+deployments = ["primary:qwen3-5-9b"]
+
+[[models]]
 alias = "twice"
 deployments = ["primary:qwen3-5-9b", "primary:llama-3.3-70b", "backup:llama-3.3-70b"]
 
@@ -238,7 +242,7 @@ async def test_a_429_retry_after_is_waited_for_then_the_same_deployment_answers(
     backup: ThreadedFakeVenice,
 ) -> None:
     primary.enqueue(Behaviour(status=429, retry_after="1"))
-    text, request_id, _ = await ask(client, "fast")
+    text, request_id, _ = await ask(client, "alone")
     assert text == PRIMARY_TEXT
     (gap,) = gaps(chats(primary))
     assert gap >= 1.0, "the provider's Retry-After was honoured"
@@ -278,7 +282,7 @@ async def test_a_429_without_any_hint_is_retried_after_a_backoff(
     gateway: GatewayProcess, client: openai.AsyncOpenAI, primary: ThreadedFakeVenice
 ) -> None:
     primary.enqueue(Behaviour(status=429, rate_limit_headers=False))
-    text, _, _ = await ask(client, "fast")
+    text, _, _ = await ask(client, "alone")
     assert text == PRIMARY_TEXT
     (gap,) = gaps(chats(primary))
     assert gap >= FIRST_BACKOFF
@@ -288,7 +292,19 @@ async def test_a_429_without_any_hint_is_retried_after_a_backoff(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-async def test_a_500_once_is_retried_on_the_same_deployment(
+async def test_a_500_once_is_retried_on_the_last_deployment(
+    gateway: GatewayProcess, client: openai.AsyncOpenAI, primary: ThreadedFakeVenice, stream: bool
+) -> None:
+    primary.enqueue(Behaviour(status=500))
+    text, request_id, _ = await ask(client, "alone", stream=stream)
+    assert text == PRIMARY_TEXT
+    (gap,) = gaps(chats(primary))
+    assert gap >= FIRST_BACKOFF
+    assert await answered_by(gateway, request_id) == "primary:qwen3-5-9b"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_500_moves_on_at_once_when_another_deployment_is_left(
     gateway: GatewayProcess,
     client: openai.AsyncOpenAI,
     primary: ThreadedFakeVenice,
@@ -297,27 +313,23 @@ async def test_a_500_once_is_retried_on_the_same_deployment(
 ) -> None:
     primary.enqueue(Behaviour(status=500))
     text, request_id, _ = await ask(client, "fast", stream=stream)
-    assert text == PRIMARY_TEXT
-    (gap,) = gaps(chats(primary))
-    assert gap >= FIRST_BACKOFF
-    assert chats(backup) == []
-    assert await answered_by(gateway, request_id) == "primary:qwen3-5-9b"
+    assert text == BACKUP_TEXT
+    assert len(chats(primary)) == 1, "a failing deployment is not retried while another is left"
+    assert await answered_by(gateway, request_id) == "backup:llama-3.3-70b"
 
 
-async def test_an_overload_past_the_retries_moves_on_after_a_growing_backoff(
-    gateway: GatewayProcess,
-    client: openai.AsyncOpenAI,
-    primary: ThreadedFakeVenice,
-    backup: ThreadedFakeVenice,
+async def test_an_overload_on_the_last_deployment_is_retried_after_a_growing_backoff(
+    gateway: GatewayProcess, client: openai.AsyncOpenAI, primary: ThreadedFakeVenice
 ) -> None:
     primary.behave(Behaviour(status=503))
-    text, request_id, _ = await ask(client, "fast")
-    assert text == BACKUP_TEXT
+    with pytest.raises(openai.InternalServerError):
+        await ask(client, "alone")
     first, second = gaps(chats(primary))  # three attempts: max_retries = 2
     assert first >= FIRST_BACKOFF
     assert second >= SECOND_BACKOFF
-    assert len(chats(backup)) == 1
-    assert await answered_by(gateway, request_id) == "backup:llama-3.3-70b"
+    # Its breaker opened: the next request is its probe, which closes it for the tests after.
+    primary.behave(Behaviour())
+    assert (await ask(client, "alone"))[0] == PRIMARY_TEXT
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -329,7 +341,7 @@ async def test_a_reset_before_the_headers_is_retried(
     stream: bool,
 ) -> None:
     primary.enqueue(Behaviour(reset_before_headers=True))
-    text, _, _ = await ask(client, "fast", stream=stream)
+    text, _, _ = await ask(client, "alone", stream=stream)
     assert text == PRIMARY_TEXT
     (gap,) = gaps(chats(primary))
     assert gap >= FIRST_BACKOFF

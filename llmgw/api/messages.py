@@ -26,6 +26,7 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
+from llmgw.providers.fallback import FallbackChain
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.translation import anthropic
@@ -106,25 +107,48 @@ async def create_message(request: web.Request, key: AuthenticatedKey) -> web.Str
 
 async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.Response:
     """Asked of the route when its deployments speak Messages (Anthropic counts exactly); else
-    the gateway's own estimate of the request's input tokens."""
+    the gateway's own estimate of the request's input tokens.
+
+    Admitted as a message is (the key's models, its limits and requests in flight; the middleware
+    counted its window), and settled at nothing: counting costs no tokens. Its upstream errors
+    reach the caller but tell the breaker nothing, so that counting requests cannot take a
+    deployment away from anyone's messages."""
     raw, body = await read_json_object(request)
     model = anthropic.validate_count_tokens_request(body)
     route = request.app[app_keys.PROVIDERS].resolve(model)
-    if route.capabilities.native_messages:
-        timeout = request.app[app_keys.SETTINGS].request_timeout_seconds
-        call = UpstreamCall(
-            body=raw,
-            deadline=asyncio.get_running_loop().time() + timeout,
-            model=model,
-            caller_headers={n: request.headers[n] for n in PASSED_HEADERS if n in request.headers},
-            admission=request[app_keys.TICKET],  # provider account caps count it too
-        )
-        try:
-            answer = await route.forward("/messages/count_tokens", call)
-        except UpstreamHTTPError as exc:
-            return forward_upstream_error(exc.response)
-        return web.Response(body=answer.body, content_type="application/json")
+    ticket = request[app_keys.TICKET]  # the middleware's admission
+    await ticket.reserve(
+        model=model, body=body, deployments=route.deployments, produces_output=False
+    )
+    try:
+        if route.capabilities.native_messages:
+            return await _count_upstream(request, route, raw, model)
+    finally:
+        ticket.settle(None)
     tokens = estimate_input_tokens(anthropic.messages_to_chat(body))
     return web.Response(
         body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
     )
+
+
+async def _count_upstream(
+    request: web.Request, route: FallbackChain, raw: bytes, model: str
+) -> web.Response:
+    """The count of the route's first deployment that is not down, asked of it alone."""
+    routing = route.routing
+    deployment = next(
+        (d for d in route.deployments if routing.health(d.label).state == "closed"),
+        route.deployments[0],
+    )
+    timeout = request.app[app_keys.SETTINGS].request_timeout_seconds
+    call = UpstreamCall(
+        body=raw,
+        deadline=asyncio.get_running_loop().time() + timeout,
+        model=model,
+        caller_headers={n: request.headers[n] for n in PASSED_HEADERS if n in request.headers},
+    ).with_model(deployment.model)
+    try:
+        answer = await deployment.provider.forward("/messages/count_tokens", call)
+    except UpstreamHTTPError as exc:
+        return forward_upstream_error(exc.response)
+    return web.Response(body=answer.body, content_type="application/json")

@@ -501,6 +501,7 @@ def _upstream_call(
         encode_for_model=upstream.encode_for_model,
         reasoning_params=upstream.reasoning_params,
         caller_headers=upstream.caller_headers,
+        caller=str(exchange.key.id),
         admission=exchange.ticket,  # routing counts provider account caps on it
     )
 

@@ -26,7 +26,7 @@ import attrs
 import orjson
 
 from llmgw.config_converter import check
-from llmgw.errors import InvalidRequest, UpstreamUnavailable
+from llmgw.errors import InvalidRequest, ProviderError, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,
     UpstreamCall,
@@ -37,10 +37,18 @@ from llmgw.providers.base import (
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 from llmgw.streaming.sse import SSEScanner, event_data
+from llmgw.translation.anthropic import error_body
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.messages_to_chat import ChatChunks, chat_error_body, completion_from_message
 
-__all__ = ["ANTHROPIC_VERSION", "PLUGIN", "AnthropicOptions", "AnthropicProvider"]
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "PLUGIN",
+    "AnthropicOptions",
+    "AnthropicProvider",
+    "MessagesAsChat",
+    "as_messages_errors",
+]
 
 # The version both anthropic SDKs send; a caller's own goes instead when its body is forwarded.
 ANTHROPIC_VERSION: Final = "2023-06-01"
@@ -135,7 +143,7 @@ class AnthropicProvider(OpenAICompatibleProvider):
             include_usage=include_usage,
             trimmed_prefill=trims_prefill(body),
         )
-        return _ChatStream(stream, translator)
+        return MessagesAsChat(stream, translator)
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         raise self._not_offered("/embeddings")
@@ -208,8 +216,23 @@ def _chat_errors() -> Iterator[None]:
         raise UpstreamHTTPError(translated, error.decision) from None
 
 
-class _ChatStream:
-    """An Anthropic event stream read as chat completion chunks."""
+@contextlib.contextmanager
+def as_messages_errors() -> Iterator[None]:
+    """An error answer in OpenAI's shape (another API's, translated by its adapter) given to a
+    Messages caller in Anthropic's, its status and message kept."""
+    try:
+        yield
+    except UpstreamHTTPError as error:
+        response = error.response
+        message = ProviderError.from_answer(
+            response.status, response.body, retry_after=None
+        ).message
+        body = orjson.dumps(error_body(response.status, message))
+        raise UpstreamHTTPError(attrs.evolve(response, body=body), error.decision) from None
+
+
+class MessagesAsChat:
+    """An Anthropic event stream read as chat completion chunks (also Claude's on Vertex AI)."""
 
     def __init__(self, upstream: ChatStream, translator: ChatChunks) -> None:
         self._upstream = upstream

@@ -53,6 +53,12 @@ class UpstreamCall:
     # Those of REASONING_PARAMS the (chat) body carries: a deployment without the capability is
     # sent the body without them.
     reasoning_params: tuple[str, ...] = ()
+    # Whose request it is (the API key's id; None: no key): one caller's failures alone do not
+    # take a deployment away from the others (llmgw.routing.breaker).
+    caller: str | None = None
+    # At most this many retries on one deployment (None: its provider's own): a route sets 0 when
+    # another deployment is left to try, or for a probe of one that was down.
+    max_retries: int | None = None
     # The request's admission (its ticket): a deployment whose provider has account caps is
     # counted on it before it is sent; None (no request behind the call): not counted.
     admission: CapTaker | None = attrs.field(default=None, eq=False)

@@ -3,7 +3,8 @@
 A ``FallbackChain`` is itself a :class:`Provider`, so handlers call it like any adapter. The routing
 policy (``llmgw.routing``) says in which order its deployments are tried (their health, the alias's
 strategy) and is told how each attempt went. Each deployment is sent its own model id, without the parameters its provider does not accept (its
-``Capabilities``), and retries as ``retry.decide`` says; when that says "move on" (overload past its
+``Capabilities``), and retries as ``retry.decide`` says, but only when it is the last deployment
+left (a probe never: see routing.breaker); when that says "move on" (overload past its
 retries, a rate limit longer than the budget, a context window too small, silence) or the provider
 cannot be reached, the next one is tried. Any other answer (a 400, a 404, a success) is final.
 A deployment whose provider is at its account cap (``rpm`` / ``tpm``) is moved on from as from a
@@ -143,7 +144,11 @@ class FallbackChain:
                 now = loop.time()
                 share = (call.deadline - now) / (len(left) + 1)
                 sent = attrs.evolve(sent, answer_by=now + share)
-            outcome = self.routing.attempt(deployment)
+            outcome = self.routing.attempt(deployment, call.caller)
+            if left or outcome.once:
+                # Another deployment answers sooner than a retry of a failing one; one that was
+                # down is asked once (issue 29, item 6).
+                sent = attrs.evolve(sent, max_retries=0)
             try:
                 result = await attempt(deployment.provider, sent)
             except UpstreamHTTPError as exc:

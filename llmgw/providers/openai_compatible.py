@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
+import attrs
 from aiohttp import hdrs
+from aiohttp.typedefs import StrOrURL
 
 from llmgw.config_common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
@@ -314,6 +316,9 @@ class OpenAICompatibleProvider:
         url = self._url(path, call.model)
         headers = self._headers(call, accept)
         answer_by = call.deadline if call.answer_by is None else min(call.deadline, call.answer_by)
+        policy = self._retry
+        if call.max_retries is not None and call.max_retries < policy.max_retries:
+            policy = attrs.evolve(policy, max_retries=call.max_retries)
         retries = 0
         while True:
             error: UpstreamTimeout | UpstreamUnavailable | UpstreamHTTPError
@@ -338,7 +343,7 @@ class OpenAICompatibleProvider:
                 failure,
                 retries=retries,
                 remaining=answer_by - loop.time(),
-                policy=self._retry,
+                policy=policy,
                 now=time.time(),
             )
             if decision.action != "retry":
@@ -357,7 +362,7 @@ class OpenAICompatibleProvider:
 
     async def _attempt(
         self,
-        url: str,
+        url: StrOrURL,
         call: UpstreamCall,
         headers: Mapping[str, str],
         answer_by: float,

@@ -106,3 +106,6 @@ class ProviderPlugin(Generic[OptionsT]):
     options: type[OptionsT] = NoOptions  # type: ignore[assignment]
     capabilities: Capabilities = Capabilities()  # defaults; each entry may override them
     summary: str = ""  # one line for ``llmgw providers``
+    # The base_url of an entry that sets none, from its options (a kind whose endpoint follows
+    # from other keys, as Bedrock's from its region); None: every entry sets base_url.
+    default_base_url: Callable[[OptionsT], str] | None = None

@@ -19,6 +19,7 @@ from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
+from llmgw.routing.breaker import Cooldown
 from llmgw.routing.policy import RoutingPolicy
 
 __all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry", "close_providers"]
@@ -32,7 +33,7 @@ class ProviderRegistry:
         providers: Sequence[Provider],
         aliases: Sequence[ModelAlias] = (),
         *,
-        cooldowns: Mapping[str, float] | None = None,
+        cooldowns: Mapping[str, Cooldown] | None = None,
         caps: Mapping[str, AccountCap] | None = None,
         routing: RoutingPolicy | None = None,
     ) -> None:
@@ -45,7 +46,7 @@ class ProviderRegistry:
         self,
         providers: Sequence[Provider],
         aliases: Sequence[ModelAlias],
-        cooldowns: Mapping[str, float],
+        cooldowns: Mapping[str, Cooldown],
         caps: Mapping[str, AccountCap],
     ) -> None:
         self.providers = tuple(providers)
@@ -162,7 +163,7 @@ async def build_registry(
     return ProviderRegistry(
         built,
         settings.model_aliases,
-        cooldowns={spec.name: spec.circuit_cooldown_seconds for spec in specs},
+        cooldowns={spec.name: spec.cooldown() for spec in specs},
         caps={spec.name: AccountCap(spec.rpm, spec.tpm) for spec in specs},
         routing=routing,
     )

@@ -9,6 +9,7 @@ backoff's randomness (``RetryPolicy.jitter``) come in as arguments.
     408, 500, 502, 503, 504, 529, a broken connection . retry with exponential backoff and jitter
                                                         (or the provider's Retry-After), then move on
     429 with a wait ................................... wait when the budget allows it, else move on
+    429 beyond the caller's share (input tokens) ...... the same, but the deployment is not failing
     429 that waiting cannot fix (quota, too large) .... move on
     context window exceeded ........................... move on (a larger model may be next)
     content-policy refusal, any other 4xx ............. stop: the provider's answer is the caller's
@@ -31,7 +32,10 @@ import attrs
 import orjson
 
 __all__ = [
+    "ABOUT_THE_REQUEST",
     "CONTEXT_TOO_LONG",
+    "REQUEST_RATE_LIMITED",
+    "REQUEST_TOO_LARGE",
     "SILENT",
     "Action",
     "Decision",
@@ -45,6 +49,11 @@ Action = Literal["retry", "move_on", "stop"]
 # The reasons a route acts on beyond moving on (fallback.FallbackChain skips what cannot answer).
 SILENT = "silent"
 CONTEXT_TOO_LONG = "context_length_exceeded"
+REQUEST_TOO_LARGE = "request_too_large"  # larger than the whole tokens-per-minute limit
+REQUEST_RATE_LIMITED = "request_rate_limited"  # this request would take its limit past the top
+# Reasons that say the request is what failed, not the deployment (its breaker does not count
+# them: a caller could otherwise switch a deployment off for everyone with its own requests).
+ABOUT_THE_REQUEST = frozenset({CONTEXT_TOO_LONG, REQUEST_TOO_LARGE, REQUEST_RATE_LIMITED})
 
 # Statuses a provider answers when it is briefly unable (529: Anthropic's overload).
 TRANSIENT_STATUSES = frozenset({408, 500, 502, 503, 504, 529})
@@ -74,7 +83,12 @@ _POLICY_CODES = frozenset(
 _POLICY_MESSAGES = ("content policy", "usage policy", "safety system", "content management policy")
 # 429s that waiting does not fix: an exhausted quota or balance, a request above the whole limit.
 _HOPELESS_429_CODES = frozenset({"insufficient_quota"})
-_HOPELESS_429_MESSAGES = ("exceeded your current quota", "request too large", "too many failed")
+_HOPELESS_429_MESSAGES = ("exceeded your current quota", "too many failed")
+# 429s about one request (shared/provider-failures.md F1.1, F1.3): OpenAI's "Request too large for
+# gpt-4o ... on tokens per min (TPM)" never fits; Anthropic's "This request would exceed the rate
+# limit ... of N input tokens per minute" is this request's size against what is left.
+_TOO_LARGE_MESSAGES = ("request too large",)
+_REQUEST_RATE_MESSAGES = ("this request would exceed", "input tokens per minute")
 
 
 def _parse_delay(value: str, now: float) -> float | None:
@@ -173,8 +187,12 @@ def decide(
     hinted = hinted_delay(failure.headers, status=status, now=now)
     if status == 429:
         code, message = _error_text(failure.body)
+        if any(m in message for m in _TOO_LARGE_MESSAGES):
+            return Decision("move_on", REQUEST_TOO_LARGE)
         if code in _HOPELESS_429_CODES or any(m in message for m in _HOPELESS_429_MESSAGES):
             return Decision("move_on", "quota_exhausted")
+        if any(m in message for m in _REQUEST_RATE_MESSAGES):
+            return _transient(REQUEST_RATE_LIMITED, hinted, retries, remaining, policy)
         return _transient("rate_limited", hinted, retries, remaining, policy)
     if status in TRANSIENT_STATUSES:
         return _transient("overloaded", hinted, retries, remaining, policy)

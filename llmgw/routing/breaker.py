@@ -2,25 +2,54 @@
 
 Pure state, no clock of its own: every call is given ``now`` (wall-clock seconds, because an open
 breaker's end is shared with other replicas). A few consecutive failed calls open it for the
-cooldown; each time it opens again without having closed, the cooldown doubles, up to a cap. Once
-the cooldown has passed it is half-open: one request (the probe) is let through; its success closes
-the breaker, its failure opens it again. A 429's ``Retry-After`` opens it for exactly that long.
+cooldown. Once the cooldown has passed it is half-open: one request (the probe) is let through; its
+success closes the breaker, its failure opens it again for the cooldown, so that a deployment that
+recovers carries traffic again within a cooldown. Only after more failed probes in a row than the
+operator allows (``Cooldown.steady_probes``) does the cooldown double with each further one. A
+429's ``Retry-After`` opens it for that long. No opening outlasts ``Cooldown.most``: an upstream (or
+a caller that makes it say so) cannot take a deployment away for a day.
+
+Failures count across replicas: each replica tells the others whose calls failed in a row there
+(``elsewhere``, :mod:`.load`), so a deployment that is down gets three attempts in all, not three
+per replica, before it opens.
+
+One caller cannot open it for everyone: while every failure in a row is one caller's and another
+caller was answered by the deployment a moment ago (``others_served``, which the policy knows across
+replicas), the failures are that caller's requests, not the deployment, and it stays closed. A
+deployment only one caller uses opens as before.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["FAILURES_TO_OPEN", "MAX_COOLDOWN_SECONDS", "Breaker", "State"]
+__all__ = ["FAILURES_TO_OPEN", "MAX_COOLDOWN_SECONDS", "Breaker", "Cooldown", "State"]
 
-# Consecutive failed calls (each after its own retries) that open a closed breaker: one failure is
-# noise, three in a row with nothing in between is a deployment that is down.
+# Consecutive failed calls that open a closed breaker: one failure is noise, three in a row with
+# nothing in between is a deployment that is down.
 FAILURES_TO_OPEN = 3
-# The doubling stops here (or at the deployment's own cooldown, when that is longer): a deployment
-# down for an hour is still probed every five minutes.
+# The longest any opening lasts by default (``circuit_max_cooldown_seconds``): a deployment down for
+# an hour is still probed every five minutes, and a Retry-After of a day is not believed.
 MAX_COOLDOWN_SECONDS = 300.0
+# Failed probes in a row after which the cooldown starts to double (``circuit_max_failed_probes``).
+STEADY_PROBES = 5
+
+
+@attrs.frozen(slots=True)
+class Cooldown:
+    """How long a provider's deployments stay open (its ``circuit_*`` settings)."""
+
+    seconds: float = 30.0
+    most: float = MAX_COOLDOWN_SECONDS  # never more than the cooldown (see ProviderSpec)
+    steady_probes: int = STEADY_PROBES
+
+    def after(self, failed_probes: int) -> float:
+        """The opening after ``failed_probes`` probes failed in a row."""
+        doublings = min(max(0, failed_probes - self.steady_probes), 32)
+        return min(self.most, self.seconds * 2.0**doublings)
 
 
 class State(enum.Enum):
@@ -32,8 +61,10 @@ class State(enum.Enum):
 @attrs.define(slots=True)
 class Breaker:
     failures: int = 0  # consecutive failed calls since the last success
+    # Whose the last of them were ("" for a request without a key), oldest first
+    failed_by: list[str] = attrs.field(factory=list)
     open_until: float | None = None  # None: closed
-    openings: int = 0  # times opened since it last closed (the cooldown doubles with each)
+    openings: int = 0  # times opened since it last closed: 1 + the failed probes in a row
     last_failure_at: float = 0.0
     probing: bool = False  # a probe is in flight (on this replica)
     changed_at: float = 0.0  # when open_until last changed: the newer of two replicas' views wins
@@ -57,6 +88,7 @@ class Breaker:
     def succeeded(self, now: float) -> bool:
         """A call was answered; returns whether the breaker closed (a change to share)."""
         self.failures = 0
+        self.failed_by = []
         self.probing = False
         if self.open_until is None:
             return False
@@ -64,21 +96,35 @@ class Breaker:
         return True
 
     def failed(
-        self, now: float, *, cooldown: float, retry_after: float | None = None, probe: bool = False
+        self,
+        now: float,
+        cooldown: Cooldown,
+        *,
+        retry_after: float | None = None,
+        probe: bool = False,
+        caller: str = "",
+        others_served: bool = False,
+        elsewhere: Sequence[str] = (),
     ) -> bool:
-        """A call failed; returns whether the breaker opened (or opened for longer)."""
+        """A call of ``caller``'s failed; returns whether the breaker opened (or for longer).
+
+        ``others_served``: another caller was answered by the deployment a moment ago;
+        ``elsewhere``: whose calls failed in a row on the other replicas."""
         self.failures += 1
         self.last_failure_at = now
         self.probing = False
+        self.failed_by = [*self.failed_by, caller][-FAILURES_TO_OPEN:]
+        if others_served and {*elsewhere, *self.failed_by} == {caller}:
+            return False  # this caller's requests fail, not the deployment
         if retry_after is not None:
-            # The provider said how long: believed, but never shorter than what is already known.
-            return self._open(now, max(retry_after, 0.0), count=False)
+            # The provider said how long: believed up to the longest opening, and never shorter
+            # than what is already known.
+            return self._open(now, min(max(retry_after, 0.0), cooldown.most), count=False)
         state = self.state(now)
         if state is State.OPEN:
             return False  # a call sent before it opened; the cooldown already runs
-        if probe or state is State.HALF_OPEN or self.failures >= FAILURES_TO_OPEN:
-            cap = max(cooldown, MAX_COOLDOWN_SECONDS)
-            return self._open(now, min(cap, cooldown * 2**self.openings), count=True)
+        if probe or state is State.HALF_OPEN or self.failures + len(elsewhere) >= FAILURES_TO_OPEN:
+            return self._open(now, cooldown.after(self.openings), count=True)
         return False
 
     def _open(self, now: float, seconds: float, *, count: bool) -> bool:

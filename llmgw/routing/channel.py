@@ -62,6 +62,12 @@ class LoadReport:
     replica: str  # the sender's id (random, per process)
     in_flight: dict[str, int]  # provider:model -> requests it is serving; empty: none
     ttl: float  # seconds the receiver counts it (by its own clock: clocks need not agree)
+    # provider:model -> callers (tags of API keys) it answered lately; a replica of an older
+    # version sends none, and ignores these
+    served: dict[str, list[str]] = attrs.field(factory=dict)
+    # provider:model -> callers whose calls to it failed in a row there, oldest first (a breaker
+    # opens on the failures of every replica)
+    failing: dict[str, list[str]] = attrs.field(factory=dict)
 
 
 def kept_until(change: HealthChange) -> float:
@@ -105,7 +111,22 @@ def _load_report(fields: dict[str, Any]) -> LoadReport:
     for count in in_flight.values():
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError("not a count")
-    return LoadReport(replica=replica, in_flight=in_flight, ttl=_number(fields["ttl"]))
+    return LoadReport(
+        replica=replica,
+        in_flight=in_flight,
+        ttl=_number(fields["ttl"]),
+        served=_callers(fields.get("served", {})),
+        failing=_callers(fields.get("failing", {})),
+    )
+
+
+def _callers(value: Any) -> dict[str, list[str]]:
+    if not isinstance(value, dict) or not all(
+        isinstance(callers, list) and all(isinstance(c, str) for c in callers)
+        for callers in value.values()
+    ):
+        raise ValueError("wrong type")
+    return value
 
 
 def decode(payload: str | bytes) -> Message | None:

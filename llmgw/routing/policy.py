@@ -18,6 +18,7 @@ recently is tried (it had the longest to recover), and only that one.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -32,8 +33,8 @@ from llmgw.errors import ServiceUnavailable, UpstreamBusy, UpstreamTimeout, Upst
 from llmgw.limits.caps import AccountCap, ProviderCaps
 from llmgw.limits.store import Admission, LimitStore, Reservation
 from llmgw.providers.base import Deployment, UpstreamResponse
-from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision, hinted_delay
-from llmgw.routing.breaker import Breaker, State
+from llmgw.providers.retry import ABOUT_THE_REQUEST, Decision, hinted_delay
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Breaker, Cooldown, State
 from llmgw.routing.channel import HealthChange, HealthChannel, LoadReport, Message
 from llmgw.routing.load import REPORT_INTERVAL_SECONDS, SharedLoad
 from llmgw.routing.strategy import Strategy, first_choice
@@ -49,6 +50,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_COOLDOWN_SECONDS = 30.0
+_DEFAULT_COOLDOWN = Cooldown(DEFAULT_COOLDOWN_SECONDS)
 # The longest a probe's claim holds other replicas back: its answer closes or reopens the breaker
 # well before (which ends the claim: a new opening is claimed afresh), so this only frees the probe
 # of a replica that died probing.
@@ -81,27 +83,55 @@ def _make_room(remembered: dict[str, Any]) -> None:
         del remembered[next(iter(remembered))]
 
 
+def caller_tag(caller: str | None) -> str:
+    """A short stand-in for an API key's id (shared with other replicas); "" for no key."""
+    return "" if caller is None else hashlib.blake2b(caller.encode(), digest_size=6).hexdigest()
+
+
 class Attempt:
     """One attempt on one deployment: counted in flight until :meth:`done` (or a failure)."""
 
-    __slots__ = ("_answered_after", "_ended", "_label", "_policy", "_probe", "_started")
+    __slots__ = (
+        "_answered_after",
+        "_caller",
+        "_ended",
+        "_label",
+        "_policy",
+        "_probe",
+        "_started",
+        "once",
+    )
 
-    def __init__(self, policy: RoutingPolicy, label: str, probe: bool, started: float) -> None:
-        self._policy, self._label, self._probe, self._started = policy, label, probe, started
+    def __init__(
+        self,
+        policy: RoutingPolicy,
+        label: str,
+        probe: bool,
+        started: float,
+        caller: str,
+        *,
+        once: bool,
+    ) -> None:
+        self._policy, self._label, self._started, self._caller = policy, label, started, caller
+        self._probe = probe
+        # Asked once, never retried: a half-open breaker's probe, or a deployment known to be down
+        # that a route with nothing else tries all the same (it probes, it does not hammer).
+        self.once = once
         self._ended = False
         self._answered_after: float | None = None
 
     def answered(self) -> None:
         """The deployment answered: a whole answer, or a stream whose headers arrived."""
         self._answered_after = self._policy._monotonic() - self._started
-        self._policy._answered(self._label)
+        self._policy._answered(self._label, served=self._caller)
 
     def refused(self, response: UpstreamResponse, decision: Decision | None) -> None:
         """The deployment answered with an error status (after its retries); ``decision`` is
         ``retry.decide``'s: only a failure to move on from is the deployment's."""
-        if decision is None or decision.action != "move_on" or decision.reason == CONTEXT_TOO_LONG:
+        if decision is None or decision.action != "move_on" or decision.reason in ABOUT_THE_REQUEST:
             # It is up: what it refused is the request (a 400, a content-policy refusal, a
-            # context too long for it), and the caller or the next deployment gets that.
+            # context too long for it, a request too large for its rate limit or beyond the
+            # caller's share of it), and the caller or the next deployment gets that.
             # Not timed: a quick refusal says nothing of how fast it answers.
             self._policy._answered(self._label)
             self.done()
@@ -121,7 +151,7 @@ class Attempt:
 
     def failed(self, retry_after: float | None = None) -> None:
         """The deployment could not serve it (after its retries); ``retry_after``: a 429's wait."""
-        self._policy._failed(self._label, retry_after, probe=self._probe)
+        self._policy._failed(self._label, retry_after, probe=self._probe, caller=self._caller)
         self.done()
 
     def abandoned(self) -> None:
@@ -159,7 +189,7 @@ class RoutingPolicy:
         self._monotonic = monotonic
         self._rng = rng or random.Random()
         self._breakers: dict[str, Breaker] = {}
-        self._cooldowns: dict[str, float] = {}  # provider name -> seconds
+        self._cooldowns: dict[str, Cooldown] = {}  # provider name -> its breakers' cooldown
         self._load = SharedLoad()
         self._latency: dict[str, float] = {}
         self._channel: HealthChannel | None = None
@@ -173,9 +203,9 @@ class RoutingPolicy:
     # Lifecycle ---------------------------------------------------------------------------------
 
     def configure(
-        self, cooldowns: Mapping[str, float], caps: Mapping[str, AccountCap] | None = None
+        self, cooldowns: Mapping[str, Cooldown], caps: Mapping[str, AccountCap] | None = None
     ) -> None:
-        """Each provider's ``circuit_cooldown_seconds`` and account caps (at start and on every
+        """Each provider's ``circuit_*`` settings and account caps (at start and on every
         reload)."""
         self._cooldowns = dict(cooldowns)
         self.caps.configure(caps or {})
@@ -232,12 +262,16 @@ class RoutingPolicy:
             ready.insert(0, probe)
         return [deployments[i] for i in ready]
 
-    def attempt(self, deployment: Deployment) -> Attempt:
+    def attempt(self, deployment: Deployment, caller: str | None = None) -> Attempt:
+        """``deployment`` is sent a request of ``caller``'s (an API key's id; None: no key)."""
         label = deployment.label
         breaker = self._breakers.get(label)
         probe = breaker is not None and breaker.probing
+        down = breaker is not None and breaker.state(self._clock()) is not State.CLOSED
         self._load.enter(label)
-        return Attempt(self, label, probe, self._monotonic())
+        return Attempt(
+            self, label, probe, self._monotonic(), caller_tag(caller), once=probe or down
+        )
 
     async def claim(self, deployment: Deployment) -> bool:
         """Whether ``deployment`` may be sent the request: yes, unless :meth:`plan` made the
@@ -322,7 +356,13 @@ class RoutingPolicy:
             seconds if previous is None else previous + _LATENCY_WEIGHT * (seconds - previous)
         )
 
-    def _answered(self, label: str) -> None:
+    def _cooldown(self, label: str) -> Cooldown:
+        return self._cooldowns.get(label.split(":", 1)[0], _DEFAULT_COOLDOWN)
+
+    def _answered(self, label: str, *, served: str | None = None) -> None:
+        """``label`` is up; ``served``: the caller it answered (not one whose request it refused)."""
+        if served is not None:
+            self._load.served(label, served, self._monotonic())
         breaker = self._breakers.get(label)
         if breaker is None:
             return
@@ -332,14 +372,24 @@ class RoutingPolicy:
         if breaker.succeeded(self._clock()):
             log.warning("deployment %s answers again: its circuit is closed", label)
             self._share(label, breaker)
+        self._note_failing(label, breaker)
 
-    def _failed(self, label: str, retry_after: float | None, *, probe: bool) -> None:
+    def _failed(self, label: str, retry_after: float | None, *, probe: bool, caller: str) -> None:
         breaker = self._breaker(label)
         self._claims.pop(label, None)
-        provider = label.split(":", 1)[0]
-        cooldown = self._cooldowns.get(provider, DEFAULT_COOLDOWN_SECONDS)
-        now = self._clock()
-        if breaker.failed(now, cooldown=cooldown, retry_after=retry_after, probe=probe):
+        now, monotonic = self._clock(), self._monotonic()
+        others_served = self._load.others_served(label, caller, monotonic)
+        opened = breaker.failed(
+            now,
+            self._cooldown(label),
+            retry_after=retry_after,
+            probe=probe,
+            caller=caller,
+            others_served=others_served,
+            elsewhere=self._load.failing_elsewhere(label, monotonic),
+        )
+        self._note_failing(label, breaker)
+        if opened:
             assert breaker.open_until is not None
             log.warning(
                 "deployment %s is skipped for %.0f s: its circuit is open (%s)",
@@ -348,8 +398,37 @@ class RoutingPolicy:
                 "Retry-After" if retry_after is not None else f"{breaker.failures} failures",
             )
             self._share(label, breaker)
+        elif (
+            others_served
+            and breaker.failures >= FAILURES_TO_OPEN
+            and set(breaker.failed_by) == {caller}
+        ):
+            log.info(
+                "deployment %s failed one caller's request %d times in a row while it serves "
+                "others: its circuit stays closed",
+                label,
+                breaker.failures,
+            )
 
     # Between replicas ---------------------------------------------------------------------------
+
+    def _note_failing(self, label: str, breaker: Breaker) -> None:
+        """Tell the other replicas at once whose calls to ``label`` failed in a row here (nobody's
+        once it answered or opened): its breaker opens on the failures of all of them."""
+        closed = breaker.state(self._clock()) is State.CLOSED
+        failing = breaker.failed_by if closed and breaker.failures else None
+        if self._load.failing.get(label) == failing:
+            return
+        if failing is None:
+            del self._load.failing[label]
+        else:
+            self._load.failing[label] = failing
+        self._report_load()
+
+    def _report_load(self) -> None:
+        report = self._load.report(self._monotonic())
+        if report is not None and self._outbox is not None:
+            self._outbox.put_nowait(report)
 
     def _share(self, label: str, breaker: Breaker) -> None:
         if self._outbox is not None:
@@ -375,19 +454,22 @@ class RoutingPolicy:
         breaker = self._breaker(change.deployment)
         if change.changed_at < breaker.changed_at:
             return
-        breaker.open_until, breaker.openings = change.open_until, change.openings
+        open_until = change.open_until
+        if open_until is not None:
+            # Kept before openings had a cap (or by an older replica): none outlasts it.
+            open_until = min(open_until, self._clock() + self._cooldown(change.deployment).most)
+        breaker.open_until, breaker.openings = open_until, change.openings
         breaker.changed_at = change.changed_at
         breaker.last_failure_at = max(breaker.last_failure_at, change.last_failure_at)
         if change.open_until is None:
-            breaker.failures = 0
+            breaker.failures, breaker.failed_by = 0, []
+        self._note_failing(change.deployment, breaker)
 
     async def _report_load_forever(self) -> None:
         assert self._outbox is not None
         while True:
             await asyncio.sleep(REPORT_INTERVAL_SECONDS)
-            report = self._load.report(self._monotonic())
-            if report is not None:
-                self._outbox.put_nowait(report)
+            self._report_load()
 
     async def _send_forever(self) -> None:
         assert self._outbox is not None

@@ -4,8 +4,8 @@
     python -m tests.artifact.lower_bounds --check-installed
 
 Runtime dependencies are ``project.dependencies`` and the optional extras an operator installs
-(``grpc``, ``redis``, ``speed``); the ``test`` and ``dev`` extras are tools, not what llmgw runs on,
-and are left to resolve against these pins. .ci/run installs ``.[test,dev]`` with
+(``grpc``, ``redis``, ``speed``, ``bedrock``, ``vertex``); the ``test`` and ``dev`` extras are tools, not what
+llmgw runs on, and are left to resolve against these pins. .ci/run installs ``.[test,dev]`` with
 ``--constraint`` on this output, so a bound that no longer works fails CI instead of a user's
 install. Every runtime requirement must declare a ``>=`` bound: one without a bound cannot be
 tested at its oldest end and is refused here. ``--check-installed`` exits 1 unless the running

@@ -24,10 +24,14 @@ def test_the_installed_kinds_are_listed_with_a_broken_one_s_reason(tmp_path: Pat
     assert [row[0] for row in rows[1:]] == [
         "anthropic",
         "azure-openai",
+        "bedrock",
+        "gemini",
         "half",
         "openai-compatible",
         "venice",
+        "vertex",
     ]
-    assert rows[3][1:3] == ["llmgw-half-done", "1.2"]
-    assert "failed to load: RuntimeError: not finished" in rows[3][3]
-    assert rows[-1][1] == "llmgw" and rows[-1][3].startswith("reasoning ")
+    assert rows[5][1:3] == ["llmgw-half-done", "1.2"]
+    assert "failed to load: RuntimeError: not finished" in rows[5][3]
+    [venice] = [row for row in rows if row[0] == "venice"]
+    assert venice[1] == "llmgw" and venice[3].startswith("reasoning ")

@@ -15,7 +15,7 @@ from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, Up
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
-from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.channel import HealthChange
 from llmgw.routing.policy import RoutingPolicy
 
@@ -29,6 +29,7 @@ class Stub:
     name: str
     answer: Callable[[], UpstreamResponse]
     calls: int = 0
+    retries_allowed: list[int | None] = attrs.field(factory=list)  # each call's max_retries
     capabilities: Capabilities = attrs.field(factory=lambda: Capabilities(reasoning=True))
     server_address: str = "stub"
     server_port: int = 443
@@ -37,6 +38,7 @@ class Stub:
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         self.calls += 1
+        self.retries_allowed.append(call.max_retries)
         return self.answer()
 
 
@@ -154,6 +156,21 @@ async def test_when_the_only_deployment_is_open_it_is_still_tried() -> None:
     assert down.calls == FAILURES_TO_OPEN + 2
 
 
+async def test_only_the_last_deployment_left_is_retried_and_one_known_down_never() -> None:
+    overloaded = fails_with(503, Decision("move_on", "overloaded"))
+    first, second = Stub("first", overloaded), Stub("second", overloaded)
+    with pytest.raises(UpstreamHTTPError):
+        await ask(chain(first, second))
+    assert (first.retries_allowed, second.retries_allowed) == ([0], [None])
+    alone = Stub("alone", overloaded)
+    route = chain(alone)
+    for _ in range(FAILURES_TO_OPEN + 2):
+        with pytest.raises(UpstreamHTTPError):
+            await ask(route)
+    # Open, and tried all the same (nothing else is left): once, no retries.
+    assert alone.retries_allowed == [None] * FAILURES_TO_OPEN + [0, 0]
+
+
 async def test_an_answer_counts_in_flight_until_it_is_done_and_a_cancel_frees_it() -> None:
     gate = asyncio.Event()
     up = Stub("up", lambda: OK)
@@ -227,7 +244,7 @@ async def test_a_half_open_deployment_skipped_at_its_cap_is_probed_by_a_later_re
         [Deployment(down, "m"), Deployment(up, "m")],  # type: ignore[arg-type]
         routing=routing,
     )
-    routing.configure({"flaky": 5.0}, {"flaky": AccountCap(rpm=FAILURES_TO_OPEN)})
+    routing.configure({"flaky": Cooldown(5.0)}, {"flaky": AccountCap(rpm=FAILURES_TO_OPEN)})
     routing.caps.use(MemoryLimitStore(clock=lambda: now[0]), default_max_output_tokens=16)
     for _ in range(FAILURES_TO_OPEN):  # its whole minute's requests, each a failure: it opens
         assert await ask(route) == "up"
@@ -248,7 +265,7 @@ async def test_a_probe_another_replica_holds_is_skipped_for_the_next_deployment(
     routes = []
     for _ in range(2):  # two replicas on one limits store
         routing = RoutingPolicy(clock=lambda: now[0], monotonic=lambda: now[0])
-        routing.configure({"flaky": 5.0})
+        routing.configure({"flaky": Cooldown(5.0)})
         routing.use(store)
         deployments = [Deployment(down, "m"), Deployment(up, "m")]  # type: ignore[arg-type]
         routes.append(FallbackChain(deployments, routing=routing))

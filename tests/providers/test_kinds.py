@@ -136,7 +136,7 @@ def test_an_unknown_key_lists_the_kind_s_own_keys_too(tmp_path: Path, site: Path
 def test_an_unknown_kind_lists_the_installed_ones(tmp_path: Path, site: Path) -> None:
     assert problem(tmp_path, "foo") == (
         'providers[0].kind: no provider kind "foo" is installed; installed kinds: '
-        '"anthropic", "azure-openai", "broken", "failing", "not-a-plugin", "openai-compatible", "regional", "venice"'
+        '"anthropic", "azure-openai", "bedrock", "broken", "failing", "gemini", "not-a-plugin", "openai-compatible", "regional", "venice", "vertex"'
     )
 
 

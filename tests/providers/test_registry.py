@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmgw.provider_config import DeploymentSpec, ModelAlias
 from llmgw.providers.registry import ProviderRegistry
-from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.strategy import ORDERED, Strategy
 from tests.providers.test_fallback import OK, Stub
 
@@ -14,7 +14,7 @@ SPLIT = Strategy("weighted", (1.0, 3.0))
 def registry(strategy: Strategy, cooldown: float) -> ProviderRegistry:
     providers = [Stub("a", lambda: OK), Stub("b", lambda: OK)]
     alias = ModelAlias("m", (DeploymentSpec("a", "x"), DeploymentSpec("b", "y")), strategy)
-    return ProviderRegistry(providers, [alias], cooldowns={"a": cooldown})  # type: ignore[list-item]
+    return ProviderRegistry(providers, [alias], cooldowns={"a": Cooldown(cooldown)})  # type: ignore[list-item]
 
 
 def test_every_route_shares_the_policy_and_a_reload_keeps_what_it_knows() -> None:

@@ -9,7 +9,15 @@ from email.utils import format_datetime
 import orjson
 import pytest
 
-from llmgw.providers.retry import Decision, Failure, RetryPolicy, decide
+from llmgw.providers.retry import (
+    ABOUT_THE_REQUEST,
+    REQUEST_RATE_LIMITED,
+    REQUEST_TOO_LARGE,
+    Decision,
+    Failure,
+    RetryPolicy,
+    decide,
+)
 
 NOW = 1_800_000_000.0  # the wall clock, epoch seconds
 HIGH = RetryPolicy(max_retries=2, jitter=lambda _low, high: high)
@@ -110,10 +118,6 @@ def test_a_429_reset_header_in_epoch_milliseconds_is_a_wait() -> None:
         openai_error(
             "insufficient_quota", "You exceeded your current quota, please check your plan."
         ),
-        openai_error(
-            "rate_limit_exceeded",
-            "Request too large for gpt-4o in organization org-1 on tokens per min (TPM): Limit 30000, Requested 30601.",
-        ),
         {"error": "Too many failed attempts (> 50) resulting in a non-success status code."},
     ],
 )
@@ -121,6 +125,33 @@ def test_a_429_that_waiting_cannot_fix_moves_on_at_once(error: object) -> None:
     assert after(answered(429, error, **{"retry-after": "1"})) == Decision(
         "move_on", "quota_exhausted"
     )
+
+
+def test_a_request_too_large_for_the_tpm_limit_moves_on_as_the_requests_fault() -> None:
+    error = openai_error(
+        "rate_limit_exceeded",
+        "Request too large for gpt-4o in organization org-1 on tokens per min (TPM): Limit 30000, "
+        "Requested 30601. The input or output tokens must be reduced in order to run successfully.",
+    )
+    decision = after(answered(429, error, **{"retry-after": "1"}))
+    assert decision == Decision("move_on", REQUEST_TOO_LARGE)
+    assert decision.reason in ABOUT_THE_REQUEST
+
+
+def test_a_429_for_this_requests_input_tokens_per_minute_is_about_the_request() -> None:
+    error = {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "This request would exceed the rate limit for your organization (abc) of "
+            "40,000 input tokens per minute. For details, refer to: https://docs.claude.com/.",
+        },
+    }
+    decision = after(answered(429, error, **{"retry-after": "1"}))
+    assert decision == Decision("retry", REQUEST_RATE_LIMITED, 1.0)
+    assert decision.reason in ABOUT_THE_REQUEST
+    assert after(answered(429, error), retries=2).action == "move_on"
+    assert "rate_limited" not in ABOUT_THE_REQUEST  # an ordinary rate limit is the deployment's
 
 
 # Context window and content policy ---------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from llmgw.limits.store import LimitStore
 from llmgw.providers.base import Deployment
-from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.channel import CHANNEL, LOAD_CHANNEL, HealthChange, HealthChannel
 from llmgw.routing.memory import MemoryHealthChannel, MemoryHealthHub
 from llmgw.routing.policy import RoutingPolicy
@@ -95,7 +95,7 @@ async def test_a_deployment_one_replica_found_down_is_skipped_by_the_other_withi
 ) -> None:
     deployments = route()
     down = deployments[0]
-    replicas.first.configure({down.provider.name: 0.5})
+    replicas.first.configure({down.provider.name: Cooldown(0.5)})
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
     assert replicas.first.plan(deployments, ORDERED) == [deployments[1]]
@@ -202,7 +202,7 @@ async def test_a_replica_that_starts_does_not_skip_a_deployment_that_recovered(
     replicas: Replicas,
 ) -> None:
     deployments = route()
-    replicas.first.configure({deployments[0].provider.name: 0.2})
+    replicas.first.configure({deployments[0].provider.name: Cooldown(0.2)})
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(deployments[0]).failed()
     replicas.clock.now += 0.2
@@ -220,8 +220,8 @@ async def test_a_replica_that_starts_does_not_skip_a_deployment_that_recovered(
 async def test_one_replica_at_a_time_probes_a_deployment(replicas: Replicas) -> None:
     deployments = route()
     down = deployments[0]
-    replicas.first.configure({down.provider.name: 0.3})
-    replicas.second.configure({down.provider.name: 0.3})
+    replicas.first.configure({down.provider.name: Cooldown(0.3)})
+    replicas.second.configure({down.provider.name: Cooldown(0.3)})
     for _ in range(FAILURES_TO_OPEN):
         replicas.first.attempt(down).failed()
     await eventually(lambda: replicas.second.health(down.label).state == "open", within=1.0)

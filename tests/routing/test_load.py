@@ -3,8 +3,8 @@ and how long another replica's report counts."""
 
 from __future__ import annotations
 
-from llmgw.routing.channel import LoadReport
-from llmgw.routing.load import REFRESH_SECONDS, TTL_SECONDS, SharedLoad
+from llmgw.routing.channel import LoadReport, decode, encode
+from llmgw.routing.load import REFRESH_SECONDS, SERVED_SECONDS, TTL_SECONDS, SharedLoad
 
 
 def test_a_report_is_sent_only_when_the_counts_changed() -> None:
@@ -65,3 +65,33 @@ def test_its_own_report_coming_back_is_not_counted_twice() -> None:
     assert report is not None
     load.receive(report, now=0.0)
     assert load.in_flight("a:m", 0.0) == 1
+
+
+def test_callers_a_deployment_answered_are_reported_for_a_while_and_told_apart() -> None:
+    here, there = SharedLoad("here"), SharedLoad("there")
+    here.served("a:m", "alice", 0.0)
+    assert here.others_served("a:m", "mallory", 1.0)
+    assert not here.others_served("a:m", "alice", 1.0), "alice is no other caller to herself"
+    report = here.report(0.0)
+    assert report is not None
+    assert report.served == {"a:m": ["alice"]}
+    assert decode(encode(report)) == report
+    there.receive(report, now=0.5)
+    assert there.others_served("a:m", "mallory", 1.0)
+    assert not there.others_served("b:m", "mallory", 1.0)
+    assert not there.others_served("a:m", "mallory", 0.5 + TTL_SECONDS), "its report lapsed"
+    assert here.report(REFRESH_SECONDS) is not None, "refreshed while it names a caller"
+    assert not here.others_served("a:m", "mallory", SERVED_SECONDS)
+    assert here.report(SERVED_SECONDS) == LoadReport("here", {}, TTL_SECONDS)  # forgotten
+    for n in range(5):
+        here.served("a:m", f"caller{n}", SERVED_SECONDS + n)
+    assert here.report(SERVED_SECONDS + 5) == LoadReport(
+        "here", {}, TTL_SECONDS, {"a:m": ["caller3", "caller4"]}
+    )
+
+
+def test_a_report_of_an_older_version_without_callers_is_read() -> None:
+    assert decode(b'{"replica": "old", "in_flight": {"a:m": 1}, "ttl": 3.0}') == LoadReport(
+        "old", {"a:m": 1}, 3.0
+    )
+    assert decode(b'{"replica": "bad", "in_flight": {}, "ttl": 3.0, "served": {"a:m": 1}}') is None

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from llmgw.providers.base import Deployment
-from llmgw.routing.breaker import FAILURES_TO_OPEN
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.channel import HealthChange, LoadReport
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import EXPLORE_SHARE, ORDERED, Strategy
@@ -164,14 +164,56 @@ def test_after_the_cooldown_one_request_probes_first_and_its_success_brings_it_b
     assert labels(routing.plan(route, ORDERED)) == ["a", "b"]
 
 
-def test_a_failed_probe_keeps_it_out_twice_as_long() -> None:
+def test_a_failed_probe_keeps_it_out_one_more_cooldown_and_was_asked_once() -> None:
     clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
     take_down(routing, route[0])
     clock.now += 30
     routing.plan(route, ORDERED)
-    routing.attempt(route[0]).failed()
+    probe = routing.attempt(route[0])
+    assert probe.once, "a probe is never retried (the route sends it with max_retries=0)"
+    probe.failed()
+    assert routing.health("a:m").open_until == clock.now + 30
+
+
+def test_an_opening_another_replica_kept_for_a_day_lasts_no_longer_than_the_cap() -> None:
+    clock = Clock(1_000_000.0)
+    routing = policy(clock)
+    routing.configure({"a": Cooldown(5.0, most=60.0)})
+    routing.receive(HealthChange("a:m", clock.now + 86400, 0, clock.now, changed_at=clock.now))
     assert routing.health("a:m").open_until == clock.now + 60
+
+
+def test_one_keys_failures_do_not_open_a_deployment_another_replica_serves_other_keys_by() -> None:
+    clock = Clock(1_000_000.0)
+    here, there = policy(clock), policy(clock)
+    route = deployments("a", "b")
+    served = there.attempt(route[0], "alice")
+    served.answered()
+    served.done()
+    report = there._load.report(clock.now)
+    assert report is not None
+    here.receive(report)
+    for _ in range(FAILURES_TO_OPEN * 3):
+        here.attempt(route[0], "mallory").failed(retry_after=86400.0)
+    assert here.health("a:m").state == "closed"
+    assert labels(here.plan(route, ORDERED)) == ["a", "b"]
+    # Once alice has not been served for a while, mallory alone is all it serves: it opens.
+    clock.now += 31
+    here.attempt(route[0], "mallory").failed()
+    assert here.health("a:m").state == "open"
+
+
+def test_a_deployment_down_for_every_key_opens_though_others_were_served() -> None:
+    clock = Clock(1_000_000.0)
+    routing, route = policy(clock), deployments("a", "b")
+    for caller in ("alice", "bob"):
+        served = routing.attempt(route[0], caller)
+        served.answered()
+        served.done()
+    for caller in ("mallory", "mallory", "alice"):
+        routing.attempt(route[0], caller).failed()
+    assert routing.health("a:m").state == "open"
 
 
 def test_a_probe_whose_caller_left_frees_the_slot() -> None:
@@ -196,7 +238,7 @@ def test_retry_after_opens_it_for_that_long() -> None:
 def test_each_provider_has_its_own_cooldown() -> None:
     clock = Clock(1_000_000.0)
     routing, route = policy(clock), deployments("a", "b")
-    routing.configure({"a": 5.0})
+    routing.configure({"a": Cooldown(5.0)})
     take_down(routing, route[0])
     take_down(routing, route[1])
     assert routing.health("a:m").open_until == clock.now + 5
@@ -244,3 +286,32 @@ def test_what_is_remembered_of_deployments_callers_name_is_bounded() -> None:
     assert len(routing.known()) <= 1000
     assert routing.health("p2998:m").latency_seconds is not None  # the newest are kept
     assert routing.health("p2999:m").consecutive_failures == 1
+
+
+def tell(sender: RoutingPolicy, receiver: RoutingPolicy, now: float) -> None:
+    """What the sender's load report would carry to the receiver."""
+    report = sender._load.report(now)
+    assert report is not None
+    receiver.receive(report)
+
+
+def test_failures_on_two_replicas_add_up_to_open_it_and_an_answer_clears_them() -> None:
+    clock = Clock(1_000_000.0)
+    here, there = policy(clock), policy(clock)
+    route = deployments("a", "b")
+    for _ in range(FAILURES_TO_OPEN - 1):
+        here.attempt(route[0], "alice").failed()
+    tell(here, there, clock.now)
+    there.attempt(route[0], "bob").failed()
+    assert there.health("a:m").state == "open", "three failures in all, not three per replica"
+
+    # An answer on one replica clears what it told: the others count from nothing again.
+    quiet, busy = policy(clock), policy(clock)
+    for _ in range(FAILURES_TO_OPEN - 1):
+        quiet.attempt(route[0], "alice").failed()
+    answered = quiet.attempt(route[0], "alice")
+    answered.answered()
+    answered.done()
+    tell(quiet, busy, clock.now)
+    busy.attempt(route[0], "bob").failed()
+    assert busy.health("a:m").state == "closed"
