@@ -37,7 +37,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 import attrs
 
@@ -136,6 +136,15 @@ class _Key:
     waited: float = 0.0  # seconds its store round trips took, together
     round_trip: float = 0.0  # the mean of those, when it last had any
     sliced: bool = False
+
+
+async def _whole(call: Awaitable[None]) -> None:
+    """``call``, run to its end even if the caller is cancelled meanwhile (the policy's
+    background tasks are, at shutdown): a store call cut off mid-flight can leave its client
+    hanging (seen with redis-py)."""
+    task = asyncio.ensure_future(call)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    await asyncio.shield(task)
 
 
 def _fits(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> bool:
@@ -519,7 +528,7 @@ class LeasedLimitStore:
             # not answer, with the next pushes (never raised: the policy need not queue them).
             self._direct.difference_update(c.lease_id for c in direct)
             try:
-                await self.store.settle(direct)
+                await _whole(self.store.settle(direct))
             except ServiceUnavailable:
                 self._unsent.extend(direct)
 
@@ -543,7 +552,7 @@ class LeasedLimitStore:
         are renewed by the ticks); those the store admitted (quiet keys) do."""
         direct = [lease for lease in leases if lease[0] in self._direct]
         if direct:
-            await self.store.renew(direct, seconds)
+            await _whole(self.store.renew(direct, seconds))
 
     async def cancel(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
@@ -553,7 +562,7 @@ class LeasedLimitStore:
         direct = [lease for lease in leases if lease[0] in self._direct]
         if direct:
             self._direct.difference_update(lease_id for lease_id, _ in direct)
-            await self.store.cancel(direct, seconds)
+            await _whole(self.store.cancel(direct, seconds))
         for lease_id, _counters in leases:
             for name, amount in self._requests.pop(lease_id, {}).items():
                 pool = self._pools.get(name)
