@@ -18,11 +18,16 @@ A real aiohttp server on 127.0.0.1 (the base URL is the root, as the anthropic S
 
 Tests script failures with :meth:`FakeAnthropic.fail_next` (529 is ``overloaded_error``) or
 :meth:`FakeAnthropic.error_mid_stream`, and read what it got in ``received``: each body byte for
-byte, with the headers.
+byte, with the headers. A hostile upstream is scripted with its attributes: ``usage_patch`` (over
+the answer's and ``message_start``'s usage; ``usage_patch = None`` sends no usage at all),
+``final_usage_patch`` (over ``message_delta``'s), ``restart_usage`` (a second ``message_start``
+with that usage), ``before_final`` (raw bytes sent before ``message_delta``) and
+``stall_before_final`` (the stream stops there and sends nothing more until the fake closes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import os
@@ -98,6 +103,16 @@ class FakeAnthropic(ServedHere):
         self._failures: collections.deque[int] = collections.deque()
         self._count_failures: collections.deque[int] = collections.deque()
         self._mid_stream_errors: collections.deque[str] = collections.deque()
+        self.usage_patch: dict[str, Any] | None = {}
+        self.final_usage_patch: dict[str, Any] = {}
+        self.restart_usage: dict[str, Any] | None = None
+        self.before_final = b""
+        self.stall_before_final = False
+        self._closing = asyncio.Event()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._closing.set()  # a stalled stream ends
+        await super().__aexit__(*exc_info)
 
     @property
     def base_url(self) -> str:
@@ -197,6 +212,10 @@ class FakeAnthropic(ServedHere):
             "usage": usage,
         }
         if body.get("stream") is not True:
+            if self.usage_patch is None:
+                del message["usage"]
+            else:
+                message["usage"] = {**usage, **self.usage_patch}
             return web.json_response(message)
         return await self._stream(request, message)
 
@@ -237,13 +256,15 @@ class FakeAnthropic(ServedHere):
             await response.write(data)
 
         usage = message["usage"]
-        start = {
-            **message,
-            "content": [],
-            "stop_reason": None,
-            "usage": {**usage, "output_tokens": 1},
-        }
+        start = {**message, "content": [], "stop_reason": None}
+        if self.usage_patch is None:
+            del start["usage"]
+        else:
+            start["usage"] = {**usage, "output_tokens": 1, **self.usage_patch}
         await write(_event("message_start", {"message": start}))
+        if self.restart_usage is not None:
+            again = {**start, "usage": self.restart_usage}
+            await write(_event("message_start", {"message": again}))
         for index, block in enumerate(message["content"]):
             await write(b"".join(self._block_events(index, block)))
             if index == 0:
@@ -252,8 +273,13 @@ class FakeAnthropic(ServedHere):
                 error = {"type": self._mid_stream_errors.popleft(), "message": "Overloaded"}
                 await write(_event("error", {"error": error}))
                 return response
+        if self.before_final:
+            await write(self.before_final)
+        if self.stall_before_final:
+            await self._closing.wait()
+            return response
         delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-        final_usage = {"output_tokens": usage["output_tokens"]}
+        final_usage = {"output_tokens": usage["output_tokens"], **self.final_usage_patch}
         await write(_event("message_delta", {"delta": delta, "usage": final_usage}))
         await write(_event("message_stop", {}))
         return response

@@ -101,20 +101,34 @@ async def test_poison_then_100_ordinary_requests_leave_100_ordinary_rows(
     assert (ordinary["rows"], ordinary["input"], ordinary["output"]) == (100, 300, 500)
     assert ordinary["cost"] == Decimal(str(COST)) * 100
     flagged = await db.fetch(
-        "SELECT flags, stream, status, input_tokens, output_tokens, cost_usd, response_id "
-        "FROM usage_events WHERE flags <> '{}'"
+        "SELECT flags, stream, status, input_tokens, output_tokens, cost_usd, response_id, "
+        "usage_source FROM usage_events WHERE flags <> '{}'"
     )
     assert sorted((row["flags"], row["stream"]) for row in flagged) == sorted(
         (POISON_FLAGS[name], stream) for name in UPSTREAM_POISON for stream in (False, True)
     )
     assert {row["status"] for row in flagged} == {200, None}
-    assert all(row["cost_usd"] in (None, Decimal(str(COST))) for row in flagged)
+    # Counts that are no counts are billed the estimate instead (priced once the price table is
+    # known: the very first request is not), a cost that is no cost the price table's.
+    for row in flagged:
+        if "input_tokens:out_of_range" in row["flags"]:
+            assert row["usage_source"] == "estimated"
+            assert row["input_tokens"] > 0 and row["output_tokens"] > 0
+            assert row["cost_usd"] is None or row["cost_usd"] > 0
+        elif row["status"] is not None:
+            assert (row["usage_source"], row["cost_usd"]) == ("reported", Decimal(str(COST)))
     assert {row["response_id"] for row in flagged} >= {"chatcmpl-poison"}
     window = await db.fetchval(
         "SELECT sum(tokens) FROM api_key_token_windows WHERE api_key_id = $1", key_id
     )
-    # 8 tokens per ordinary row, per "cost 1e10" row and per "NUL in the response id" row.
-    assert window == 100 * 8 + 2 * 8 + 2 * 8
+    # 8 tokens per ordinary row, per "cost 1e10" row and per "NUL in the response id" row, and
+    # the estimates billed for the counts that were no counts.
+    estimates = sum(
+        row["input_tokens"] + row["output_tokens"]
+        for row in flagged
+        if "input_tokens:out_of_range" in row["flags"]
+    )
+    assert window == 100 * 8 + 2 * 8 + 2 * 8 + estimates
 
 
 async def test_budgets_are_still_enforced_after_poison(gateway: Gateway) -> None:

@@ -9,6 +9,7 @@ a reservation.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -16,6 +17,7 @@ import orjson
 
 __all__ = [
     "BYTES_PER_TOKEN",
+    "answer_output_chars",
     "argument_chars",
     "estimate_input_tokens",
     "estimate_output_tokens",
@@ -23,12 +25,15 @@ __all__ = [
 ]
 
 BYTES_PER_TOKEN = 4
-# Fields of a chat completions body that reach the model's context.
-_PROMPT_FIELDS = ("messages", "tools", "functions", "input", "prompt")
+# Fields of a chat completions body that reach the model's context (and of a Messages body
+# forwarded as it came: its ``system`` prompt, Claude Code's largest part, is one).
+_PROMPT_FIELDS = ("messages", "tools", "functions", "input", "prompt", "system")
+# Messages content blocks whose ``input`` the model wrote (a server tool's too).
+_TOOL_USES = frozenset({"tool_use", "server_tool_use"})
 
 
 def estimate_input_tokens(chat_body: dict[str, Any]) -> int:
-    """Input tokens of a chat completions (or embeddings) body; at least 1."""
+    """Input tokens of a chat completions (embeddings, Messages) body; at least 1."""
     size = 0
     for field in _PROMPT_FIELDS:
         value = chat_body.get(field)
@@ -47,6 +52,32 @@ def argument_chars(tool_calls: Any) -> int:
         if isinstance(arguments, str):
             chars += len(arguments)
     return chars
+
+
+def answer_output_chars(document: dict[str, Any]) -> int:
+    """Characters a whole answer's model produced (for an estimate of its output tokens): a chat
+    completion's content and tool-call arguments, or a Messages answer's content blocks (text,
+    thinking, tool_use input as JSON), as a stream of either is counted."""
+    size = 0
+    choices = document.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        size += len(content) if isinstance(content, str) else 0
+        size += argument_chars(message.get("tool_calls"))
+    blocks = document.get("content") if document.get("type") == "message" else None
+    for block in blocks if isinstance(blocks, list) else ():
+        if not isinstance(block, dict):
+            continue
+        for field in ("text", "thinking"):
+            text = block.get(field)
+            size += len(text) if isinstance(text, str) else 0
+        if block.get("type") in _TOOL_USES and "input" in block:
+            with contextlib.suppress(orjson.JSONEncodeError):  # nested past what orjson writes
+                size += len(orjson.dumps(block["input"]))
+    return size
 
 
 def estimate_output_tokens(output_chars: int) -> int:

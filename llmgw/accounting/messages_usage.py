@@ -2,7 +2,9 @@
 
 A stream reports usage twice: ``message_start`` (input and cache counts) and ``message_delta``,
 whose counts are cumulative (shared/anthropic-messages.md M3), so each field given replaces the one
-before rather than adding to it, and one left out keeps its earlier value.
+before rather than adding to it, and one left out keeps its earlier value. Cumulative counts never
+go down: a count lower than the one before (a second ``message_start``) is not taken; a value that
+is no count is (the charge flags it and bills the estimate).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class MessagesUsage:
     def merge(self, usage: Any) -> MessagesUsage:
         """Take the fields ``usage`` (a Messages ``usage`` object) reports; returns self."""
         if isinstance(usage, dict):
-            self._fields.update((name, value) for name, value in usage.items() if value is not None)
+            _merge(self._fields, usage)
         return self
 
     def usage(self) -> Usage | None:
@@ -46,3 +48,20 @@ class MessagesUsage:
                 "cache_creation_1h_input_tokens": usage.cache_creation_1h_input_tokens or 0,
             },
         }
+
+
+def _merge(fields: dict[str, Any], usage: dict[str, Any]) -> None:
+    for name, value in usage.items():
+        if value is None:
+            continue
+        earlier = fields.get(name)
+        if isinstance(value, dict):
+            merged = dict(earlier) if isinstance(earlier, dict) else {}
+            _merge(merged, value)
+            fields[name] = merged
+        elif not (_is_count(earlier) and _is_count(value) and value < earlier):
+            fields[name] = value
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

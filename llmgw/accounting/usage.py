@@ -71,8 +71,10 @@ _INT64 = 2**63
 def _int(value: Any) -> int | None:
     if value is None or value.__class__ is int:
         return value  # what JSON counts are, read without a call
-    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
-        return int(value)  # 1e10 is a count too; kept, so a record flags what it cannot hold
+    if isinstance(value, float) and value.is_integer():
+        # 1e10 is a count too, and 1e30 one too large: kept (within int64, which is what JSON
+        # writers take), so the charge flags what it cannot hold rather than reading it as none.
+        return int(min(max(value, -_INT64), _INT64 - 1))
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -158,7 +160,9 @@ def anthropic_usage(usage: dict[str, Any]) -> Usage:
 
     Anthropic's ``input_tokens`` excludes the cache reads and writes (anthropic-messages.md M2), so
     they are added to it; ``cache_creation.ephemeral_1h_input_tokens`` is the 1-hour part of the
-    writes. Anthropic counts thinking within ``output_tokens`` without reporting it apart.
+    writes. Anthropic counts thinking within ``output_tokens`` without reporting it apart. A part
+    that is no count (negative, absurd) makes the input none either: it is the input then, for the
+    charge to flag and replace (a sum would hide it: -1000 fresh plus 5000 cache reads looks fine).
     """
     fresh = _int(usage.get("input_tokens"))
     cache_read = _int(usage.get("cache_read_input_tokens"))
@@ -169,8 +173,9 @@ def anthropic_usage(usage: dict[str, Any]) -> Usage:
         five_minutes = _int(_dict(usage.get("cache_creation")).get("ephemeral_5m_input_tokens"))
         cache_write = write_1h + (five_minutes or 0)
     parts = [count for count in (fresh, cache_read, cache_write) if count is not None]
+    bad = next((count for count in parts if not 0 <= count <= MAX_TOKENS), None)
     return Usage(
-        input_tokens=sum(parts) if parts else None,
+        input_tokens=bad if bad is not None else sum(parts) if parts else None,
         output_tokens=_int(usage.get("output_tokens")),
         cache_read_input_tokens=cache_read,
         cache_creation_input_tokens=cache_write,

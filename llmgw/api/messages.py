@@ -21,7 +21,7 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.api.body import read_json_object
-from llmgw.api.pipeline import Operation, forward_upstream_error, proxy
+from llmgw.api.pipeline import Operation, forward_upstream_error, passed_headers, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
@@ -30,7 +30,7 @@ from llmgw.providers.fallback import FallbackChain
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.translation import anthropic
-from llmgw.translation.anthropic_stream import MessageStream
+from llmgw.translation.anthropic_stream import MessageStream, error_event
 
 __all__ = [
     "MESSAGES",
@@ -90,6 +90,7 @@ NATIVE_MESSAGES = Operation(
     ),
     sends_chat=False,
     caller_headers=PASSED_HEADERS,
+    stream_error_event=error_event,
 )
 
 
@@ -145,7 +146,7 @@ async def _count_upstream(
         body=raw,
         deadline=asyncio.get_running_loop().time() + timeout,
         model=model,
-        caller_headers={n: request.headers[n] for n in PASSED_HEADERS if n in request.headers},
+        caller_headers=passed_headers(request, PASSED_HEADERS),
     ).with_model(deployment.model)
     try:
         answer = await deployment.provider.forward("/messages/count_tokens", call)

@@ -30,7 +30,7 @@ from opentelemetry import propagate, trace
 from llmgw import app_keys
 from llmgw.accounting.charges import ESTIMATED, REPORTED, charge
 from llmgw.accounting.estimate import (
-    argument_chars,
+    answer_output_chars,
     estimate_input_tokens,
     estimate_output_tokens,
 )
@@ -55,7 +55,7 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.streaming.continuation import Continuation, Resumed
-from llmgw.streaming.relay import relay_stream
+from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
@@ -69,6 +69,7 @@ __all__ = [
     "UpstreamRequest",
     "forward_upstream_error",
     "observe_upstream",
+    "passed_headers",
     "proxy",
     "start_call",
 ]
@@ -102,6 +103,18 @@ class Operation:
     # The caller's headers (lower-case names) the provider is sent with that body: those of its
     # API that say how to read it (``anthropic-beta``). See UpstreamCall.caller_headers.
     caller_headers: tuple[str, ...] = ()
+    # The gateway's own error in a stream relayed as the provider sent it (no codec), in the
+    # caller's API: chat's ``data: {"error": ...}`` unless said.
+    stream_error_event: Callable[[GatewayError], bytes] = sse_error_event
+
+
+def passed_headers(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
+    """The caller's headers ``names`` as one value each: a header sent on several lines is its
+    values joined by commas, which is what it means in HTTP (RFC 9110 5.3; an SDK sends
+    ``anthropic-beta`` so too), not its first line alone."""
+    return {
+        name: ",".join(request.headers.getall(name)) for name in names if name in request.headers
+    }
 
 
 def forward_upstream_error(response: UpstreamResponse) -> web.Response:
@@ -124,6 +137,7 @@ class Exchange:
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
     output_chars: int = 0  # what the provider produced, for an estimate
+    usage_final: bool = True  # see StreamSummary.usage_final
     # Streams that broke before the one that finished the answer: billed with it.
     earlier: tuple[StreamAttempt, ...] = ()
     finished: bool = False
@@ -144,6 +158,7 @@ class Exchange:
         """The relay's one report of how the stream ended (possibly after a background drain)."""
         self.observation.usage = summary.usage
         self.output_chars = summary.output_chars
+        self.usage_final = summary.usage_final
         self.earlier = summary.earlier
         self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
 
@@ -210,6 +225,7 @@ class Exchange:
             estimate=self._estimate,
             price=self._price,
             metered=self.metered,
+            final=self.usage_final,
         )
         self.caps_used = self._caps_used(attempts or [charged.usage])
         # Partly estimated (an attempt that broke before reporting) is estimated.
@@ -226,6 +242,7 @@ class Exchange:
             finished,
             usage_source=source,
             cost_computed=charged.cost_computed,
+            flags=charged.flags,
             attempts=1 + len(self.earlier),
         )
 
@@ -390,11 +407,7 @@ async def proxy(
             produces_output=operation.produces_output,
             reasoning_params=reasoning,
             metered=None if operation.meter is None else operation.meter.requested(body),
-            caller_headers={
-                name: request.headers[name]
-                for name in operation.caller_headers
-                if name in request.headers
-            },
+            caller_headers=passed_headers(request, operation.caller_headers),
         ),
     )
     translate_errors = codec is not None
@@ -547,6 +560,7 @@ async def _stream(
         on_end=exchange.stream_ended,
         translator=translator,
         continuation=continuation,
+        error_event=operation.stream_error_event,
     )
 
 
@@ -594,20 +608,6 @@ async def _open_continuation(
     return await operation.open_stream(provider, call)
 
 
-def _output_chars(document: dict[str, Any]) -> int:
-    """Characters of content and tool-call arguments in a completion (for an estimate)."""
-    size = 0
-    choices = document.get("choices")
-    for choice in choices if isinstance(choices, list) else []:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        if not isinstance(message, dict):
-            continue
-        content = message.get("content")
-        size += len(content) if isinstance(content, str) else 0
-        size += argument_chars(message.get("tool_calls"))
-    return size
-
-
 async def _complete(
     operation: Operation,
     route: FallbackChain,
@@ -639,7 +639,7 @@ async def _complete(
         if document.get("type") == "message" and isinstance(usage, dict)
         else parse_usage(document, with_cost=observation.provider_reports_cost)
     )
-    exchange.output_chars = _output_chars(document)
+    exchange.output_chars = answer_output_chars(document)
     if operation.meter is not None:
         exchange.metered = operation.meter.answered(document) or exchange.metered
     # Translated before the exchange finishes: an answer that cannot be translated is recorded as

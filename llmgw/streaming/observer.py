@@ -47,6 +47,7 @@ class StreamObserver:
         "output_chars",
         "upstream_error",
         "usage",
+        "usage_final",
     )
 
     def __init__(self, observation: ChatObservation, *, hide_usage_chunk: bool) -> None:
@@ -58,6 +59,9 @@ class StreamObserver:
         self.malformed = 0  # events whose data was not a JSON object: dropped
         self.upstream_error = False  # the provider sent an error event
         self.usage: Usage | None = None
+        # False while ``usage`` is a Messages stream's opening count (1 output token), before
+        # its message_delta gives the final one.
+        self.usage_final = True
         self.output_chars = 0
         self.messages_usage = MessagesUsage()  # a Messages stream's counts so far
 
@@ -112,6 +116,7 @@ class StreamObserver:
         """A new upstream continues the answer: its own ending and usage are still to come."""
         self.done = self.finished = self.upstream_error = False
         self.usage = None
+        self.usage_final = True
         self.output_chars = 0
         self.messages_usage = MessagesUsage()
 
@@ -136,8 +141,10 @@ class StreamObserver:
             if message.__class__ is dict:
                 observation.note_ids(message)
                 self.messages_usage.merge(message.get("usage"))
+                self.usage_final = False
         elif kind == "message_delta":
             self.messages_usage.merge(document.get("usage"))
+            self.usage_final = True
             delta = document.get("delta")
             reason = delta.get("stop_reason") if delta.__class__ is dict else None
             if reason.__class__ is str:

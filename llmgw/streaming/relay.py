@@ -88,17 +88,20 @@ async def relay_stream(
     on_end: Callable[[StreamSummary], None],
     translator: StreamTranslator | None = None,
     continuation: Continuation | None = None,
+    error_event: Callable[[GatewayError], bytes] = sse_error_event,
 ) -> web.StreamResponse:
     """Send headers now, then every event as it completes; ``on_end`` is told once how it ended.
 
     Without a translator the caller gets the provider's events byte for byte (the continuation
     of a broken stream re-encoded); with one, what the translator makes of each decoded chunk
-    (and its own opening, closing and error events).
+    (and its own opening, closing and error events). ``error_event`` renders the gateway's own
+    failure without a translator, in the caller's API (a provider's error event goes as it came).
     """
     relay = _Relay(
         request.app[STREAMS], upstream, observation, hide_usage_chunk, translator, on_end
     )
     relay.continuation = continuation
+    relay.error_event = error_event
     return await relay.run(request)
 
 
@@ -122,11 +125,13 @@ class _Relay:
         self.scanner = SSEScanner(streams.max_event_bytes)
         self._on_end: Callable[[StreamSummary], None] | None = on_end
         self.continuation: Continuation | None = None
+        self.error_event: Callable[[GatewayError], bytes] = sse_error_event
         self.transcript = Transcript()
         self.splice: Splice | None = None  # set while a continuation is relayed
         self.earlier: list[StreamAttempt] = []
         # A provider's error event, held back while the answer may still be finished elsewhere.
         self._held_error: bytes | None = None
+        self.cut: GatewayError | None = None  # an event over the bound ended the stream
         self._malformed_logged = False
 
     async def run(self, request: web.Request) -> web.StreamResponse:
@@ -233,6 +238,8 @@ class _Relay:
                     log.warning("a provider sent stream events that are not JSON; dropped")
                 if observer.done or observer.upstream_error:
                     return
+                if self.cut is not None:
+                    raise self.cut
 
     def _forwarded(self, event: bytes) -> bytes:
         """What the caller is sent for one observed event."""
@@ -349,10 +356,13 @@ class _Relay:
         yield completion_events(completion)
 
     def _events(self, data: bytes) -> list[bytes]:
+        """The events complete in ``data``. Past an event over the bound, ``cut`` says the stream
+        ends once those before it are relayed (and billed)."""
         try:
             return self.scanner.feed(data)
-        except EventTooLarge:
-            raise _event_too_large(self.streams.max_event_bytes) from None
+        except EventTooLarge as too_large:
+            self.cut = _event_too_large(self.streams.max_event_bytes)
+            return too_large.events
 
     def _caller_left(self) -> bool:
         """The caller hung up (or shutdown cut the handler): record it; True to drain for usage."""
@@ -375,7 +385,7 @@ class _Relay:
                 async for data in self.upstream.chunks():
                     for event in self._events(data):
                         observer.observe(event)
-                    if observer.done or observer.usage is not None:
+                    if observer.done or observer.usage is not None or self.cut is not None:
                         break
         except (GatewayError, TimeoutError) as error:
             log.info("the usage of a stream whose caller left did not come (%s)", error)
@@ -405,6 +415,7 @@ class _Relay:
                 usage=observer.usage,
                 output_chars=observer.output_chars,
                 earlier=tuple(self.earlier),
+                usage_final=observer.usage_final,
             )
         )
 
@@ -412,7 +423,7 @@ class _Relay:
         if self.translator is not None:
             return self.translator.error(error)
         # A provider's own error event, as it sent it, when that is what ended the stream.
-        return self._held_error or sse_error_event(error)
+        return self._held_error or self.error_event(error)
 
     async def _send_error(self, response: web.StreamResponse, error: GatewayError) -> None:
         try:

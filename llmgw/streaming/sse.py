@@ -16,7 +16,13 @@ _LF = 0x0A
 
 
 class EventTooLarge(ValueError):
-    """An event (complete or not) grew past the scanner's ``max_event_bytes``."""
+    """An event (complete or not) grew past the scanner's ``max_event_bytes``; ``events`` are the
+    complete ones that came before it in the same read (the caller's still: a provider's read
+    may carry the last deltas and the oversized event together). The scanner is spent."""
+
+    def __init__(self, size: int, events: list[bytes]) -> None:
+        super().__init__(size)
+        self.events = events
 
 
 class SSEScanner:
@@ -73,12 +79,12 @@ class SSEScanner:
                 break
             if end == line_start:  # a blank line: the event so far is complete
                 if line_end - event_start > self._max_event_bytes:
-                    raise EventTooLarge(line_end - event_start)
+                    raise EventTooLarge(line_end - event_start, events)
                 events.append(bytes(buffer[event_start:line_end]))
                 event_start = line_end
             line_start = line_end
         if len(buffer) - event_start > self._max_event_bytes:
-            raise EventTooLarge(len(buffer) - event_start)
+            raise EventTooLarge(len(buffer) - event_start, events)
         if event_start:
             del buffer[:event_start]
             line_start -= event_start
@@ -98,12 +104,12 @@ class SSEScanner:
         end = buffer.find(b"\n\n", max(scanned - 1, 0))
         while end >= 0:
             if end + 2 - start > self._max_event_bytes:
-                raise EventTooLarge(end + 2 - start)
+                raise EventTooLarge(end + 2 - start, events)
             events.append(bytes(buffer[start : end + 2]))
             start = end + 2
             end = buffer.find(b"\n\n", start)
         if len(buffer) - start > self._max_event_bytes:
-            raise EventTooLarge(len(buffer) - start)
+            raise EventTooLarge(len(buffer) - start, events)
         last_lf = buffer.rfind(b"\n", max(scanned, start))
         del buffer[:start]
         # Keep the state ``feed`` needs should a CR come later: no LF after the current line start.

@@ -31,3 +31,6 @@ class StreamSummary:
     output_chars: int
     # The attempts before the last, oldest first, when a broken stream was continued.
     earlier: tuple[StreamAttempt, ...] = ()
+    # False when ``usage`` is not the final count: a Messages stream that ended (the caller
+    # left, the gateway cut it) after message_start and before message_delta.
+    usage_final: bool = True

@@ -22,7 +22,7 @@ import orjson
 from llmgw.accounting.estimate import estimate_output_tokens
 from llmgw.errors import GatewayError
 from llmgw.translation.anthropic import (
-    error_type,
+    error_body,
     is_one_of,
     new_tool_use_id,
     stop_reason,
@@ -30,12 +30,18 @@ from llmgw.translation.anthropic import (
 )
 from llmgw.translation.chat_answer import tool_name
 
-__all__ = ["MessageStream", "sse_event"]
+__all__ = ["MessageStream", "error_event", "sse_event"]
 
 
 def sse_event(name: str, payload: dict[str, Any]) -> bytes:
     """One SSE frame; both Anthropic SDKs dispatch on the ``event:`` name and drop frames without."""
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def error_event(error: GatewayError) -> bytes:
+    """The gateway's error in a Messages stream, as Anthropic sends one: an ``error`` event (the
+    anthropic SDKs raise on it; a frame without the name they skip, ending with no stop reason)."""
+    return sse_event("error", error_body(error.status, error.message))
 
 
 class MessageStream:
@@ -111,7 +117,8 @@ class MessageStream:
     def error(self, error: GatewayError) -> bytes:
         if self._done:
             return b""
-        return self._fail(error_type(error.status), error.message)
+        self._done = True  # nothing follows an error event
+        return error_event(error)
 
     # -- blocks -------------------------------------------------------------------------------
 
@@ -228,8 +235,3 @@ class MessageStream:
         out.append(sse_event("message_stop", {"type": "message_stop"}))
         self._done = True
         return b"".join(out)
-
-    def _fail(self, kind: str, message: str) -> bytes:
-        # Nothing follows an error event: no content_block_stop, no message_stop.
-        self._done = True
-        return sse_event("error", {"type": "error", "error": {"type": kind, "message": message}})

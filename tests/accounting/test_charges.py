@@ -40,10 +40,59 @@ def test_a_request_the_provider_never_accepted_costs_nothing() -> None:
     assert charged.source == "reported"
 
 
-def test_impossible_token_counts_are_not_priced() -> None:
-    reported = Usage(input_tokens=-5, output_tokens=2**40)
-    charged = charge(reported, provider_worked=True, estimate=lambda: (0, 0), price=lambda: PRICE)
-    assert (charged.usage, charged.cost_computed) == (reported, False)
+def test_impossible_counts_and_costs_are_the_estimate_and_the_price_flagged() -> None:
+    reported = Usage(input_tokens=-5, output_tokens=2**40, cost_usd=1e18)
+    charged = charge(reported, provider_worked=True, estimate=lambda: (7, 3), price=lambda: PRICE)
+    assert (charged.usage.input_tokens, charged.usage.output_tokens) == (7, 3)
+    assert (charged.usage.cost_usd, charged.cost_computed) == (13e-6, True)
+    assert charged.source == "estimated"
+    assert charged.flags == (
+        "input_tokens:out_of_range", "output_tokens:out_of_range", "cost_usd:out_of_range",
+    )  # fmt: skip
+
+
+def test_only_the_count_that_cannot_be_kept_is_estimated() -> None:
+    reported = Usage(input_tokens=-1000, output_tokens=4, cache_read_input_tokens=50)
+    charged = charge(reported, provider_worked=True, estimate=lambda: (7, 3), price=lambda: None)
+    # The estimate is never below the parts reported.
+    assert charged.usage == Usage(input_tokens=50, output_tokens=4, cache_read_input_tokens=50)
+    assert (charged.source, charged.flags) == ("estimated", ("input_tokens:out_of_range",))
+
+
+def test_a_stream_without_its_final_usage_bills_the_larger_output() -> None:
+    opening = Usage(input_tokens=100, output_tokens=1)
+    charged = charge(
+        opening, provider_worked=True, estimate=lambda: (9, 250), price=lambda: None, final=False
+    )
+    assert (charged.usage, charged.source) == (Usage(100, 250), "estimated")
+    more = Usage(input_tokens=100, output_tokens=400)
+    charged = charge(
+        more, provider_worked=True, estimate=lambda: (9, 250), price=lambda: None, final=False
+    )
+    assert (charged.usage, charged.source) == (Usage(100, 400), "estimated")
+
+
+def test_a_missing_output_is_estimated_when_output_was_produced() -> None:
+    charged = charge(Usage(input_tokens=5), provider_worked=True, estimate=lambda: (9, 4),
+                     price=lambda: None)  # fmt: skip
+    assert (charged.usage, charged.source) == (Usage(5, 4), "estimated")
+    # An embedding reports no output and produced none: nothing to estimate.
+    charged = charge(Usage(input_tokens=5), provider_worked=True, estimate=lambda: (9, 0),
+                     price=lambda: None)  # fmt: skip
+    assert (charged.usage, charged.source) == (Usage(5), "reported")
+
+
+def test_parts_that_add_up_to_more_than_their_total_are_flagged() -> None:
+    reported = Usage(
+        input_tokens=10, output_tokens=5, cache_read_input_tokens=8, cache_creation_input_tokens=4,
+        cache_creation_1h_input_tokens=6, reasoning_output_tokens=9,
+    )  # fmt: skip
+    charged = charge(reported, provider_worked=True, estimate=lambda: (0, 0), price=lambda: None)
+    assert charged.usage == reported
+    assert charged.flags == (
+        "input_tokens:parts_exceed_total", "cache_creation_input_tokens:parts_exceed_total",
+        "output_tokens:parts_exceed_total",
+    )  # fmt: skip
 
 
 def test_a_media_call_is_priced_by_what_it_returned_not_by_tokens() -> None:

@@ -40,3 +40,19 @@ def test_nothing_reported_is_no_usage() -> None:
 def test_chat_usage_reads_back_as_the_same_usage() -> None:
     usage = MessagesUsage().merge(ANSWER_USAGE)
     assert parse_usage({"usage": usage.chat_usage()}, with_cost=False) == usage.usage()
+
+
+def test_a_count_never_goes_down_but_a_value_that_is_no_count_is_taken() -> None:
+    usage = MessagesUsage().merge(ANSWER_USAGE)
+    usage.merge({"input_tokens": 1, "cache_read_input_tokens": 0, "output_tokens": 1})
+    usage.merge({"cache_creation": {"ephemeral_1h_input_tokens": 5}})
+    assert usage.usage() == MessagesUsage().merge(ANSWER_USAGE).usage()
+    usage.merge({"output_tokens": -3})
+    assert usage.usage() is not None and usage.usage().output_tokens == -3  # the charge flags it
+
+
+def test_a_part_that_is_no_count_makes_the_input_none() -> None:
+    usage = MessagesUsage().merge({**ANSWER_USAGE, "input_tokens": -1000}).usage()
+    assert usage is not None and usage.input_tokens == -1000
+    absurd = MessagesUsage().merge({**ANSWER_USAGE, "cache_read_input_tokens": 1e30}).usage()
+    assert absurd is not None and absurd.input_tokens == absurd.cache_read_input_tokens == 2**63 - 1

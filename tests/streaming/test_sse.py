@@ -83,6 +83,18 @@ def test_an_event_over_the_limit_is_refused_complete_or_not() -> None:
         scanner.feed(b"x" * 10)
 
 
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
+def test_the_events_before_one_over_the_limit_in_the_same_read_are_given_with_it(
+    newline: bytes,
+) -> None:
+    first, second = b"data: a" + newline * 2, b"data: b" + newline * 2
+    with pytest.raises(EventTooLarge) as complete:
+        SSEScanner(max_event_bytes=16).feed(first + second + b"data: " + b"x" * 20 + newline * 2)
+    with pytest.raises(EventTooLarge) as endless:
+        SSEScanner(max_event_bytes=16).feed(first + b"data: " + b"x" * 20)
+    assert (complete.value.events, endless.value.events) == ([first, second], [first])
+
+
 def test_an_endless_event_costs_linear_time() -> None:
     """32 MiB without a line ending in 64 KiB reads: each byte is searched once, not per read."""
     scanner = SSEScanner(max_event_bytes=64 << 20)

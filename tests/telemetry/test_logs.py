@@ -234,7 +234,7 @@ async def test_a_500_is_logged_with_the_message_and_where_it_was_raised(
     def fail(document: dict[str, Any]) -> int:
         raise KeyError(f"no choices for {api_key} in the answer")
 
-    monkeypatch.setattr(pipeline, "_output_chars", fail)
+    monkeypatch.setattr(pipeline, "answer_output_chars", fail)
     async with aiohttp.ClientSession() as session:
         async with session.post(
             gateway.url("/v1/chat/completions"),
