@@ -37,7 +37,7 @@ async def test_team_concurrency_is_shared_by_its_keys_and_freed_at_settlement() 
     first = await admit(limits, one)
     await admit(limits, two)
     assert await refused_code(limits, key(team=shared)) == "team_concurrency_limit_exceeded"
-    limits.settle(first, _record(one))
+    first.settle(_record(one))
     assert await limits.flush()
     assert await refused_code(limits, two) is None
 
@@ -58,7 +58,7 @@ async def test_team_request_window_counts_settled_requests_until_it_ends() -> No
     shared = team(rate_limit_requests=3, rate_limit_window_seconds=60)
     keys = [key(team=shared) for _ in range(3)]
     for k in keys:
-        limits.settle(await admit(limits, k), _record(k))
+        (await admit(limits, k)).settle(_record(k))
     assert await limits.flush()
     assert await refused_code(limits, keys[0]) == "team_rate_limited"
     clock.now += 60
