@@ -32,12 +32,12 @@ from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
 from llmgw.middleware import add_response_headers, gateway_middleware
 from llmgw.providers.base import UpstreamHTTPError
-from llmgw.providers.registry import ProviderRegistry, build_registry
 from llmgw.route_table import add_routes, admitting
 from llmgw.routes import PUBLIC_PATHS, body_limits, gateway_routes
 from llmgw.routing.channel import HealthChannel
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
+from llmgw.routing.registry import ProviderRegistry, build_registry
 from llmgw.routing.views import observe_health
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger

@@ -11,7 +11,7 @@ from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.config import Settings
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.store import RateLimitDecision
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.routing.registry import ProviderRegistry
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
 from llmgw.telemetry.refusals import RefusalLog

@@ -28,9 +28,9 @@ from llmgw.config.providers_file import (
 )
 from llmgw.middleware import OMITTED_PARAMS_HEADER
 from llmgw.providers.pool import RETRY_AFTER_SECONDS
-from llmgw.providers.registry import build_registry
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.channel import CHANNEL
+from llmgw.routing.registry import build_registry
 from llmgw.routing.strategy import Strategy
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway, eventually, gateway_env

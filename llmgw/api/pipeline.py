@@ -52,8 +52,8 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
-from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.routing.caps import CapHold
+from llmgw.routing.fallback import Answer, FallbackChain
 from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary

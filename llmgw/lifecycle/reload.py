@@ -18,7 +18,7 @@ from llmgw.accounting.prices import PriceTable, configured_prices, publishers
 from llmgw.api.models import ModelListCache
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
-from llmgw.providers.registry import ProviderRegistry, close_providers
+from llmgw.routing.registry import ProviderRegistry, close_providers
 
 __all__ = ["RELOADER", "ConfigReloader", "RequestGenerations"]
 

@@ -9,7 +9,7 @@ import attrs
 import orjson
 
 from llmgw.config.kinds import Capabilities
-from llmgw.providers.retry import Decision
+from llmgw.routing.retry import Decision
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price

@@ -37,7 +37,7 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin, ProviderSetup, Timeouts
 from llmgw.providers.pool import ConnectionPool, Slot
-from llmgw.providers.retry import Failure, RetryPolicy, decide
+from llmgw.routing.retry import Failure, RetryPolicy, decide
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price

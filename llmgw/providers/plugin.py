@@ -20,7 +20,7 @@ import attrs
 
 from llmgw.config.kinds import Capabilities
 from llmgw.config.providers_file import Timeouts
-from llmgw.providers.retry import RetryPolicy
+from llmgw.routing.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Provider

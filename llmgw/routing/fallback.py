@@ -38,9 +38,9 @@ from llmgw.providers.base import (
     UpstreamStream,
 )
 from llmgw.providers.plugin import Capabilities
-from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
 from llmgw.routing.caps import CapHold
 from llmgw.routing.policy import RoutingPolicy
+from llmgw.routing.retry import CONTEXT_TOO_LONG, SILENT
 from llmgw.routing.strategy import ORDERED, Strategy
 
 __all__ = ["Answer", "FallbackChain"]

@@ -9,7 +9,7 @@ from email.utils import format_datetime
 import orjson
 import pytest
 
-from llmgw.providers.retry import (
+from llmgw.routing.retry import (
     ABOUT_THE_REQUEST,
     REQUEST_RATE_LIMITED,
     REQUEST_TOO_LARGE,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from llmgw.config.providers_file import DeploymentSpec, ModelAlias
-from llmgw.providers.registry import ProviderRegistry
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
+from llmgw.routing.registry import ProviderRegistry
 from llmgw.routing.strategy import ORDERED, Strategy
-from tests.providers.test_fallback import OK, Stub
+from tests.routing.test_fallback import OK, Stub
 
 SPLIT = Strategy("weighted", (1.0, 3.0))
 
