@@ -10,14 +10,20 @@ import pytest
 
 from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
 from llmgw.limits.memory import MemoryLimitStore
-from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
+from llmgw.providers.base import (
+    Decision,
+    Deployment,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+)
 from llmgw.providers.plugin import Capabilities
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.caps import AccountCap
 from llmgw.routing.channel import HealthChange
 from llmgw.routing.fallback import FallbackChain
 from llmgw.routing.policy import RoutingPolicy
-from llmgw.routing.retry import CONTEXT_TOO_LONG, Decision
+from llmgw.routing.retry import CONTEXT_TOO_LONG
 
 OK = UpstreamResponse(200, b"{}", "application/json")
 
