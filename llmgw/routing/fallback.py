@@ -27,6 +27,8 @@ from typing import Generic, TypeVar
 
 import attrs
 
+from llmgw.config.kinds import Capabilities
+from llmgw.config.providers_file import ORDERED, Strategy
 from llmgw.errors import RateLimited, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,
@@ -37,11 +39,9 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
-from llmgw.providers.plugin import Capabilities
 from llmgw.routing.caps import CapHold
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.retry import CONTEXT_TOO_LONG, SILENT
-from llmgw.routing.strategy import ORDERED, Strategy
 
 __all__ = ["Answer", "FallbackChain"]
 

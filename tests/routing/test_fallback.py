@@ -8,6 +8,8 @@ from collections.abc import Callable
 import attrs
 import pytest
 
+from llmgw.config.kinds import Capabilities
+from llmgw.config.providers_file import Cooldown
 from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.providers.base import (
@@ -17,8 +19,7 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
-from llmgw.providers.plugin import Capabilities
-from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
+from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.caps import AccountCap
 from llmgw.routing.channel import HealthChange
 from llmgw.routing.fallback import FallbackChain
