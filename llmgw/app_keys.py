@@ -6,8 +6,8 @@ import asyncpg
 from aiohttp import web
 
 from llmgw.accounting.sink import UsageAccounting
-from llmgw.api.body_memory import BodyAllowance
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
+from llmgw.body_memory import BodyAllowance
 from llmgw.config import Settings
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.store import RateLimitDecision
