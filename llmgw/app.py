@@ -23,7 +23,7 @@ from llmgw.background import cancel_and_wait
 from llmgw.body_memory import BodyLimits, BodyMemory
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
-from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.console.app import build_console_app
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.leases import LeasedLimitStore
@@ -32,7 +32,7 @@ from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
 from llmgw.middleware import add_response_headers, gateway_middleware
 from llmgw.providers.base import UpstreamHTTPError
-from llmgw.route_table import add_routes, admitting
+from llmgw.route_table import CONSOLE_PREFIX, add_routes, admitting
 from llmgw.routes import PUBLIC_PATHS, body_limits, gateway_routes
 from llmgw.routing.channel import HealthChannel
 from llmgw.routing.policy import RoutingPolicy
