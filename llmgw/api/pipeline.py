@@ -46,7 +46,8 @@ from llmgw.cache.flight import Flight, FlightFailed
 from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
 from llmgw.config import Settings
 from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
-from llmgw.limits.policy import Admitted
+from llmgw.limits.caps import CapHold
+from llmgw.limits.policy import Ticket
 from llmgw.providers.base import (
     REASONING_PARAMS,
     ChatStream,
@@ -56,7 +57,6 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
-from llmgw.routing.caps import CapHold
 from llmgw.routing.fallback import Answer, FallbackChain
 from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream, sse_error_event
@@ -139,7 +139,7 @@ class Exchange:
     request: web.Request
     key: AuthenticatedKey
     body: dict[str, Any]
-    admitted: Admitted
+    ticket: Ticket  # its admission: settled when it ends (with the usage record)
     observation: ChatObservation
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
@@ -155,6 +155,8 @@ class Exchange:
     # Each answering deployment's hold on its provider's account caps (None: not capped), in the
     # order they answered: the broken streams' (``earlier``), then the one that finished.
     cap_holds: list[CapHold | None] = attrs.Factory(list)
+    # Each of those holds with the tokens its attempt used, once the record is made.
+    caps_used: list[tuple[CapHold | None, int]] = attrs.Factory(list)
     # The response cache's lookup whose answer this request fetches (a miss, or no-cache), and
     # the JSON answer to store (a stream's events are recorded by the lookup itself).
     cache: Lookup | None = None
@@ -217,7 +219,7 @@ class Exchange:
             log.exception("the usage record of request %s could not be built", self._request_id)
             record = self._bare_record(status, outcome, error_type)
         self._settle_cache(record)
-        self.request.app[app_keys.USAGE](record, self.admitted)
+        self.request.app[app_keys.USAGE](record, self.ticket, self.caps_used)
 
     def finish_hit(
         self,
@@ -245,7 +247,7 @@ class Exchange:
             cache_hit=True,
             saved_cost_usd=usage.cost_usd,
         )
-        self.request.app[app_keys.USAGE](record, self.admitted)
+        self.request.app[app_keys.USAGE](record, self.ticket, [])
 
     def _settle_cache(self, record: UsageRecord) -> None:
         """A complete answer with the provider's own usage is shared with the requests that
@@ -295,7 +297,7 @@ class Exchange:
             metered=self.metered,
             final=self.usage_final,
         )
-        self._settle_caps(attempts or [charged.usage])
+        self.caps_used = self._caps_used(attempts or [charged.usage])
         # Partly estimated (an attempt that broke before reporting) is estimated.
         source = ESTIMATED if estimated else charged.source
         if source != REPORTED:
@@ -314,17 +316,14 @@ class Exchange:
             attempts=1 + len(self.earlier),
         )
 
-    def _settle_caps(self, attempts: list[Usage]) -> None:
-        """Settle each answering deployment's account-cap reservation at what its attempt used
-        (``attempts``: their usage, in the order they answered)."""
-        if not any(self.cap_holds):
-            return
-        charges = [
-            hold.charge((usage.input_tokens or 0) + (usage.output_tokens or 0))
+    def _caps_used(self, attempts: list[Usage]) -> list[tuple[CapHold | None, int]]:
+        """Each answering deployment's account-cap hold with the tokens its attempt used
+        (``attempts``: their usage, in the order they answered), for the ticket to settle."""
+        return [
+            (hold, (usage.input_tokens or 0) + (usage.output_tokens or 0))
             for hold, usage in zip(self.cap_holds, attempts, strict=False)
             if hold is not None
         ]
-        self.request.app[app_keys.LIMITS].charge(c for c in charges if c is not None)
 
     def _all_attempts(self) -> tuple[Usage, bool, list[Usage]]:
         """The usage of every stream attempt together (a continued answer's), whether any of it
@@ -673,18 +672,14 @@ async def start_call(
     refuse_control_characters(upstream.model)
     app = request.app
     route = app[app_keys.PROVIDERS].resolve(upstream.model)
-    limits = app[app_keys.LIMITS]
-    admitted = await limits.admit(
-        key,
+    ticket = request[app_keys.TICKET]  # the middleware's admission
+    await ticket.reserve(
         model=upstream.model,
         body=upstream.fields,
         deployments=route.deployments,
         produces_output=upstream.produces_output,
-        window_counted=app_keys.RATE_LIMIT in request,
         metered=upstream.metered,
     )
-    if admitted.window is not None:
-        request[app_keys.RATE_LIMIT] = admitted.window
     try:
         telemetry = app[app_keys.TELEMETRY]
         observation = ChatObservation.start(
@@ -701,11 +696,11 @@ async def start_call(
             capture_content=telemetry.capture_content,
         )
         exchange = Exchange(
-            request, key, upstream.fields, admitted, observation, metered=upstream.metered
+            request, key, upstream.fields, ticket, observation, metered=upstream.metered
         )
         call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
-        limits.settle(admitted, None)  # nothing was used: give it back
+        ticket.settle(None)  # nothing was used: give it back
         raise
     return route, call, exchange
 
@@ -737,6 +732,7 @@ def _upstream_call(
         reasoning_params=upstream.reasoning_params,
         caller_headers=upstream.caller_headers,
         caller=str(exchange.key.id),
+        admission=exchange.ticket,  # routing counts provider account caps on it
     )
 
 

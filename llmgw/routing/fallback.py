@@ -30,6 +30,7 @@ import attrs
 from llmgw.config.kinds import Capabilities
 from llmgw.config.providers_file import ORDERED, Strategy
 from llmgw.errors import RateLimited, UpstreamTimeout, UpstreamUnavailable
+from llmgw.limits.caps import CapHold
 from llmgw.providers.base import (
     ChatStream,
     Deployment,
@@ -39,7 +40,6 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
-from llmgw.routing.caps import CapHold
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.retry import CONTEXT_TOO_LONG, SILENT
 
@@ -118,9 +118,9 @@ class FallbackChain:
                 continue  # another replica is probing it
             cap = self.routing.caps.of(deployment.provider.name)
             hold = None
-            if cap is not None:
+            if cap is not None and call.admission is not None:
                 try:
-                    taken = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
+                    taken = await call.admission.take_cap(deployment.provider.name, cap, sent.body)
                 except BaseException:
                     self.routing.not_sent(deployment)
                     raise
