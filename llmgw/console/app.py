@@ -36,14 +36,14 @@ from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.console.oidc import OidcClient, OidcError
 from llmgw.errors import GatewayError, NotFound, RateLimited
 from llmgw.forwarded import is_https
+from llmgw.route_table import CONSOLE_PREFIX
 from llmgw.storage import console_sessions
 from llmgw.storage.database import database_errors
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONSOLE_PREFIX", "build_console_app"]
+__all__ = ["build_console_app"]
 
-CONSOLE_PREFIX = "/console"
 COOKIE = "llmgw_console"
 SESSION_LIFETIME = timedelta(hours=8)
 _SESSION = web.RequestKey("console_session", str)
