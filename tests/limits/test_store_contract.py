@@ -87,11 +87,13 @@ def admission(counter: str, cap: float, amount: float, *, lease_seconds: float =
 
 
 async def test_a_window_admits_exactly_its_limit(store: LimitStore, db: asyncpg.Connection) -> None:
-    window = Window(await new_key(db), limit=10, seconds=60)
+    # An hour's window: thirty hits on a loaded machine may take long enough to straddle a minute's
+    # boundary, which admits ten in each window (CI once saw 20).
+    window = Window(await new_key(db), limit=10, seconds=3600)
     decisions = await asyncio.gather(*(store.hit(window) for _ in range(30)))
     assert sum(d.allowed for d in decisions) == 10
     assert min(d.remaining for d in decisions) == 0
-    assert all(0 < d.reset_seconds <= 60 for d in decisions)
+    assert all(0 < d.reset_seconds <= 3600 for d in decisions)
 
 
 async def test_concurrent_reservations_never_exceed_the_cap(store: LimitStore) -> None:
