@@ -4,6 +4,7 @@ it reserved (limits), and the usage ledger (in batches, off the request path).""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import attrs
 
@@ -23,8 +24,14 @@ class UsageAccounting:
     limits: LimitPolicy
     ledger: UsageLedger
 
-    def __call__(self, record: UsageRecord, admitted: Admitted) -> None:
-        fields = record.log_fields()  # made once, for the billing line and the ledger's spool
-        billing_log.info("billing record", extra={"event": BILLING_EVENT, **fields})
+    def settle(self, record: UsageRecord, admitted: Admitted) -> dict[str, Any]:
+        """Settle what the request reserved and queue its ledger row; returns the row's fields,
+        made once, for the ledger's spool and then the billing line (:meth:`log`)."""
+        fields = record.log_fields()
         self.limits.settle(admitted, record)
         self.ledger.record(record, fields)
+        return fields
+
+    def log(self, fields: dict[str, Any]) -> None:
+        """The request's billing line: the last thing its end does."""
+        billing_log.info("billing record", extra={"event": BILLING_EVENT, **fields})

@@ -154,7 +154,7 @@ async def _relay_audio(
             request.transport.abort()
     finally:
         await upstream.close()
-        exchange.finish(status=status, outcome=outcome, error_type=error_type)
+        exchange.end(status, outcome, error_type)
     return response
 
 
@@ -279,7 +279,6 @@ async def _transcribe(
     document = _json_object(result.body) if "json" in result.content_type else None
     if document is not None:
         exchange.metered = meter.answered(document) or exchange.metered
-    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     # JSON or text/plain (response_format=text), as the provider answered.
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}

@@ -19,7 +19,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import attrs
@@ -36,6 +35,7 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.metering import Meter
 from llmgw.accounting.price import Metered, Price
+from llmgw.accounting.request_record import RequestRecord
 from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
@@ -59,7 +59,7 @@ from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.genai import ChatObservation, Finished, Outcome
+from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -134,13 +134,13 @@ class Exchange:
     body: dict[str, Any]
     admitted: Admitted
     observation: ChatObservation
+    record: RequestRecord  # what the ledger row is made of
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
     output_chars: int = 0  # what the provider produced, for an estimate
     usage_final: bool = True  # see StreamSummary.usage_final
     # Streams that broke before the one that finished the answer: billed with it.
     earlier: tuple[StreamAttempt, ...] = ()
-    finished: bool = False
     release_deployment: Callable[[float | None], None] = lambda _: None  # see Answer.done
     answered_at: float = 0.0  # perf_counter, as the observation's chunk times
     # A media call's billed quantity: the request's (its worst case) until the answer says.
@@ -158,7 +158,14 @@ class Exchange:
         self.output_chars = summary.output_chars
         self.usage_final = summary.usage_final
         self.earlier = summary.earlier
-        self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
+        self.record.response_id = summary.response_id
+        self.record.response_model = summary.response_model
+        self.end(summary.status, summary.outcome, summary.error_type)
+
+    def deployment_tried(self, deployment: Deployment, tried: int) -> None:
+        """The route is about to call its ``tried``-th deployment: it answers unless it fails too."""
+        self.record.tried(deployment.provider.name, deployment.label, tried)
+        self.observation.deployment_tried(deployment, tried)
 
     def answered(self, answer: Answer[T]) -> T:
         """The route answered: that deployment bills the request, whatever happens next."""
@@ -192,26 +199,33 @@ class Exchange:
         prices.warm()  # a price from a listing not fetched yet is there for the next request
         return prices.price(self.deployment.provider.name, self.deployment.model)
 
-    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
-        """Finish the observation and hand accounting the request's one record, whatever fails:
-        a request that reached a provider is always in the ledger, and what it reserved is
-        always settled."""
-        if self.finished:
+    def end(self, status: int, outcome: str, error_type: str | None = None) -> None:
+        """End the request: the one place every way a request can end comes to, once.
+
+        In order, and from the record alone: settle what it reserved (its admission and its
+        provider caps), queue its ledger row, end its span and record its metrics, write its
+        billing line. Whatever fails on the way, a request that reached a provider is in the
+        ledger and what it reserved is settled.
+        """
+        record = self.record
+        if record.ended:
             return
-        self.finished = True
+        record.ended = True
+        record.status, record.outcome, record.error_type = status, outcome, error_type
         self._release_deployment()
+        observation = self.observation
         try:
-            record = self._record(status, outcome, error_type)
+            row = self._row()
         except Exception:
-            log.exception("the usage record of request %s could not be built", self._request_id)
-            record = self._bare_record(status, outcome, error_type)
-        self.request.app[app_keys.USAGE](record, self.admitted)
+            log.exception("the usage record of request %s could not be built", record.request_id)
+            row = self._bare_row()
+        accounting = self.request.app[app_keys.USAGE]
+        fields = accounting.settle(row, self.admitted)
+        if not observation.finished:  # a bare row's span was abandoned already
+            observation.finish(status=status, outcome=outcome, error_type=error_type)
+        accounting.log(fields)
 
-    @property
-    def _request_id(self) -> str:
-        return self.request[app_keys.REQUEST_ID]
-
-    def _record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
+    def _row(self) -> UsageRecord:
         observation = self.observation
         estimated = False
         attempts: list[Usage] = []
@@ -231,18 +245,18 @@ class Exchange:
         if source != REPORTED:
             observation.usage = attrs.evolve(charged.usage, cost_usd=None)
             observation.usage_source = source
-        finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
-        return self._usage_record(
-            status,
-            outcome,
-            error_type,
+        return self.record.usage_row(
             charged.usage,
-            finished,
+            time_to_first_chunk_s=self._time_to_first_chunk(),
             usage_source=source,
             cost_computed=charged.cost_computed,
             flags=charged.flags,
             attempts=1 + len(self.earlier),
         )
+
+    def _time_to_first_chunk(self) -> float | None:
+        first = self.observation.first_chunk_at
+        return None if first is None else first - self.record.started
 
     def _settle_caps(self, attempts: list[Usage]) -> None:
         """Settle each answering deployment's account-cap reservation at what its attempt used
@@ -299,74 +313,17 @@ class Exchange:
             )
         return total, estimated, each
 
-    def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
-        """The record from what is known without computing anything that could fail again: the
+    def _bare_row(self) -> UsageRecord:
+        """The row from what is known without computing anything that could fail again: the
         usage as far as it got (the provider's, or the estimate if that was made; none: no
-        tokens), flagged so the row can be found."""
+        tokens), flagged so the row can be found; the span ends as an error, with no figures."""
         observation = self.observation
         observation.abandon()
-        measured = Finished(
-            duration_s=time.perf_counter() - observation.started,
-            time_to_first_chunk_s=None,
-            trace_id=None,
-        )
-        return self._usage_record(
-            status,
-            outcome,
-            error_type,
+        return self.record.usage_row(
             observation.usage or Usage(),
-            measured,
+            time_to_first_chunk_s=None,
             usage_source=observation.usage_source,
             flags=(RECORD_NOT_COMPUTED,),
-        )
-
-    def _usage_record(
-        self,
-        status: int,
-        outcome: str,
-        error_type: str | None,
-        usage: Usage,
-        finished: Finished,
-        *,
-        usage_source: str = "reported",
-        cost_computed: bool = False,
-        flags: tuple[str, ...] = (),
-        attempts: int = 1,
-    ) -> UsageRecord:
-        observation = self.observation
-        attributes = observation.metric_attributes
-        return UsageRecord(
-            occurred_at=datetime.now(UTC),
-            api_key_id=self.key.id,
-            subject_id=self.key.subject_id,
-            request_id=self._request_id,
-            response_id=observation.response_id,
-            operation=attributes[sc.GEN_AI_OPERATION_NAME],
-            provider=attributes[sc.GEN_AI_PROVIDER_NAME],
-            deployment=observation.deployment,
-            model=attributes[sc.GEN_AI_REQUEST_MODEL],
-            response_model=observation.response_model,
-            stream=observation.stream,
-            status=status,
-            outcome=outcome,
-            error_type=error_type,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
-            reasoning_output_tokens=usage.reasoning_output_tokens,
-            cost_usd=usage.cost_usd,
-            cost_diem=usage.cost_diem,
-            duration_ms=round(finished.duration_s * 1000, 3),
-            time_to_first_chunk_ms=None
-            if finished.time_to_first_chunk_s is None
-            else round(finished.time_to_first_chunk_s * 1000, 3),
-            trace_id=finished.trace_id,
-            usage_source=usage_source,
-            cost_computed=cost_computed,
-            flags=flags,
-            attempts=attempts,
         )
 
 
@@ -483,8 +440,20 @@ async def start_call(
             stream=upstream.stream,
             capture_content=telemetry.capture_content,
         )
+        context = observation.tracer_span.get_span_context()
+        record = RequestRecord(
+            request_id=request[app_keys.REQUEST_ID],
+            api_key_id=key.id,
+            subject_id=key.subject_id,
+            operation=upstream.operation,
+            model=upstream.model,
+            stream=upstream.stream,
+            provider=route.name,
+            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
+            started=observation.started,
+        )
         exchange = Exchange(
-            request, key, upstream.fields, admitted, observation, metered=upstream.metered
+            request, key, upstream.fields, admitted, observation, record, metered=upstream.metered
         )
         call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
@@ -514,7 +483,7 @@ def _upstream_call(
         deadline=deadline,
         trace_headers=trace_headers,
         model=upstream.model,
-        on_deployment=exchange.observation.deployment_tried,
+        on_deployment=exchange.deployment_tried,
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
         reasoning_params=upstream.reasoning_params,
@@ -574,13 +543,12 @@ async def _resume(
     """A new stream for the rest of an answer whose stream broke after ``text`` was sent: from
     the next deployment of the route on, with a deadline of its own."""
     assert exchange.deployment is not None  # a stream was relayed, so a deployment answered
-    observation = exchange.observation
-    tried = observation.deployments_tried
+    tried = exchange.record.deployments_tried
     settings = exchange.request.app[app_keys.SETTINGS]
     resumed_call = attrs.evolve(
         call,
         deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds,
-        on_deployment=lambda deployment, count: observation.deployment_tried(
+        on_deployment=lambda deployment, count: exchange.deployment_tried(
             deployment, tried + count
         ),
     )
@@ -590,7 +558,7 @@ async def _resume(
         )
     except BaseException:
         # Not finished: the request stays the broken deployment's, in the span and the ledger.
-        observation.deployment_tried(exchange.deployment, tried)
+        exchange.deployment_tried(exchange.deployment, tried)
         raise
     stream = exchange.answered(answer)
     return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
@@ -622,7 +590,7 @@ async def _complete(
     observation = exchange.observation
     result = exchange.answered(await route.first_answer(call, operation.complete))
     observation.retries = result.retries
-    answered_by = observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]
+    answered_by = exchange.record.provider
     try:
         document = orjson.loads(result.body)
     except orjson.JSONDecodeError:
@@ -636,6 +604,7 @@ async def _complete(
             code="upstream_invalid_response",
         )
     observation.note_document(document)
+    exchange.record.note_ids(document)
     usage = document.get("usage")
     observation.usage = (
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.
@@ -646,16 +615,13 @@ async def _complete(
     exchange.output_chars = answer_output_chars(document)
     if operation.meter is not None:
         exchange.metered = operation.meter.answered(document) or exchange.metered
-    # Translated before the exchange finishes: an answer that cannot be translated is recorded as
+    # Translated before the request ends: an answer that cannot be translated is recorded as
     # the failure the caller gets (with the usage the provider reported), not as a success.
     if operation.codec is None:
         body, content_type = result.body, result.content_type
     else:
         body = await _translate(operation.codec, document, caller_body, answered_by)
         content_type = "application/json"
-    # A freed concurrency slot needs no turn of the loop before the answer: this replica's next
-    # admission carries the settlement to the store ahead of itself (LimitPolicy).
-    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     return web.Response(status=result.status, body=body, headers={"Content-Type": content_type})
 
 
@@ -679,32 +645,40 @@ async def observe_upstream(
     *,
     translate_errors: bool,
 ) -> T | web.Response:
-    """Run ``call``; finish the exchange on any failure it raises (success finishes itself).
+    """Run ``call``, and end the request if it answered (a response, not a stream to relay) or
+    failed.
 
     A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the
     error middleware renders in the route's own error shape.
     """
     try:
-        return await call()
-    except UpstreamHTTPError as exc:
-        exchange.observation.retries = exc.response.retries
-        exchange.finish(
-            status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
-        )
+        result = await call()
+    except BaseException as exc:
+        status, outcome, error_type = _how_it_failed(exc)
+        if isinstance(exc, UpstreamHTTPError):
+            exchange.observation.retries = exc.response.retries
+        exchange.end(status, outcome, error_type)
+        if not isinstance(exc, UpstreamHTTPError):
+            raise
         if translate_errors:
             response = exc.response
             raise ProviderError.from_answer(
                 response.status, response.body, retry_after=response.retry_after
             ) from None
         return forward_upstream_error(exc.response)
-    except GatewayError as exc:
-        exchange.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        exchange.finish(
-            status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
-        )
-        raise
-    except Exception:
-        exchange.finish(status=500, outcome=Outcome.FAILED, error_type="internal_error")
-        raise
+    if isinstance(result, web.Response):
+        # A freed concurrency slot needs no turn of the loop before the answer: this replica's
+        # next admission carries the settlement to the store ahead of itself (LimitPolicy).
+        exchange.end(result.status, Outcome.COMPLETED)
+    return result
+
+
+def _how_it_failed(exc: BaseException) -> tuple[int, str, str]:
+    """The status, outcome and error type of a request that ``exc`` ended."""
+    if isinstance(exc, UpstreamHTTPError):
+        return exc.response.status, Outcome.FAILED, str(exc.response.status)
+    if isinstance(exc, GatewayError):
+        return exc.status, Outcome.FAILED, exc.error_kind
+    if isinstance(exc, asyncio.CancelledError | ConnectionResetError):
+        return CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled"
+    return 500, Outcome.FAILED, "internal_error"

@@ -416,6 +416,8 @@ class _Relay:
                 output_chars=observer.output_chars,
                 earlier=tuple(self.earlier),
                 usage_final=observer.usage_final,
+                response_id=observer.observation.response_id,
+                response_model=observer.observation.response_model,
             )
         )
 
