@@ -1,0 +1,137 @@
+"""Every way a request can end comes to one end: one settlement of what it reserved, one ledger
+row, one span and one billing line, whatever the path (JSON, stream, Messages, a provider's
+refusal, a cut, the caller leaving)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import attrs
+import pytest
+
+from llmgw.accounting.sink import BILLING_EVENT
+from llmgw.limits.policy import LimitPolicy
+from tests.conftest import Gateway
+from tests.fake_venice import Behaviour
+from tests.processes import eventually
+from tests.test_policy_and_ledger import flush
+
+HI = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "qwen3-5-9b", "messages": HI}
+MESSAGES = {"model": "qwen3-5-9b", "messages": HI, "max_tokens": 16}
+
+
+async def _post(gateway: Gateway, key: str, path: str, body: dict[str, Any]) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url(path), json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response,
+    ):
+        await response.read()
+
+
+def _request(
+    path: str, body: dict[str, Any], behaviour: Behaviour | None = None
+) -> Callable[[Gateway, str], Awaitable[None]]:
+    async def send(gateway: Gateway, key: str) -> None:
+        if behaviour is not None:
+            gateway.fake.enqueue(behaviour)
+        await _post(gateway, key, path, body)
+
+    return send
+
+
+async def _caller_leaves(gateway: Gateway, key: str) -> None:
+    await gateway.hang_up_mid_stream(key)
+
+
+@attrs.frozen
+class End:
+    send: Callable[[Gateway, str], Awaitable[None]]
+    span: str
+    status: int
+    error_type: str | None
+
+
+ENDS = {
+    "json answered": End(_request("/v1/chat/completions", CHAT), "chat qwen3-5-9b", 200, None),
+    "json refused by the provider": End(
+        _request("/v1/chat/completions", CHAT, Behaviour(status=400)),
+        "chat qwen3-5-9b",
+        400,
+        "400",
+    ),
+    "stream answered": End(
+        _request("/v1/chat/completions", {**CHAT, "stream": True}),
+        "chat qwen3-5-9b",
+        200,
+        None,
+    ),
+    "stream refused by the provider": End(
+        _request("/v1/chat/completions", {**CHAT, "stream": True}, Behaviour(status=400)),
+        "chat qwen3-5-9b",
+        400,
+        "400",
+    ),
+    "stream cut by the provider and continued": End(
+        _request("/v1/chat/completions", {**CHAT, "stream": True}, Behaviour(drop_after_chunks=1)),
+        "chat qwen3-5-9b",
+        200,
+        None,
+    ),
+    "stream cut by the gateway (an event too large)": End(
+        _request(
+            "/v1/chat/completions",
+            {**CHAT, "stream": True},
+            Behaviour(oversized_event_bytes=64 * 1024 * 1024),
+        ),
+        "chat qwen3-5-9b",
+        200,
+        "upstream_event_too_large",
+    ),
+    "stream the caller left": End(_caller_leaves, "chat qwen3-5-9b", 499, "cancelled"),
+    "messages answered": End(_request("/v1/messages", MESSAGES), "chat qwen3-5-9b", 200, None),
+    "messages stream answered": End(
+        _request("/v1/messages", {**MESSAGES, "stream": True}),
+        "chat qwen3-5-9b",
+        200,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("end", list(ENDS.values()), ids=list(ENDS))
+async def test_every_end_settles_once_writes_one_row_one_span_and_one_billing_line(
+    gateway: Gateway,
+    api_key: str,
+    end: End,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settlements: list[Any] = []
+    settle = LimitPolicy.settle
+
+    def counted(self: LimitPolicy, admitted: Any, record: Any) -> None:
+        settlements.append(record)
+        settle(self, admitted, record)
+
+    monkeypatch.setattr(LimitPolicy, "settle", counted)
+    caplog.set_level(logging.INFO, logger="llmgw.billing")
+
+    await end.send(gateway, api_key)
+
+    def billing_lines() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", None) == BILLING_EVENT]
+
+    await eventually(lambda: len(billing_lines()) >= 1)
+    await flush(gateway)
+    rows = await gateway.db.fetch("SELECT status, error_type FROM usage_events")
+    assert [(row["status"], row["error_type"]) for row in rows] == [(end.status, end.error_type)]
+    assert len(settlements) == 1
+    assert settlements[0] is not None  # settled with the request's record
+    assert len([s for s in gateway.telemetry.finished_spans() if s.name == end.span]) == 1
+    assert len(billing_lines()) == 1
