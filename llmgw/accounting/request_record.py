@@ -41,12 +41,6 @@ class RequestRecord:
     # Set by the one function that ends a request, and only there: the request's one guard.
     ended: bool = False
 
-    def tried(self, provider: str, deployment: str, tried: int) -> None:
-        """The route is about to call its ``tried``-th deployment."""
-        self.provider = provider
-        self.deployment = deployment
-        self.deployments_tried = tried
-
     def note_ids(self, document: dict[str, Any]) -> None:
         """The answer's own id and model, from the first document that says them."""
         if self.response_id is None and isinstance(document.get("id"), str):

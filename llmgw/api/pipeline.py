@@ -164,7 +164,12 @@ class Exchange:
 
     def deployment_tried(self, deployment: Deployment, tried: int) -> None:
         """The route is about to call its ``tried``-th deployment: it answers unless it fails too."""
-        self.record.tried(deployment.provider.name, deployment.label, tried)
+        record = self.record
+        record.provider, record.deployment, record.deployments_tried = (
+            deployment.provider.name,
+            deployment.label,
+            tried,
+        )
         self.observation.deployment_tried(deployment, tried)
 
     def answered(self, answer: Answer[T]) -> T:
@@ -247,16 +252,14 @@ class Exchange:
             observation.usage_source = source
         return self.record.usage_row(
             charged.usage,
-            time_to_first_chunk_s=self._time_to_first_chunk(),
+            time_to_first_chunk_s=None
+            if observation.first_chunk_at is None
+            else observation.first_chunk_at - self.record.started,
             usage_source=source,
             cost_computed=charged.cost_computed,
             flags=charged.flags,
             attempts=1 + len(self.earlier),
         )
-
-    def _time_to_first_chunk(self) -> float | None:
-        first = self.observation.first_chunk_at
-        return None if first is None else first - self.record.started
 
     def _settle_caps(self, attempts: list[Usage]) -> None:
         """Settle each answering deployment's account-cap reservation at what its attempt used
@@ -604,7 +607,9 @@ async def _complete(
             code="upstream_invalid_response",
         )
     observation.note_document(document)
-    exchange.record.note_ids(document)
+    record = exchange.record
+    record.note_ids(document)
+    observation.response_id, observation.response_model = record.response_id, record.response_model
     usage = document.get("usage")
     observation.usage = (
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.
