@@ -2,12 +2,13 @@
 through.
 
     read the body → validate (→ translate) → route the model → admit (limits) → open the
-    observation → call the route → answer (→ translate back) → finish the observation → one
-    usage record to accounting
+    record and the observation → call the route → answer (→ translate back) → end the request
 
-The pipeline owns the outcome: the provider call returns its answer (or a stream the relay
-summarises), and only here is the observation finished and the usage record made, exactly once,
-whatever happened. An :class:`Operation` says what differs between JSON operations; an operation
+The pipeline owns the outcome: each stage writes what it learns into the request's
+:class:`~llmgw.accounting.request_record.RequestRecord`, and every way a request can end (an
+answer, a provider's refusal, a stream however it ended, the caller leaving, a failure of the
+gateway's own) comes to :meth:`Exchange.end`, which ends it once: settle, ledger row (from the
+record), span and metrics, billing line. An :class:`Operation` says what differs between JSON operations; an operation
 whose body is not JSON (an upload) or whose answer is not (audio) reads its own body, starts with
 :func:`start_call` and calls the provider through :func:`observe_upstream`.
 """

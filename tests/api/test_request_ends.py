@@ -12,8 +12,11 @@ import aiohttp
 import attrs
 import pytest
 
-from llmgw.accounting.sink import BILLING_EVENT
+from llmgw.accounting.sink import BILLING_EVENT, UsageAccounting
+from llmgw.api import pipeline
 from llmgw.limits.policy import LimitPolicy
+from llmgw.storage.ledger import UsageLedger
+from llmgw.telemetry.genai import ChatObservation
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import eventually
@@ -21,6 +24,7 @@ from tests.test_policy_and_ledger import flush
 
 HI = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "qwen3-5-9b", "messages": HI}
+SPEECH = {"model": "tts-kokoro", "voice": "af_sky", "input": "Hello"}
 MESSAGES = {"model": "qwen3-5-9b", "messages": HI, "max_tokens": 16}
 
 
@@ -47,6 +51,32 @@ def _request(
 
 async def _caller_leaves(gateway: Gateway, key: str) -> None:
     await gateway.hang_up_mid_stream(key)
+
+
+async def _transcribe(gateway: Gateway, key: str) -> None:
+    form = aiohttp.FormData()
+    form.add_field("model", "openai/whisper-large-v3")
+    form.add_field("file", b"RIFF\x24\x00\x00\x00WAVEfmt " * 8, filename="a.wav")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url("/v1/audio/transcriptions"),
+            data=form,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response,
+    ):
+        await response.read()
+
+
+async def _gateway_fails(gateway: Gateway, key: str) -> None:
+    """The gateway's own failure after the provider answered: a 500, still billed."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "answer_output_chars", _broken)
+        await _post(gateway, key, "/v1/chat/completions", CHAT)
+
+
+def _broken(*args: Any) -> Any:
+    raise RuntimeError("a bug")
 
 
 @attrs.frozen
@@ -101,6 +131,31 @@ ENDS = {
         200,
         None,
     ),
+    "responses answered (and stored)": End(
+        _request("/v1/responses", {"model": "qwen3-5-9b", "input": "hi"}),
+        "chat qwen3-5-9b",
+        200,
+        None,
+    ),
+    "responses stream answered (and stored)": End(
+        _request("/v1/responses", {"model": "qwen3-5-9b", "input": "hi", "stream": True}),
+        "chat qwen3-5-9b",
+        200,
+        None,
+    ),
+    "speech answered": End(
+        _request("/v1/audio/speech", SPEECH), "text_to_speech tts-kokoro", 200, None
+    ),
+    "speech refused by the provider": End(
+        _request("/v1/audio/speech", SPEECH, Behaviour(status=400)),
+        "text_to_speech tts-kokoro",
+        400,
+        "400",
+    ),
+    "transcription answered": End(_transcribe, "speech_to_text openai/whisper-large-v3", 200, None),
+    "an exception inside the gateway": End(
+        _gateway_fails, "chat qwen3-5-9b", 500, "internal_error"
+    ),
 }
 
 
@@ -113,13 +168,32 @@ async def test_every_end_settles_once_writes_one_row_one_span_and_one_billing_li
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     settlements: list[Any] = []
-    settle = LimitPolicy.settle
+    steps: list[str] = []
+    settle, queue, finish = LimitPolicy.settle, UsageLedger.record, ChatObservation.finish
 
-    def counted(self: LimitPolicy, admitted: Any, record: Any) -> None:
+    def settled(self: LimitPolicy, admitted: Any, record: Any) -> None:
         settlements.append(record)
+        steps.append("settle")
         settle(self, admitted, record)
 
-    monkeypatch.setattr(LimitPolicy, "settle", counted)
+    def queued(self: UsageLedger, *args: Any) -> None:
+        steps.append("ledger")
+        queue(self, *args)
+
+    def finished(self: ChatObservation, **kwargs: Any) -> None:
+        steps.append("span")
+        finish(self, **kwargs)
+
+    monkeypatch.setattr(LimitPolicy, "settle", settled)
+    monkeypatch.setattr(UsageLedger, "record", queued)
+    monkeypatch.setattr(ChatObservation, "finish", finished)
+    log = UsageAccounting.log
+
+    def logged(self: UsageAccounting, fields: dict[str, Any]) -> None:
+        steps.append("log")
+        log(self, fields)
+
+    monkeypatch.setattr(UsageAccounting, "log", logged)
     caplog.set_level(logging.INFO, logger="llmgw.billing")
 
     await end.send(gateway, api_key)
@@ -135,3 +209,4 @@ async def test_every_end_settles_once_writes_one_row_one_span_and_one_billing_li
     assert settlements[0] is not None  # settled with the request's record
     assert len([s for s in gateway.telemetry.finished_spans() if s.name == end.span]) == 1
     assert len(billing_lines()) == 1
+    assert steps == ["settle", "ledger", "span", "log"]
