@@ -39,11 +39,10 @@ async def _post(gateway: Gateway, key: str, path: str, body: dict[str, Any]) -> 
 
 
 def _request(
-    path: str, body: dict[str, Any], behaviour: Behaviour | None = None
+    path: str, body: dict[str, Any], *behaviours: Behaviour
 ) -> Callable[[Gateway, str], Awaitable[None]]:
     async def send(gateway: Gateway, key: str) -> None:
-        if behaviour is not None:
-            gateway.fake.enqueue(behaviour)
+        gateway.fake.enqueue(*behaviours)
         await _post(gateway, key, path, body)
 
     return send
@@ -167,6 +166,50 @@ async def test_every_end_settles_once_writes_one_row_one_span_and_one_billing_li
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    await assert_one_end(gateway, api_key, end, monkeypatch, caplog)
+
+
+TIMEOUTS = {
+    "json timed out waiting for the provider": End(
+        _request("/v1/chat/completions", CHAT, Behaviour(delay_before_headers=3.0)),
+        "chat qwen3-5-9b",
+        504,
+        "upstream_timeout",
+    ),
+    "stream timed out idle, and its continuation too": End(
+        _request(
+            "/v1/chat/completions",
+            {**CHAT, "stream": True},
+            Behaviour(stall_after_chunks=2),
+            Behaviour(stall_after_chunks=1),
+        ),
+        "chat qwen3-5-9b",
+        200,
+        "upstream_stream_timeout",
+    ),
+}
+
+
+@pytest.mark.parametrize("end", list(TIMEOUTS.values()), ids=list(TIMEOUTS))
+async def test_a_timeout_ends_the_request_once(
+    start_gateway: Any,
+    api_key_for: Any,
+    end: End,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gateway = await start_gateway(request_timeout_seconds=1.0, upstream_max_retries=0)
+    await assert_one_end(gateway, await api_key_for(gateway), end, monkeypatch, caplog)
+
+
+async def assert_one_end(
+    gateway: Gateway,
+    api_key: str,
+    end: End,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One settlement, one ledger row, one span, one billing line, in that order."""
     settlements: list[Any] = []
     steps: list[str] = []
     settle, queue, finish = LimitPolicy.settle, UsageLedger.record, ChatObservation.finish
