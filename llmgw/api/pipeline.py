@@ -227,8 +227,14 @@ class Exchange:
             row = self._bare_row()
         accounting = self.request.app[app_keys.USAGE]
         fields = accounting.settle(row, self.admitted)
-        if not observation.finished:  # a bare row's span was abandoned already
-            observation.finish(status=status, outcome=outcome, error_type=error_type)
+        if RECORD_NOT_COMPUTED in row.flags:
+            observation.abandon()  # no figures to show
+        else:
+            try:
+                observation.finish(status=status, outcome=outcome, error_type=error_type)
+            except Exception:
+                log.exception("the span of request %s could not be finished", record.request_id)
+                observation.abandon()
         accounting.log(fields)
 
     def _row(self) -> UsageRecord:
@@ -320,9 +326,8 @@ class Exchange:
     def _bare_row(self) -> UsageRecord:
         """The row from what is known without computing anything that could fail again: the
         usage as far as it got (the provider's, or the estimate if that was made; none: no
-        tokens), flagged so the row can be found; the span ends as an error, with no figures."""
+        tokens), flagged so the row can be found."""
         observation = self.observation
-        observation.abandon()
         return self.record.usage_row(
             observation.usage or Usage(),
             time_to_first_chunk_s=None,

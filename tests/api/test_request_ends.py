@@ -67,6 +67,13 @@ async def _transcribe(gateway: Gateway, key: str) -> None:
         await response.read()
 
 
+async def _row_cannot_be_computed(gateway: Gateway, key: str) -> None:
+    """The ledger row's figures fail to compute: a bare row, flagged; the span an error."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "charge", _broken)
+        await _post(gateway, key, "/v1/chat/completions", CHAT)
+
+
 async def _gateway_fails(gateway: Gateway, key: str) -> None:
     """The gateway's own failure after the provider answered: a 500, still billed."""
     with pytest.MonkeyPatch.context() as patch:
@@ -152,6 +159,9 @@ ENDS = {
         "400",
     ),
     "transcription answered": End(_transcribe, "speech_to_text openai/whisper-large-v3", 200, None),
+    "a row whose figures cannot be computed": End(
+        _row_cannot_be_computed, "chat qwen3-5-9b", 200, None
+    ),
     "an exception inside the gateway": End(
         _gateway_fails, "chat qwen3-5-9b", 500, "internal_error"
     ),
@@ -212,7 +222,8 @@ async def assert_one_end(
     """One settlement, one ledger row, one span, one billing line, in that order."""
     settlements: list[Any] = []
     steps: list[str] = []
-    settle, queue, finish = LimitPolicy.settle, UsageLedger.record, ChatObservation.finish
+    settle, queue = LimitPolicy.settle, UsageLedger.record
+    finish, abandon = ChatObservation.finish, ChatObservation.abandon
 
     def settled(self: LimitPolicy, admitted: Any, record: Any) -> None:
         settlements.append(record)
@@ -229,7 +240,13 @@ async def assert_one_end(
 
     monkeypatch.setattr(LimitPolicy, "settle", settled)
     monkeypatch.setattr(UsageLedger, "record", queued)
+
+    def abandoned(self: ChatObservation) -> None:
+        steps.append("span")
+        abandon(self)
+
     monkeypatch.setattr(ChatObservation, "finish", finished)
+    monkeypatch.setattr(ChatObservation, "abandon", abandoned)
     log = UsageAccounting.log
 
     def logged(self: UsageAccounting, fields: dict[str, Any]) -> None:
