@@ -29,12 +29,16 @@ class RequestRecord:
     model: str  # as the caller asked for it
     stream: bool
     provider: str  # the route's provider until a deployment is tried, then that deployment's
+    provider_reports_cost: bool = False  # the provider's answers say what they cost
     trace_id: str | None = None
     started: float = attrs.field(factory=time.perf_counter)
     deployment: str | None = None  # "provider:model" of the deployment tried last
     deployments_tried: int = 0
     response_id: str | None = None
     response_model: str | None = None
+    first_chunk_at: float | None = None  # perf_counter, as ``started``
+    usage: Usage | None = None  # as the provider reported it; None until (or unless) it does
+    usage_source: str = "reported"  # or "estimated" (see accounting.charges)
     status: int | None = None  # how it ended: set when it does
     outcome: str = ""
     error_type: str | None = None
@@ -52,7 +56,6 @@ class RequestRecord:
         self,
         usage: Usage,
         *,
-        time_to_first_chunk_s: float | None,
         usage_source: str = "reported",
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
@@ -84,8 +87,8 @@ class RequestRecord:
             cost_diem=usage.cost_diem,
             duration_ms=round((time.perf_counter() - self.started) * 1000, 3),
             time_to_first_chunk_ms=None
-            if time_to_first_chunk_s is None
-            else round(time_to_first_chunk_s * 1000, 3),
+            if self.first_chunk_at is None
+            else round((self.first_chunk_at - self.started) * 1000, 3),
             trace_id=self.trace_id,
             usage_source=usage_source,
             cost_computed=cost_computed,

@@ -155,22 +155,21 @@ class Exchange:
 
     def stream_ended(self, summary: StreamSummary) -> None:
         """The relay's one report of how the stream ended (possibly after a background drain)."""
-        self.observation.usage = summary.usage
+        record = self.record
+        record.usage = summary.usage
         self.output_chars = summary.output_chars
         self.usage_final = summary.usage_final
         self.earlier = summary.earlier
-        self.record.response_id = summary.response_id
-        self.record.response_model = summary.response_model
+        record.response_id, record.response_model = summary.response_id, summary.response_model
+        record.first_chunk_at = summary.first_chunk_at
         self.end(summary.status, summary.outcome, summary.error_type)
 
     def deployment_tried(self, deployment: Deployment, tried: int) -> None:
         """The route is about to call its ``tried``-th deployment: it answers unless it fails too."""
         record = self.record
-        record.provider, record.deployment, record.deployments_tried = (
-            deployment.provider.name,
-            deployment.label,
-            tried,
-        )
+        provider = deployment.provider
+        record.provider, record.provider_reports_cost = provider.name, provider.reports_cost
+        record.deployment, record.deployments_tried = deployment.label, tried
         self.observation.deployment_tried(deployment, tried)
 
     def answered(self, answer: Answer[T]) -> T:
@@ -238,13 +237,14 @@ class Exchange:
         accounting.log(fields)
 
     def _row(self) -> UsageRecord:
-        observation = self.observation
+        record = self.record
+        usage = record.usage
         estimated = False
         attempts: list[Usage] = []
         if self.earlier:
-            observation.usage, estimated, attempts = self._all_attempts()
+            usage, estimated, attempts = self._all_attempts()
         charged = charge(
-            observation.usage,
+            usage,
             provider_worked=self.provider_worked,
             estimate=self._estimate,
             price=self._price,
@@ -253,15 +253,14 @@ class Exchange:
         )
         self._settle_caps(attempts or [charged.usage])
         # Partly estimated (an attempt that broke before reporting) is estimated.
-        source = ESTIMATED if estimated else charged.source
-        if source != REPORTED:
-            observation.usage = attrs.evolve(charged.usage, cost_usd=None)
-            observation.usage_source = source
-        return self.record.usage_row(
+        source = record.usage_source = ESTIMATED if estimated else charged.source
+        # What the span shows: the provider's figures, or the gateway's tokens without a cost.
+        self.observation.usage = (
+            usage if source == REPORTED else attrs.evolve(charged.usage, cost_usd=None)
+        )
+        self.observation.usage_source = source
+        return record.usage_row(
             charged.usage,
-            time_to_first_chunk_s=None
-            if observation.first_chunk_at is None
-            else observation.first_chunk_at - self.record.started,
             usage_source=source,
             cost_computed=charged.cost_computed,
             flags=charged.flags,
@@ -286,7 +285,7 @@ class Exchange:
         attempt's."""
         input_estimate = estimate_input_tokens(self.body)
         attempts = [(a.usage, a.output_chars) for a in self.earlier]
-        attempts.append((self.observation.usage, self.output_chars))
+        attempts.append((self.record.usage, self.output_chars))
         total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
         estimated = False
         each = []
@@ -327,11 +326,10 @@ class Exchange:
         """The row from what is known without computing anything that could fail again: the
         usage as far as it got (the provider's, or the estimate if that was made; none: no
         tokens), flagged so the row can be found."""
-        observation = self.observation
-        return self.record.usage_row(
-            observation.usage or Usage(),
-            time_to_first_chunk_s=None,
-            usage_source=observation.usage_source,
+        record = self.record
+        return record.usage_row(
+            record.usage or Usage(),
+            usage_source=record.usage_source,
             flags=(RECORD_NOT_COMPUTED,),
         )
 
@@ -458,6 +456,7 @@ async def start_call(
             model=upstream.model,
             stream=upstream.stream,
             provider=route.name,
+            provider_reports_cost=route.reports_cost,
             trace_id=format(context.trace_id, "032x") if context.is_valid else None,
             started=observation.started,
         )
@@ -617,11 +616,11 @@ async def _complete(
     record.note_ids(document)
     observation.response_id, observation.response_model = record.response_id, record.response_model
     usage = document.get("usage")
-    observation.usage = (
+    record.usage = (
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.
         anthropic_usage(usage)
         if document.get("type") == "message" and isinstance(usage, dict)
-        else parse_usage(document, with_cost=observation.provider_reports_cost)
+        else parse_usage(document, with_cost=record.provider_reports_cost)
     )
     exchange.output_chars = answer_output_chars(document)
     if operation.meter is not None:

@@ -420,6 +420,7 @@ class _Relay:
                 usage_final=observer.usage_final,
                 response_id=observer.observation.response_id,
                 response_model=observer.observation.response_model,
+                first_chunk_at=observer.observation.first_chunk_at,
             )
         )
 

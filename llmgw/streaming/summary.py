@@ -37,3 +37,5 @@ class StreamSummary:
     # The answer's own id and model, as its events said them (None: they did not).
     response_id: str | None = None
     response_model: str | None = None
+    # When the first chunk arrived (perf_counter); not part of what a summary is equal to.
+    first_chunk_at: float | None = attrs.field(default=None, eq=False)
