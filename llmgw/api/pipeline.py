@@ -43,7 +43,6 @@ from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.config import Settings
 from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
-from llmgw.limits.policy import Admitted
 from llmgw.providers.base import (
     REASONING_PARAMS,
     ChatStream,
@@ -133,7 +132,6 @@ class Exchange:
     request: web.Request
     key: AuthenticatedKey
     body: dict[str, Any]
-    admitted: Admitted
     observation: ChatObservation
     record: RequestRecord  # what the ledger row is made of
     deployment: Deployment | None = None  # the one that answered
@@ -225,7 +223,7 @@ class Exchange:
             log.exception("the usage record of request %s could not be built", record.request_id)
             row = self._bare_row()
         accounting = self.request.app[app_keys.USAGE]
-        fields = accounting.settle(row, self.admitted)
+        fields = accounting.settle(row, record.admitted)
         if RECORD_NOT_COMPUTED in row.flags:
             observation.abandon()  # no figures to show
         else:
@@ -449,6 +447,7 @@ async def start_call(
         )
         context = observation.tracer_span.get_span_context()
         record = RequestRecord(
+            admitted=admitted,
             request_id=request[app_keys.REQUEST_ID],
             api_key_id=key.id,
             subject_id=key.subject_id,
@@ -461,7 +460,7 @@ async def start_call(
             started=observation.started,
         )
         exchange = Exchange(
-            request, key, upstream.fields, admitted, observation, record, metered=upstream.metered
+            request, key, upstream.fields, observation, record, metered=upstream.metered
         )
         call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
