@@ -21,6 +21,7 @@ from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.background import cancel_and_wait
+from llmgw.cache.build import build_cache
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
@@ -209,7 +210,23 @@ def create_app(
         await cancel_and_wait([sweeper])
         refusals.close()  # the repeats counted so far, before the process ends
 
-    app.cleanup_ctx.extend([telemetry_flush, refusal_summaries, database, provider_sessions])
+    cache = build_cache(
+        settings,
+        clock=clocks.wall,
+        meter=telemetry.providers.local_meter,
+        meter_provider=telemetry.providers.meter_provider,
+    )
+    if cache is not None:
+        app[app_keys.CACHE] = cache
+
+    async def close_cache(app: web.Application) -> AsyncIterator[None]:
+        yield
+        if cache is not None:
+            await cache.close()
+
+    app.cleanup_ctx.extend(
+        [telemetry_flush, refusal_summaries, database, provider_sessions, close_cache]
+    )
     supervisor.install(  # after the cleanup contexts above: its drains end before they close
         app,
         supervisor.StreamSupervisor(

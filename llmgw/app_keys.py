@@ -8,6 +8,7 @@ from aiohttp import web
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.api.body_memory import BodyAllowance
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
+from llmgw.cache.policy import ResponseCache
 from llmgw.config import Settings
 from llmgw.limits.policy import LimitPolicy
 from llmgw.limits.store import RateLimitDecision
@@ -25,6 +26,7 @@ PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 LEDGER = web.AppKey("ledger", UsageLedger)
 USAGE = web.AppKey("usage", UsageAccounting)
+CACHE = web.AppKey("cache", ResponseCache)  # absent: LLMGW_CACHE=off
 REFUSALS = web.AppKey("refusals", RefusalLog)
 REFUSAL_COUNTS = web.AppKey("refusal_counts", RefusalCounts)
 

@@ -62,6 +62,8 @@ class RequestRecord:
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
         attempts: int = 1,
+        cache_hit: bool = False,
+        saved_cost_usd: float | None = None,
     ) -> UsageRecord:
         """The ledger's row of an ended request."""
         return UsageRecord(
@@ -96,4 +98,6 @@ class RequestRecord:
             cost_computed=cost_computed,
             flags=flags,
             attempts=attempts,
+            cache_hit=cache_hit,
+            saved_cost_usd=saved_cost_usd,
         )

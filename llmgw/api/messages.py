@@ -23,6 +23,7 @@ from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.api.body import read_json_object
 from llmgw.api.pipeline import Operation, forward_upstream_error, passed_headers, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.key import MESSAGES as MESSAGES_API
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
@@ -76,6 +77,7 @@ MESSAGES = Operation(
     validate=anthropic.validate_messages_request,
     complete=lambda provider, call: provider.chat_completion(call),
     codec=AnthropicCodec(),
+    cache_api=MESSAGES_API,
 )
 
 

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -41,8 +41,12 @@ from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_us
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.controls import read_controls
+from llmgw.cache.entry import Entry
+from llmgw.cache.flight import Flight, FlightFailed
+from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
 from llmgw.config import Settings
-from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
+from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
 from llmgw.providers.base import (
     REASONING_PARAMS,
     ChatStream,
@@ -56,6 +60,7 @@ from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.routing.caps import CapHold
 from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream, sse_error_event
+from llmgw.streaming.replay import replay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
@@ -103,6 +108,8 @@ class Operation:
     # The caller's headers (lower-case names) the provider is sent with that body: those of its
     # API that say how to read it (``anthropic-beta``). See UpstreamCall.caller_headers.
     caller_headers: tuple[str, ...] = ()
+    # The API's name in the response cache's keys (llmgw.cache.key); None: never cached.
+    cache_api: str | None = None
     # The gateway's own error in a stream relayed as the provider sent it (no codec), in the
     # caller's API: chat's ``data: {"error": ...}`` unless said.
     stream_error_event: Callable[[GatewayError], bytes] = sse_error_event
@@ -147,6 +154,10 @@ class Exchange:
     # Each answering deployment's hold on its provider's account caps (None: not capped), in the
     # order they answered: the broken streams' (``earlier``), then the one that finished.
     cap_holds: list[CapHold | None] = attrs.Factory(list)
+    # The response cache's lookup whose answer this request fetches (a miss, or no-cache), and
+    # the JSON answer to store (a stream's events are recorded by the lookup itself).
+    cache: Lookup | None = None
+    cache_body: bytes | None = None
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -202,13 +213,15 @@ class Exchange:
         prices.warm()  # a price from a listing not fetched yet is there for the next request
         return prices.price(self.deployment.provider.name, self.deployment.model)
 
-    def end(self, status: int, outcome: str, error_type: str | None = None) -> None:
+    def end(
+        self, status: int, outcome: str, error_type: str | None = None, *, hit: Entry | None = None
+    ) -> None:
         """End the request: the one place every way a request can end comes to, once.
 
         In order, and from the record alone: settle what it reserved (its admission and its
         provider caps), queue its ledger row, end its span and record its metrics, write its
         billing line. Whatever fails on the way, a request that reached a provider is in the
-        ledger and what it reserved is settled.
+        ledger and what it reserved is settled. ``hit``: the cache answered, with that entry.
         """
         record = self.record
         if record.ended:
@@ -218,10 +231,11 @@ class Exchange:
         self._release_deployment()
         observation = self.observation
         try:
-            row = self._row()
+            row = self._row() if hit is None else self._hit_row(hit)
         except Exception:
             log.exception("the usage record of request %s could not be built", record.request_id)
             row = self._bare_row()
+        self._settle_cache(row)
         accounting = self.request.app[app_keys.USAGE]
         fields = accounting.settle(row, record.admitted)
         if RECORD_NOT_COMPUTED in row.flags:
@@ -233,6 +247,47 @@ class Exchange:
                 log.exception("the span of request %s could not be finished", record.request_id)
                 observation.abandon()
         accounting.log(fields)
+
+    def _hit_row(self, entry: Entry) -> UsageRecord:
+        """The row of a request the cache answered: the stored answer's tokens, no provider
+        cost, and the cost it saved."""
+        usage = entry.usage
+        self.record.response_model = self.observation.response_model = entry.response_model
+        return self.record.usage_row(
+            attrs.evolve(usage, cost_usd=0.0, cost_diem=None),
+            cache_hit=True,
+            saved_cost_usd=usage.cost_usd,
+        )
+
+    def _settle_cache(self, record: UsageRecord) -> None:
+        """A complete answer with the provider's own usage is shared with the requests that
+        wait for it and stored; anything else is not, and they call on their own."""
+        lookup, self.cache = self.cache, None
+        if lookup is None:
+            return
+        cache = self.request.app[app_keys.CACHE]
+        if (
+            record.status != 200
+            or record.outcome != Outcome.COMPLETED
+            or record.usage_source != REPORTED
+            or (self.cache_body is None and not record.stream)
+        ):
+            cache.abandon(lookup)
+            return
+        cache.settle(
+            lookup,
+            usage=Usage(
+                input_tokens=record.input_tokens,
+                output_tokens=record.output_tokens,
+                cache_read_input_tokens=record.cache_read_input_tokens,
+                cache_creation_input_tokens=record.cache_creation_input_tokens,
+                cache_creation_1h_input_tokens=record.cache_creation_1h_input_tokens,
+                reasoning_output_tokens=record.reasoning_output_tokens,
+                cost_usd=record.cost_usd,
+            ),
+            body=self.cache_body,
+            response_model=record.response_model,
+        )
 
     def _row(self) -> UsageRecord:
         record = self.record
@@ -374,20 +429,158 @@ async def proxy(
         ),
     )
     translate_errors = codec is not None
-    if not stream:
-        return await observe_upstream(
-            exchange,
-            functools.partial(_complete, operation, route, call, exchange, caller_body),
-            translate_errors=translate_errors,
+
+    def translator() -> StreamTranslator | None:
+        return (
+            codec.stream_translator(
+                request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+            )
+            if codec is not None
+            else None
         )
-    translator = (
-        codec.stream_translator(
-            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+
+    cache = request.app.get(app_keys.CACHE)
+    if cache is not None and operation.cache_api is not None:
+        cached = await _from_cache(
+            cache, operation, exchange, model, caller_body, stream, hide_usage_chunk, translator
         )
-        if codec is not None
-        else None
-    )
-    return await _stream(request, operation, route, call, exchange, hide_usage_chunk, translator)
+        if cached is not None:
+            return cached
+    try:
+        if not stream:
+            return await observe_upstream(
+                exchange,
+                functools.partial(_complete, operation, route, call, exchange, caller_body),
+                translate_errors=translate_errors,
+            )
+        return await _stream(
+            request, operation, route, call, exchange, hide_usage_chunk, translator()
+        )
+    finally:
+        if exchange.cache is not None and cache is not None:
+            cache.abandon(exchange.cache)  # whatever ended it without an answer to share
+
+
+async def _from_cache(
+    cache: ResponseCache,
+    operation: Operation,
+    exchange: Exchange,
+    model: str,
+    caller_body: dict[str, Any],
+    stream: bool,
+    hide_usage_chunk: bool,
+    translator: Callable[[], StreamTranslator | None],
+) -> web.StreamResponse | None:
+    """The answer from the cache (a stored one, or one in flight), or None: the request calls
+    the provider, and ``exchange.cache`` says whether its answer is to be stored."""
+    assert operation.cache_api is not None
+    request, key = exchange.request, exchange.key
+    try:
+        lookup = await cache.lookup(
+            api=operation.cache_api,
+            model=model,
+            body=caller_body,
+            key_id=str(key.id),
+            subject_id=None if key.subject_id is None else str(key.subject_id),
+            controls=read_controls(request.headers),
+        )
+    except BaseException:
+        exchange.end(CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
+        raise
+    headers = request.setdefault(app_keys.RESPONSE_HEADERS, {})
+    headers[CACHE_HEADER] = lookup.result
+    exchange.observation.tracer_span.set_attribute(sc.LLMGW_CACHE_RESULT, lookup.result)
+    entry = lookup.entry
+    if lookup.follows is not None:
+        if stream and await lookup.follows.first_event():
+            headers["Age"] = "0"
+            return await _replay(
+                exchange, operation, lookup.follows, hide_usage_chunk, translator()
+            )
+        if not stream:
+            entry = await lookup.follows.answer()
+        if entry is None:
+            # The leader's call failed: this one calls on its own (and shares with no one).
+            headers[CACHE_HEADER] = MISS
+            exchange.observation.tracer_span.set_attribute(sc.LLMGW_CACHE_RESULT, MISS)
+            return None
+    if entry is None:
+        if lookup.key is not None and (lookup.leads is not None or lookup.ttl > 0):
+            exchange.cache = lookup
+        return None
+    headers["Age"] = str(int(lookup.age))
+    if stream:
+        return await _replay(exchange, operation, entry, hide_usage_chunk, translator())
+    try:
+        body = entry.json_body()
+        if operation.codec is not None:
+            body = await _translate(operation.codec, orjson.loads(body), caller_body, "the cache")
+    except BaseException:
+        exchange.end(500, Outcome.FAILED, "internal_error", hit=entry)
+        raise
+    exchange.end(200, Outcome.COMPLETED, hit=entry)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _events(events: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
+async def _followed(flight: Flight) -> AsyncIterator[bytes]:
+    try:
+        async for event in flight.stream():
+            yield event
+    except FlightFailed:
+        raise UpstreamUnavailable(
+            "The provider ended the stream before it was complete.",
+            code="upstream_stream_incomplete",
+        ) from None
+
+
+async def _replay(
+    exchange: Exchange,
+    operation: Operation,
+    answer: Entry | Flight,
+    hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
+) -> web.StreamResponse:
+    """A hit (a stored entry) or a follower (the flight it follows), streamed; its one record
+    made when the stream ends."""
+    events = _events(answer.chunk_events()) if isinstance(answer, Entry) else _followed(answer)
+    failed: GatewayError | None = None
+    cancelled = False
+    try:
+        response, failed = await replay_stream(
+            exchange.request,
+            events,
+            hide_usage_chunk=hide_usage_chunk,
+            translator=translator,
+            error_event=operation.stream_error_event,
+        )
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        cancelled = True
+        raise
+    except BaseException:
+        failed = InternalError("The gateway failed unexpectedly; see its logs.")
+        raise
+    finally:
+        entry = answer if isinstance(answer, Entry) else answer.entry
+        ending: tuple[int, str, str | None]
+        if entry is None:  # the leader's stream broke: nothing was answered, nothing is billed
+            ending = (
+                (CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
+                if cancelled
+                else (200, Outcome.FAILED, "upstream_stream_incomplete")
+            )
+        elif cancelled:
+            ending = (CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
+        elif failed is not None:
+            ending = (200, Outcome.FAILED, failed.error_kind)
+        else:
+            ending = (200, Outcome.COMPLETED, None)
+        exchange.end(*ending, hit=entry)
 
 
 @attrs.frozen
@@ -538,6 +731,7 @@ async def _stream(
         exchange.observation,
         hide_usage_chunk=hide_usage_chunk,
         on_end=exchange.stream_ended,
+        tap=exchange.cache,
         translator=translator,
         continuation=continuation,
         error_event=operation.stream_error_event,
@@ -587,6 +781,16 @@ async def _open_continuation(
     return await operation.open_stream(provider, call)
 
 
+def _finished(document: dict[str, Any]) -> bool:
+    """A whole answer: every choice of a completion ended (an embedding has none)."""
+    choices = document.get("choices")
+    if choices is None:
+        return True
+    return isinstance(choices, list) and all(
+        isinstance(c, dict) and c.get("finish_reason") is not None for c in choices
+    )
+
+
 async def _complete(
     operation: Operation,
     route: FallbackChain,
@@ -626,6 +830,8 @@ async def _complete(
         exchange.metered = operation.meter.answered(document) or exchange.metered
     # Translated before the request ends: an answer that cannot be translated is recorded as
     # the failure the caller gets (with the usage the provider reported), not as a success.
+    if exchange.cache is not None and result.status == 200 and _finished(document):
+        exchange.cache_body = result.body  # the provider's own bytes: a hit sends them as they are
     if operation.codec is None:
         body, content_type = result.body, result.content_type
     else:

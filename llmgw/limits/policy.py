@@ -475,9 +475,10 @@ class LimitPolicy:
         if admitted.lease_id is None:
             return
         self._live.pop(admitted.lease_id, None)
+        # A cache hit used no provider's tokens: it counts against requests, never tokens.
         tokens = (
             0.0
-            if record is None
+            if record is None or record.cache_hit
             else float((record.input_tokens or 0) + (record.output_tokens or 0))
         )
         cost = 0.0 if record is None else float(record.cost_usd or 0)

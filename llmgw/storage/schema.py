@@ -190,6 +190,9 @@ usage_events = sa.Table(
     # (UsageRecord.attempts). NULL deployment: older rows.
     sa.Column("deployment", sa.Text(), nullable=True),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
+    # Answered by the response cache (cost_usd 0), and what the answer cost when it was fetched.
+    sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.text("false")),
+    sa.Column("saved_cost_usd", _COST, nullable=True),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -305,6 +308,9 @@ usage_hourly = sa.Table(
     sa.Column("cost_diem", sa.Numeric(38, 18), nullable=False),
     sa.Column("duration_ms_sum", sa.Float(), nullable=False),
     sa.Column("latency_buckets", ARRAY(sa.BigInteger()), nullable=False),
+    # Requests the response cache answered, and what their answers cost when fetched.
+    sa.Column("cache_hits", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    sa.Column("saved_cost_usd", sa.Numeric(38, 18), nullable=False, server_default=sa.text("0")),
     sa.PrimaryKeyConstraint("hour", "api_key_id", "model"),
     sa.Index("ix_usage_hourly_subject_id", "subject_id", "hour"),
     sa.Index("ix_usage_hourly_api_key_id", "api_key_id", "hour"),

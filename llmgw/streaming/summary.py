@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 
 from llmgw.accounting.usage import Usage
 
-__all__ = ["CLIENT_CLOSED_REQUEST", "StreamAttempt", "StreamSummary"]
+__all__ = ["CLIENT_CLOSED_REQUEST", "StreamAttempt", "StreamSummary", "StreamTap"]
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -39,3 +41,16 @@ class StreamSummary:
     response_model: str | None = None
     # When the first chunk arrived (perf_counter); not part of what a summary is equal to.
     first_chunk_at: float | None = attrs.field(default=None, eq=False)
+
+
+class StreamTap(Protocol):
+    """Sees a relayed answer's upstream events as they pass (the response cache records them)."""
+
+    def event(self, event: bytes) -> None:
+        """One decoded event of the upstream (the usage chunk included, shown or not)."""
+
+    def broken(self) -> None:
+        """The answer is being continued on another stream: no longer one stream's events."""
+
+    def completed(self) -> None:
+        """The answer ended normally and the caller was sent all of it."""
