@@ -212,12 +212,32 @@ async def test_a_timeout_ends_the_request_once(
     await assert_one_end(gateway, await api_key_for(gateway), end, monkeypatch, caplog)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_cache_hit_ends_the_request_once(
+    start_gateway: Any,
+    api_key_for: Any,
+    stream: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gateway = await start_gateway(cache="memory")
+    key = await api_key_for(gateway)
+    send = _request("/v1/chat/completions", {**CHAT, "stream": stream})
+    await send(gateway, key)  # a miss: the provider answers, and the answer is stored
+    await flush(gateway)
+    end = End(send, "chat qwen3-5-9b", 200, None)
+    await assert_one_end(gateway, key, end, monkeypatch, caplog, rows="WHERE cache_hit")
+    assert len(gateway.fake.received) == 1  # the hit did not call the provider
+
+
 async def assert_one_end(
     gateway: Gateway,
     api_key: str,
     end: End,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    *,
+    rows: str = "",
 ) -> None:
     """One settlement, one ledger row, one span, one billing line, in that order."""
     settlements: list[Any] = []
@@ -255,6 +275,7 @@ async def assert_one_end(
 
     monkeypatch.setattr(UsageAccounting, "log", logged)
     caplog.set_level(logging.INFO, logger="llmgw.billing")
+    caplog.clear()  # a cache hit's test made one request before
 
     await end.send(gateway, api_key)
 
@@ -263,10 +284,11 @@ async def assert_one_end(
 
     await eventually(lambda: len(billing_lines()) >= 1)
     await flush(gateway)
-    rows = await gateway.db.fetch("SELECT status, error_type FROM usage_events")
-    assert [(row["status"], row["error_type"]) for row in rows] == [(end.status, end.error_type)]
+    ended = await gateway.db.fetch(f"SELECT status, error_type FROM usage_events {rows}")
+    assert [(row["status"], row["error_type"]) for row in ended] == [(end.status, end.error_type)]
     assert len(settlements) == 1
     assert settlements[0] is not None  # settled with the request's record
-    assert len([s for s in gateway.telemetry.finished_spans() if s.name == end.span]) == 1
+    spans = [s for s in gateway.telemetry.finished_spans() if s.name == end.span]
+    assert len(spans) == 1 + (rows != "")  # a cache hit's test made one request before
     assert len(billing_lines()) == 1
     assert steps == ["settle", "ledger", "span", "log"]
