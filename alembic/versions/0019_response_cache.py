@@ -3,7 +3,7 @@
 both, for the usage report and the console's overview.
 
 Revision ID: 0019
-Revises: 0015
+Revises: 0017
 Create Date: 2026-12-04
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 
 revision = "0019"
 # 0016-0018 are being written on other branches; whichever lands last chains after the others.
-down_revision = "0015"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 

@@ -16,14 +16,14 @@ from typing import Any
 import attrs
 
 from llmgw.accounting.usage import Usage, UsageRecord
-from llmgw.limits.policy import Admitted
+from llmgw.limits.policy import Ticket
 
 __all__ = ["RequestRecord"]
 
 
 @attrs.define(slots=True)
 class RequestRecord:
-    admitted: Admitted  # the admission's ticket: what the end settles
+    ticket: Ticket  # the request's admission: what its end settles
     request_id: str
     api_key_id: uuid.UUID
     subject_id: uuid.UUID | None

@@ -4,12 +4,14 @@ it reserved (limits), and the usage ledger (in batches, off the request path).""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from llmgw.accounting.usage import UsageRecord
-from llmgw.limits.policy import Admitted, LimitPolicy
+from llmgw.limits.caps import CapHold
+from llmgw.limits.policy import Ticket
 from llmgw.storage.ledger import UsageLedger
 
 __all__ = ["BILLING_EVENT", "UsageAccounting"]
@@ -21,14 +23,20 @@ BILLING_EVENT = "llmgw.billing"
 
 @attrs.frozen
 class UsageAccounting:
-    limits: LimitPolicy
     ledger: UsageLedger
 
-    def settle(self, record: UsageRecord, admitted: Admitted) -> dict[str, Any]:
-        """Settle what the request reserved and queue its ledger row; returns the row's fields,
-        made once, for the ledger's spool and then the billing line (:meth:`log`)."""
+    def settle(
+        self,
+        record: UsageRecord,
+        ticket: Ticket,
+        caps: Sequence[tuple[CapHold | None, int]] = (),
+    ) -> dict[str, Any]:
+        """Settle what the request reserved (``caps``: each answering deployment's account-cap
+        hold and the tokens its attempt used, see :meth:`Ticket.settle`) and queue its ledger
+        row; returns the row's fields, made once, for the spool and then the billing line
+        (:meth:`log`)."""
         fields = record.log_fields()
-        self.limits.settle(admitted, record)
+        ticket.settle(record, caps)
         self.ledger.record(record, fields)
         return fields
 

@@ -47,6 +47,7 @@ from llmgw.cache.flight import Flight, FlightFailed
 from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
 from llmgw.config import Settings
 from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
+from llmgw.limits.caps import CapHold
 from llmgw.providers.base import (
     REASONING_PARAMS,
     ChatStream,
@@ -57,7 +58,6 @@ from llmgw.providers.base import (
     UpstreamResponse,
 )
 from llmgw.providers.fallback import Answer, FallbackChain
-from llmgw.routing.caps import CapHold
 from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.replay import replay_stream
@@ -154,6 +154,8 @@ class Exchange:
     # Each answering deployment's hold on its provider's account caps (None: not capped), in the
     # order they answered: the broken streams' (``earlier``), then the one that finished.
     cap_holds: list[CapHold | None] = attrs.Factory(list)
+    # Each of those holds with the tokens its attempt used, once the record is made.
+    caps_used: list[tuple[CapHold | None, int]] = attrs.Factory(list)
     # The response cache's lookup whose answer this request fetches (a miss, or no-cache), and
     # the JSON answer to store (a stream's events are recorded by the lookup itself).
     cache: Lookup | None = None
@@ -237,7 +239,7 @@ class Exchange:
             row = self._bare_row()
         self._settle_cache(row)
         accounting = self.request.app[app_keys.USAGE]
-        fields = accounting.settle(row, record.admitted)
+        fields = accounting.settle(row, record.ticket, self.caps_used)
         if RECORD_NOT_COMPUTED in row.flags:
             observation.abandon()  # no figures to show
         else:
@@ -304,7 +306,7 @@ class Exchange:
             metered=self.metered,
             final=self.usage_final,
         )
-        self._settle_caps(attempts or [charged.usage])
+        self.caps_used = self._caps_used(attempts or [charged.usage])
         # Partly estimated (an attempt that broke before reporting) is estimated.
         source = record.usage_source = ESTIMATED if estimated else charged.source
         # What the span shows: the provider's figures, or the gateway's tokens without a cost.
@@ -320,17 +322,14 @@ class Exchange:
             attempts=1 + len(self.earlier),
         )
 
-    def _settle_caps(self, attempts: list[Usage]) -> None:
-        """Settle each answering deployment's account-cap reservation at what its attempt used
-        (``attempts``: their usage, in the order they answered)."""
-        if not any(self.cap_holds):
-            return
-        charges = [
-            hold.charge((usage.input_tokens or 0) + (usage.output_tokens or 0))
+    def _caps_used(self, attempts: list[Usage]) -> list[tuple[CapHold | None, int]]:
+        """Each answering deployment's account-cap hold with the tokens its attempt used
+        (``attempts``: their usage, in the order they answered), for the ticket to settle."""
+        return [
+            (hold, (usage.input_tokens or 0) + (usage.output_tokens or 0))
             for hold, usage in zip(self.cap_holds, attempts, strict=False)
             if hold is not None
         ]
-        self.request.app[app_keys.LIMITS].charge(c for c in charges if c is not None)
 
     def _all_attempts(self) -> tuple[Usage, bool, list[Usage]]:
         """The usage of every stream attempt together (a continued answer's), whether any of it
@@ -611,18 +610,14 @@ async def start_call(
     refuse_control_characters(upstream.model)
     app = request.app
     route = app[app_keys.PROVIDERS].resolve(upstream.model)
-    limits = app[app_keys.LIMITS]
-    admitted = await limits.admit(
-        key,
+    ticket = request[app_keys.TICKET]  # the middleware's admission
+    await ticket.reserve(
         model=upstream.model,
         body=upstream.fields,
         deployments=route.deployments,
         produces_output=upstream.produces_output,
-        window_counted=app_keys.RATE_LIMIT in request,
         metered=upstream.metered,
     )
-    if admitted.window is not None:
-        request[app_keys.RATE_LIMIT] = admitted.window
     try:
         telemetry = app[app_keys.TELEMETRY]
         observation = ChatObservation.start(
@@ -640,7 +635,7 @@ async def start_call(
         )
         context = observation.tracer_span.get_span_context()
         record = RequestRecord(
-            admitted=admitted,
+            ticket=ticket,
             request_id=request[app_keys.REQUEST_ID],
             api_key_id=key.id,
             subject_id=key.subject_id,
@@ -657,7 +652,7 @@ async def start_call(
         )
         call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
-        limits.settle(admitted, None)  # nothing was used: give it back
+        ticket.settle(None)  # nothing was used: give it back
         raise
     return route, call, exchange
 
@@ -689,6 +684,7 @@ def _upstream_call(
         reasoning_params=upstream.reasoning_params,
         caller_headers=upstream.caller_headers,
         caller=str(exchange.key.id),
+        admission=exchange.record.ticket,  # routing counts provider account caps on it
     )
 
 

@@ -178,9 +178,16 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "LIMIT_SLICE_REQUESTS",
-        "0",
-        "capacity leases: the largest slice of a key's limits a replica takes at once, in "
-        "requests, e.g. 64 (0 = off: every admission is a round trip to the limit store)",
+        "64",
+        "capacity leases, for keys busy on a replica (a few hundred admissions a second): the "
+        "largest slice of a key's limits a replica takes at once, in requests (0 = off: every "
+        "admission is a round trip to the limit store)",
+    ),
+    EnvVar(
+        "LIMIT_SLICE_BUSY_RATE",
+        "200",
+        "capacity leases: admissions a second on a replica from which a key takes slices (off "
+        "again below half of it); 0 = every key takes slices",
     ),
     EnvVar(
         "LIMIT_SLICE_SECONDS",
@@ -247,7 +254,8 @@ class Settings:
     cache_max_bytes: int = 256 * 1024 * 1024
     cache_max_entry_bytes: int = 4 * 1024 * 1024
     cache_scope: str = "key"  # key | subject | team | shared
-    limit_slice_requests: int = 0
+    limit_slice_requests: int = 64
+    limit_slice_busy_rate: float = 200.0
     limit_slice_seconds: float = 10.0
     default_max_output_tokens: int = 4096
     price_refresh_seconds: float = 3600.0
@@ -385,6 +393,9 @@ def load_settings(
         ),
         limit_slice_requests=reader.get(
             "LIMIT_SLICE_REQUESTS", _parse_int(0, 1_000_000), "an integer 0-1000000"
+        ),
+        limit_slice_busy_rate=reader.get(
+            "LIMIT_SLICE_BUSY_RATE", _parse_non_negative_float, "a number of admissions a second"
         ),
         limit_slice_seconds=reader.get(
             "LIMIT_SLICE_SECONDS", _parse_positive_float, "a positive number of seconds"

@@ -30,7 +30,7 @@
     rpm = 500                        # optional: the account's requests per minute, and
     tpm = 200000                     #   tokens per minute (a request's worst case), counted
                                      #   across replicas; a deployment of a provider at its
-                                     #   cap is skipped (llmgw.routing.caps); default: no cap
+                                     #   cap is skipped (llmgw.limits.caps); default: no cap
     input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
     output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 

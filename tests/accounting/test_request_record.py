@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any, cast
 
 from llmgw.accounting.request_record import RequestRecord
 from llmgw.accounting.usage import Usage
-from llmgw.limits.policy import Admitted
 
 
 def _record() -> RequestRecord:
     return RequestRecord(
-        admitted=Admitted(),
+        ticket=cast(Any, None),  # held, never used, by the record
         request_id="req-1",
         api_key_id=uuid.uuid4(),
         subject_id=None,

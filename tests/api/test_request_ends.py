@@ -14,7 +14,7 @@ import pytest
 
 from llmgw.accounting.sink import BILLING_EVENT, UsageAccounting
 from llmgw.api import pipeline
-from llmgw.limits.policy import LimitPolicy
+from llmgw.limits.policy import Ticket
 from llmgw.storage.ledger import UsageLedger
 from llmgw.telemetry.genai import ChatObservation
 from tests.conftest import Gateway
@@ -242,13 +242,13 @@ async def assert_one_end(
     """One settlement, one ledger row, one span, one billing line, in that order."""
     settlements: list[Any] = []
     steps: list[str] = []
-    settle, queue = LimitPolicy.settle, UsageLedger.record
+    settle, queue = Ticket.settle, UsageLedger.record
     finish, abandon = ChatObservation.finish, ChatObservation.abandon
 
-    def settled(self: LimitPolicy, admitted: Any, record: Any) -> None:
+    def settled(self: Ticket, record: Any, *args: Any) -> None:
         settlements.append(record)
         steps.append("settle")
-        settle(self, admitted, record)
+        settle(self, record, *args)
 
     def queued(self: UsageLedger, *args: Any) -> None:
         steps.append("ledger")
@@ -258,7 +258,7 @@ async def assert_one_end(
         steps.append("span")
         finish(self, **kwargs)
 
-    monkeypatch.setattr(LimitPolicy, "settle", settled)
+    monkeypatch.setattr(Ticket, "settle", settled)
     monkeypatch.setattr(UsageLedger, "record", queued)
 
     def abandoned(self: ChatObservation) -> None:
