@@ -16,15 +16,15 @@ from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.admin.sign_in_guard import SignInGuard, SignInThrottle
 from llmgw.api import messages
-from llmgw.api.body_memory import BodyLimits, BodyMemory
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.background import cancel_and_wait
+from llmgw.body_memory import BodyLimits, BodyMemory
 from llmgw.cache.build import build_cache
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
-from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.console.app import build_console_app
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.leases import LeasedLimitStore
@@ -33,12 +33,12 @@ from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
 from llmgw.middleware import add_response_headers, gateway_middleware
 from llmgw.providers.base import UpstreamHTTPError
-from llmgw.providers.registry import ProviderRegistry, build_registry
-from llmgw.route_table import add_routes, admitting
+from llmgw.route_table import CONSOLE_PREFIX, add_routes, admitting
 from llmgw.routes import PUBLIC_PATHS, body_limits, gateway_routes
 from llmgw.routing.channel import HealthChannel
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
+from llmgw.routing.registry import ProviderRegistry, build_registry
 from llmgw.routing.views import observe_health
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger

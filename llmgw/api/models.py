@@ -25,7 +25,7 @@ from llmgw.api.pipeline import forward_upstream_error
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import Provider, UpstreamHTTPError
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.routing.registry import ProviderRegistry
 from llmgw.telemetry.model_names import remember_listed
 
 __all__ = ["MODELS_CACHE", "ModelListCache", "list_models"]

@@ -21,8 +21,7 @@ import attrs
 import orjson
 from aiohttp import web
 
-from llmgw.console.app import CONSOLE_PREFIX
-from llmgw.route_table import DESCRIBED, JSON, Doc, ErrorSet, Route
+from llmgw.route_table import CONSOLE_PREFIX, DESCRIBED, JSON, Doc, ErrorSet, Route
 
 if TYPE_CHECKING:
     from attrs import AttrsInstance

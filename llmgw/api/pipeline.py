@@ -57,7 +57,7 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
-from llmgw.providers.fallback import Answer, FallbackChain
+from llmgw.routing.fallback import Answer, FallbackChain
 from llmgw.streaming.continuation import Continuation, Resumed
 from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.replay import replay_stream

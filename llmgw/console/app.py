@@ -33,12 +33,12 @@ from llmgw.admin.api import ACTOR, build_admin_app, revoke_console_sessions
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.errors import GatewayError, NotFound, RateLimited
 from llmgw.forwarded import is_https
+from llmgw.route_table import CONSOLE_PREFIX
 from llmgw.storage import console_sessions
 from llmgw.storage.database import database_errors
 
-__all__ = ["CONSOLE_PREFIX", "build_console_app"]
+__all__ = ["build_console_app"]
 
-CONSOLE_PREFIX = "/console"
 COOKIE = "llmgw_console"
 SESSION_LIFETIME = timedelta(hours=8)
 _SESSION = web.RequestKey("console_session", str)

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from llmgw.errors import GatewayError, InternalError, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import ChatStream, UpstreamHTTPError
+from llmgw.providers.sse import EventTooLarge, SSEScanner
 from llmgw.streaming.completion import completion_events
 from llmgw.streaming.continuation import (
     MODE_PREFILL,
@@ -45,7 +46,6 @@ from llmgw.streaming.continuation import (
     Transcript,
 )
 from llmgw.streaming.observer import StreamObserver
-from llmgw.streaming.sse import EventTooLarge, SSEScanner
 from llmgw.streaming.summary import (
     CLIENT_CLOSED_REQUEST,
     StreamAttempt,
