@@ -4,12 +4,15 @@
     ├── InvalidRequest                400 invalid_request_error   (param names the field)
     ├── AuthenticationFailed          401 invalid_request_error / invalid_api_key
     ├── ModelNotAllowed               403 permission_error / model_not_allowed
+    ├── Forbidden                     403 permission_error / forbidden
     ├── PriceUnknown                  403 permission_error / price_unknown
     ├── NotFound                      404 invalid_request_error / not_found
     ├── MethodNotAllowed              405 invalid_request_error / method_not_allowed
     ├── RequestTimeout                408 invalid_request_error / request_timeout
+    ├── Conflict                      409 invalid_request_error / conflict
     ├── PayloadTooLarge               413 invalid_request_error / request_too_large
     ├── UnsupportedMediaType          415 invalid_request_error / unsupported_media_type
+    ├── Unprocessable                 422 invalid_request_error / unprocessable
     ├── RateLimited                   429 rate_limit_error / rate_limit_exceeded (+ Retry-After)
     ├── InternalError                 500 server_error (never carries a traceback)
     ├── UpstreamUnavailable           502 upstream_error / upstream_unavailable
