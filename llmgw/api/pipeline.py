@@ -28,6 +28,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
+from llmgw.accounting.attempts import ANSWERED, Attempt
 from llmgw.accounting.charges import ESTIMATED, REPORTED, charge
 from llmgw.accounting.estimate import (
     answer_output_chars,
@@ -54,7 +55,12 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.fallback import Answer, FallbackChain
 from llmgw.routing.caps import CapHold
-from llmgw.streaming.continuation import Continuation, Resumed
+from llmgw.streaming.continuation import (
+    Continuation,
+    Resumed,
+    output_budget,
+    with_output_budget,
+)
 from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
@@ -148,6 +154,8 @@ class Exchange:
     # Each answering deployment's hold on its provider's account caps (None: not capped), in the
     # order they answered: the broken streams' (``earlier``), then the one that finished.
     cap_holds: list[CapHold | None] = attrs.Factory(list)
+    # Every deployment the request was sent to, in order, and how each ended.
+    attempts: list[Attempt] = attrs.Factory(list)
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -160,8 +168,18 @@ class Exchange:
         self.earlier = summary.earlier
         self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
 
+    def attempt_started(self, deployment: Deployment, _tried: int = 0) -> None:
+        """The route sends the request to ``deployment`` (``UpstreamCall.on_deployment``)."""
+        self.attempts.append(Attempt(deployment.label, deployment.provider.name, deployment.model))
+        self.observation.deployment_tried(deployment, len(self.attempts))
+
+    def attempt_failed(self, deployment: Deployment, error: str, status: int | None) -> None:
+        """That attempt failed (``UpstreamCall.on_failure``)."""
+        self.attempts[-1].failed(error, status)
+
     def answered(self, answer: Answer[T]) -> T:
         """The route answered: that deployment bills the request, whatever happens next."""
+        self.attempts[-1].ended = ANSWERED
         self._release_deployment()  # a stream that broke off, when this one continues it
         self.deployment = answer.deployment
         self.cap_holds.append(answer.cap)
@@ -514,7 +532,8 @@ def _upstream_call(
         deadline=deadline,
         trace_headers=trace_headers,
         model=upstream.model,
-        on_deployment=exchange.observation.deployment_tried,
+        on_deployment=exchange.attempt_started,
+        on_failure=exchange.attempt_failed,
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
         reasoning_params=upstream.reasoning_params,
@@ -554,6 +573,7 @@ async def _stream(
             resume=functools.partial(_resume, operation, route, call, exchange),
             deployment=exchange.deployment.label,
             left=len(route.deployments),
+            budget=output_budget(exchange.body),
         )
     # From here the relay tells how the stream ended, once, possibly after the caller left.
     return await relay_stream(
@@ -569,28 +589,37 @@ async def _stream(
 
 
 async def _resume(
-    operation: Operation, route: FallbackChain, call: UpstreamCall, exchange: Exchange, text: str
+    operation: Operation,
+    route: FallbackChain,
+    call: UpstreamCall,
+    exchange: Exchange,
+    text: str,
+    left: int | None,
 ) -> Resumed:
-    """A new stream for the rest of an answer whose stream broke after ``text`` was sent: from
-    the next deployment of the route on, with a deadline of its own."""
-    assert exchange.deployment is not None  # a stream was relayed, so a deployment answered
+    """A new stream for the rest of an answer whose stream broke after ``text`` was sent, with
+    ``left`` output tokens of the caller's budget: on the deployments of the route the request
+    has not been sent to yet (see FallbackChain.after), with a deadline of its own."""
+    broken = exchange.deployment
+    assert broken is not None  # a stream was relayed, so a deployment answered
     observation = exchange.observation
     tried = observation.deployments_tried
+    chain = route.after(broken, {attempt.deployment for attempt in exchange.attempts})
+    if chain is None:
+        raise UpstreamUnavailable(
+            "Every deployment of the route has failed in this request.",
+            code="upstream_stream_interrupted",
+        )
     settings = exchange.request.app[app_keys.SETTINGS]
     resumed_call = attrs.evolve(
-        call,
-        deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds,
-        on_deployment=lambda deployment, count: observation.deployment_tried(
-            deployment, tried + count
-        ),
+        call, deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds
     )
     try:
-        answer = await route.after(exchange.deployment).first_answer(
-            resumed_call, functools.partial(_open_continuation, operation, text)
+        answer = await chain.first_answer(
+            resumed_call, functools.partial(_open_continuation, operation, text, left)
         )
     except BaseException:
         # Not finished: the request stays the broken deployment's, in the span and the ledger.
-        observation.deployment_tried(exchange.deployment, tried)
+        observation.deployment_tried(broken, tried)
         raise
     stream = exchange.answered(answer)
     return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
@@ -601,13 +630,16 @@ def _prefills(deployment: Deployment, text: str) -> bool:
 
 
 async def _open_continuation(
-    operation: Operation, text: str, provider: Provider, call: UpstreamCall
+    operation: Operation, text: str, left: int | None, provider: Provider, call: UpstreamCall
 ) -> ChatStream:
     """The stream that continues ``text``: the request plus ``text`` as the assistant's message
-    to continue, when the provider continues one; else the request again (a restart)."""
+    to continue, asking for the ``left`` output tokens of the caller's budget, when the provider
+    continues one; else the request again (a restart, which spends the whole budget again)."""
     if text and provider.capabilities.prefill:
         document = orjson.loads(call.body)
         document["messages"] = [*document["messages"], {"role": "assistant", "content": text}]
+        if left is not None:
+            document = with_output_budget(document, left)
         call = attrs.evolve(call, body=orjson.dumps(document))
     return await operation.open_stream(provider, call)
 
