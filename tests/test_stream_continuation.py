@@ -261,8 +261,16 @@ async def test_a_refused_prefill_is_not_shown_in_place_of_the_real_failure(
     assert len(chats(second)) == 1
     row = await ledger_row(routes)
     assert (row["provider"], row["error_type"]) == ("first", "upstream_stream_interrupted")
-    # Not finished: the row stays the broken deployment's, and its one attempt.
-    assert (row["deployment"], row["attempts"]) == (f"first:{MODEL}", 1)
+    # Not finished: the row stays the broken deployment's; both attempts are counted and listed.
+    assert (row["deployment"], row["attempts"]) == (f"first:{MODEL}", 2)
+    [broke, refused] = orjson.loads(row["attempt_log"])
+    assert (broke["deployment"], broke["ended"]) == (f"first:{MODEL}", "failed")
+    assert broke["error"] == "upstream_stream_interrupted"
+    assert (refused["deployment"], refused["ended"], refused["status"]) == (
+        f"prefill:{MODEL}",
+        "failed",
+        400,
+    )
 
 
 async def test_a_malformed_event_is_dropped_counted_and_the_stream_goes_on(

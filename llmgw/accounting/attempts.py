@@ -10,11 +10,12 @@ for them.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final
 
 import attrs
 
-from llmgw.accounting.usage import Usage
+from llmgw.accounting.usage import MAX_COST, MAX_TOKENS, Usage, storable_text
 
 __all__ = [
     "ANSWERED",
@@ -48,14 +49,29 @@ class Attempt:
 
     def as_json(self) -> dict[str, Any]:
         """The attempt as the ledger stores it (``usage_events.attempt_log``)."""
-        usage = self.usage
+        usage = self.usage or Usage()
         return {
             "deployment": self.deployment,
             "ended": self.ended,
             "status": self.status,
             "error": self.error,
-            "input_tokens": None if usage is None else usage.input_tokens,
-            "output_tokens": None if usage is None else usage.output_tokens,
-            "cost_usd": None if usage is None else usage.cost_usd,
+            # A provider's text: bounded as the row's own text columns are.
+            "response_model": None
+            if self.response_model is None
+            else storable_text(self.response_model),
+            "input_tokens": _count(usage.input_tokens),
+            "output_tokens": _count(usage.output_tokens),
+            "cost_usd": _cost(usage.cost_usd),
             "estimated": self.estimated,
         }
+
+
+# What a JSON column holds of a figure the row's own columns would hold (UsageRecord's bounds).
+def _count(value: int | None) -> int | None:
+    return value if value.__class__ is int and 0 <= value <= MAX_TOKENS else None
+
+
+def _cost(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value) or not 0 <= value <= MAX_COST:
+        return None
+    return value

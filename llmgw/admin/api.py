@@ -41,7 +41,7 @@ from llmgw.routing.views import routes_view
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
-from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
+from llmgw.storage.usage import GROUPINGS, UsageQuery, request_usage, summarize_usage
 
 __all__ = [
     "ACTOR",
@@ -327,6 +327,15 @@ async def usage(request: web.Request) -> web.Response:
     return _json({"object": "list", "group_by": group_by, "data": rows})
 
 
+async def usage_of_request(request: web.Request) -> web.Response:
+    request_id = request.match_info["request_id"]
+    async with _transaction(request) as connection:
+        rows = await request_usage(connection, request_id)
+    if not rows:
+        raise NotFound(f"No usage is recorded for request {request_id!r}.")
+    return _json({"object": "list", "request_id": request_id, "data": rows})
+
+
 def _page_size(query: Any) -> int:
     try:
         limit = int(query.get("limit", "50"))
@@ -561,6 +570,13 @@ def admin_routes() -> tuple[Route, ...]:
             "adminUsageReport",
             "Usage by day, model, key or subject, as JSON or CSV (format=csv).",
             content={**_OBJECT, "text/csv": {"type": "string"}},
+        ),
+        _admin(
+            "GET",
+            "/usage/requests/{request_id}",
+            usage_of_request,
+            "adminUsageOfRequest",
+            "One request's ledger row, with every upstream attempt and how it ended.",
         ),
         _admin("GET", "/overview", overview, "adminOverview", "The console's overview."),
         _admin("GET", "/routes", routes, "adminRoutes", "Providers and model routing."),

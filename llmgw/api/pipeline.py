@@ -28,8 +28,8 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
-from llmgw.accounting.attempts import ANSWERED, Attempt
-from llmgw.accounting.charges import ESTIMATED, REPORTED, charge
+from llmgw.accounting.attempts import ANSWERED, BROKE, Attempt
+from llmgw.accounting.charges import ESTIMATED, REPORTED, Charged, charge
 from llmgw.accounting.estimate import (
     answer_output_chars,
     estimate_input_tokens,
@@ -156,6 +156,7 @@ class Exchange:
     cap_holds: list[CapHold | None] = attrs.Factory(list)
     # Every deployment the request was sent to, in order, and how each ended.
     attempts: list[Attempt] = attrs.Factory(list)
+    response_model: str | None = None  # the model the answer's last bytes came from
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -166,6 +167,7 @@ class Exchange:
         self.output_chars = summary.output_chars
         self.usage_final = summary.usage_final
         self.earlier = summary.earlier
+        self.response_model = summary.response_model
         self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
 
     def attempt_started(self, deployment: Deployment, _tried: int = 0) -> None:
@@ -206,9 +208,12 @@ class Exchange:
     def _price(self) -> Price | None:
         if self.deployment is None:
             return None
+        return self._price_of(self.deployment.provider.name, self.deployment.model)
+
+    def _price_of(self, provider: str, model: str) -> Price | None:
         prices = self.request.app[app_keys.LIMITS].prices
         prices.warm()  # a price from a listing not fetched yet is there for the next request
-        return prices.price(self.deployment.provider.name, self.deployment.model)
+        return prices.price(provider, model)
 
     def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
         """Finish the observation and hand accounting the request's one record, whatever fails:
@@ -231,24 +236,24 @@ class Exchange:
 
     def _record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         observation = self.observation
-        estimated = False
-        attempts: list[Usage] = []
         if self.earlier:
-            observation.usage, estimated, attempts = self._all_attempts()
-        charged = charge(
-            observation.usage,
-            provider_worked=self.provider_worked,
-            estimate=self._estimate,
-            price=self._price,
-            metered=self.metered,
-            final=self.usage_final,
-        )
-        self._settle_caps(attempts or [charged.usage])
-        # Partly estimated (an attempt that broke before reporting) is estimated.
-        source = ESTIMATED if estimated else charged.source
-        if source != REPORTED:
+            charged, each = self._charge_attempts()
+            observation.usage = charged.usage
+        else:
+            charged = charge(
+                observation.usage,
+                provider_worked=self.provider_worked,
+                estimate=self._estimate,
+                price=self._price,
+                metered=self.metered,
+                final=self.usage_final,
+            )
+            each = [charged]
+        self._settle_caps([c.usage for c in each])
+        self._log_answers(each, status, outcome, error_type)
+        if charged.source != REPORTED:
             observation.usage = attrs.evolve(charged.usage, cost_usd=None)
-            observation.usage_source = source
+            observation.usage_source = charged.source
         finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
         return self._usage_record(
             status,
@@ -256,11 +261,29 @@ class Exchange:
             error_type,
             charged.usage,
             finished,
-            usage_source=source,
+            usage_source=charged.source,
             cost_computed=charged.cost_computed,
             flags=charged.flags,
-            attempts=1 + len(self.earlier),
         )
+
+    def _answering(self) -> list[Attempt]:
+        """The attempts that answered, in order: the broken streams', then the last one's."""
+        return [a for a in self.attempts if a.ended == ANSWERED]
+
+    def _log_answers(
+        self, each: list[Charged], status: int, outcome: str, error_type: str | None
+    ) -> None:
+        """How each attempt that answered ended, with what it produced (``each``, in order)."""
+        answering = self._answering()
+        for attempt, charged in zip(answering, each, strict=False):
+            attempt.usage, attempt.estimated = charged.usage, charged.source == ESTIMATED
+        for attempt, broken in zip(answering, self.earlier, strict=False):
+            attempt.ended, attempt.error = BROKE, broken.error
+            attempt.response_model = broken.response_model
+        if len(answering) > len(self.earlier):  # the last one ended the request
+            last = answering[-1]
+            last.ended, last.status, last.error = outcome, status, error_type
+            last.response_model = self.response_model
 
     def _settle_caps(self, attempts: list[Usage]) -> None:
         """Settle each answering deployment's account-cap reservation at what its attempt used
@@ -274,24 +297,34 @@ class Exchange:
         ]
         self.request.app[app_keys.LIMITS].charge(c for c in charges if c is not None)
 
-    def _all_attempts(self) -> tuple[Usage, bool, list[Usage]]:
-        """The usage of every stream attempt together (a continued answer's), whether any of it
-        is the gateway's estimate (an attempt that reported nothing is estimated), and each
-        attempt's."""
+    def _charge_attempts(self) -> tuple[Charged, list[Charged]]:
+        """A continued answer's charge: each stream attempt charged on its own, at its own
+        deployment's price (an attempt that reported nothing is estimated), and their sum."""
         input_estimate = estimate_input_tokens(self.body)
-        attempts = [(a.usage, a.output_chars) for a in self.earlier]
-        attempts.append((self.observation.usage, self.output_chars))
-        total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
-        estimated = False
-        each = []
-        for usage, output_chars in attempts:
-            if usage is None or (usage.input_tokens is None and usage.output_tokens is None):
-                estimated = True
-                usage = Usage(
-                    input_tokens=input_estimate,
-                    output_tokens=estimate_output_tokens(output_chars),
+        parts = [(a.usage, a.output_chars, True) for a in self.earlier]
+        parts.append((self.observation.usage, self.output_chars, self.usage_final))
+        answering = self._answering()
+        each: list[Charged] = []
+        for index, (usage, output_chars, final) in enumerate(parts):
+            attempt = answering[index] if index < len(answering) else None
+            price = (
+                self._price
+                if attempt is None
+                else functools.partial(self._price_of, attempt.provider, attempt.model)
+            )
+            estimate = (input_estimate, estimate_output_tokens(output_chars))
+            each.append(
+                charge(
+                    usage,
+                    provider_worked=True,
+                    estimate=lambda estimate=estimate: estimate,  # type: ignore[misc]
+                    price=price,
+                    final=final,
                 )
-            each.append(usage)
+            )
+        total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
+        for charged in each:
+            usage = charged.usage
             total = Usage(
                 input_tokens=_plus(total.input_tokens, usage.input_tokens),
                 output_tokens=_plus(total.output_tokens, usage.output_tokens),
@@ -307,7 +340,7 @@ class Exchange:
                 reasoning_output_tokens=_plus(
                     total.reasoning_output_tokens, usage.reasoning_output_tokens
                 ),
-                # A cost only when every attempt reported one; else the price table's, for all.
+                # Known only when every attempt's cost is (reported or priced).
                 cost_usd=None
                 if total.cost_usd is None or usage.cost_usd is None
                 else total.cost_usd + usage.cost_usd,
@@ -315,7 +348,16 @@ class Exchange:
                 if total.cost_diem is None or usage.cost_diem is None
                 else total.cost_diem + usage.cost_diem,
             )
-        return total, estimated, each
+        # Partly estimated (an attempt that broke before reporting) is estimated.
+        estimated = any(c.source == ESTIMATED for c in each)
+        flags = tuple(dict.fromkeys(flag for c in each for flag in c.flags))
+        charged = Charged(
+            total,
+            ESTIMATED if estimated else REPORTED,
+            cost_computed=any(c.cost_computed for c in each),
+            flags=flags,
+        )
+        return charged, each
 
     def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
         """The record from what is known without computing anything that could fail again: the
@@ -349,10 +391,14 @@ class Exchange:
         usage_source: str = "reported",
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
-        attempts: int = 1,
     ) -> UsageRecord:
         observation = self.observation
         attributes = observation.metric_attributes
+        attempts = self.attempts
+        if self.deployment is not None:
+            deployment: str | None = self.deployment.label
+        else:  # none answered: the last one tried, if any
+            deployment = attempts[-1].deployment if attempts else None
         return UsageRecord(
             occurred_at=datetime.now(UTC),
             api_key_id=self.key.id,
@@ -361,9 +407,13 @@ class Exchange:
             response_id=observation.response_id,
             operation=attributes[sc.GEN_AI_OPERATION_NAME],
             provider=attributes[sc.GEN_AI_PROVIDER_NAME],
-            deployment=observation.deployment,
+            deployment=deployment,
+            started_deployment=self.earlier[0].deployment if self.earlier else None,
             model=attributes[sc.GEN_AI_REQUEST_MODEL],
-            response_model=observation.response_model,
+            # The model the last bytes came from: a continuation's own, never the start's.
+            response_model=self.response_model
+            if self.response_model is not None or self.earlier
+            else observation.response_model,
             stream=observation.stream,
             status=status,
             outcome=outcome,
@@ -384,7 +434,8 @@ class Exchange:
             usage_source=usage_source,
             cost_computed=cost_computed,
             flags=flags,
-            attempts=attempts,
+            attempts=max(1, len(attempts)),
+            attempt_log=tuple(attempt.as_json() for attempt in attempts),
         )
 
 
@@ -668,6 +719,8 @@ async def _complete(
             code="upstream_invalid_response",
         )
     observation.note_document(document)
+    if isinstance(model := document.get("model"), str):
+        exchange.response_model = model
     usage = document.get("usage")
     observation.usage = (
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.

@@ -190,6 +190,11 @@ usage_events = sa.Table(
     # (UsageRecord.attempts). NULL deployment: older rows.
     sa.Column("deployment", sa.Text(), nullable=True),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
+    # The model the answer's last bytes came from; a continued stream's starting deployment; and
+    # every upstream attempt with how it ended (UsageRecord.attempt_log). Older rows: NULL, '[]'.
+    sa.Column("response_model", sa.Text(), nullable=True),
+    sa.Column("started_deployment", sa.Text(), nullable=True),
+    sa.Column("attempt_log", JSONB(), nullable=False, server_default=sa.text("'[]'::jsonb")),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),

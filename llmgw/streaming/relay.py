@@ -331,7 +331,13 @@ class _Relay:
             return False
         observer = self.observer
         self.earlier.append(
-            StreamAttempt(continuation.deployment, observer.usage, observer.output_chars)
+            StreamAttempt(
+                continuation.deployment,
+                observer.usage,
+                observer.output_chars,
+                error=broken.error_kind,
+                response_model=observer.response_model,
+            )
         )
         observer.next_attempt()
         self._spent_before = spent if resumed.prefilled else 0
@@ -469,6 +475,7 @@ class _Relay:
                 output_chars=observer.output_chars,
                 earlier=tuple(self.earlier),
                 usage_final=observer.usage_final,
+                response_model=observer.response_model,
             )
         )
 

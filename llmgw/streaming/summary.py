@@ -19,6 +19,8 @@ class StreamAttempt:
     deployment: str  # "provider:model"
     usage: Usage | None  # as the provider reported it (rarely, before breaking)
     output_chars: int  # what it produced, for an estimate when it reported nothing
+    error: str | None = None  # how it broke off (an error type)
+    response_model: str | None = None  # the model its chunks named
 
 
 @attrs.frozen(slots=True)
@@ -34,3 +36,4 @@ class StreamSummary:
     # False when ``usage`` is not the final count: a Messages stream that ended (the caller
     # left, the gateway cut it) after message_start and before message_delta.
     usage_final: bool = True
+    response_model: str | None = None  # the model the last attempt's chunks named
