@@ -16,7 +16,6 @@ from llmgw.streaming.continuation import (
     Splice,
     Transcript,
 )
-from llmgw.streaming.summary import StreamAttempt
 from tests.streaming.relaying import DONE, ScriptedStream, chunk, payloads, relay
 
 
