@@ -16,7 +16,7 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.config import load_settings
-from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
+from llmgw.config.providers_file import ProviderConfigError, ProviderSpec, load_provider_config
 from llmgw.providers.azure_openai import PLUGIN, AzureOptions
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway

@@ -19,7 +19,7 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.config import load_settings
-from llmgw.config_common import ConfigError
+from llmgw.config.common import ConfigError
 from tests.conftest import Gateway
 from tests.fake_bedrock import (
     ACCESS_KEY,

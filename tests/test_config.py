@@ -166,3 +166,21 @@ def test_the_retry_count_has_a_generic_name_and_the_deprecated_one_is_still_read
     assert load_settings({"VENICE_MAX_RETRIES": "4"}).upstream_max_retries == 4
     both = {"UPSTREAM_MAX_RETRIES": "1", "VENICE_MAX_RETRIES": "4"}
     assert load_settings(both).upstream_max_retries == 1
+
+
+def test_the_configuration_imports_no_other_llmgw_package() -> None:
+    """config/ is the ground floor: importing it loads nothing of llmgw but itself."""
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, llmgw.config\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('llmgw'))))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean_env(),
+    ).stdout.split()
+    assert "llmgw.config.providers_file" in listed
+    assert [m for m in listed if m != "llmgw" and not m.startswith("llmgw.config")] == []

@@ -1,4 +1,4 @@
-"""The README and docs/ name only what exists: every setting is in config.py's EnvVar table, every
+"""The README and docs/ name only what exists: every setting is in config/environment.py's EnvVar table, every
 providers file is one llmgw accepts, every ``llmgw`` command, action and option is in the CLI's
 ``--help``, every link lands on a file and heading that exist, and every docs/ page is linked from
 the README."""
@@ -14,7 +14,7 @@ import pytest
 
 from llmgw.cli import build_parser
 from llmgw.config import ENVIRONMENT_VARIABLES
-from llmgw.provider_config import load_provider_config
+from llmgw.config.providers_file import load_provider_config
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"

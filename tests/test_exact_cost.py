@@ -12,10 +12,12 @@ from decimal import Decimal
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 
 from llmgw import app_keys
-from llmgw.accounting.price import Price, PriceRule
+from llmgw.accounting.price import Price
+from llmgw.config.prices import PriceEntry
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
 from tests.test_policy_and_ledger import flush, settle
@@ -34,10 +36,15 @@ MEDIA = {
     "tts-kokoro": Price(speech_usd_per_mchar=15),
     "openai/whisper-large-v3": Price(audio_usd_per_second=0.0001),
 }
-PRICES = (
-    PriceRule(f"venice:{MODEL}", PRICE),
-    *(PriceRule(f"venice:{model}", price) for model, price in MEDIA.items()),
-)
+
+
+def entry(model: str, price: Price) -> PriceEntry:
+    """The [[prices]] entry for ``venice:model`` that gives ``price``."""
+    usd = {key: value for key, value in attrs.asdict(price).items() if value is not None}
+    return PriceEntry(f"venice:{model}", usd)
+
+
+PRICES = (entry(MODEL, PRICE), *(entry(model, price) for model, price in MEDIA.items()))
 # A chat answer's usage as Venice (and OpenAI) report it: prompt_tokens includes the cached and
 # cache-written tokens, completion_tokens the reasoning ones. No "cost": the gateway prices it.
 USAGE = {

@@ -208,6 +208,84 @@ async def test_sighup_rereads_the_config_without_dropping_a_request(
     assert gateway.problems("configuration reload failed") == []
 
 
+BAD_RELOADS = [
+    # (what the file gets instead of a good provider entry's last line, the reason logged)
+    (
+        'headers = { "X-Org" = "org-1\\r\\nX-Injected: yes" }',
+        "providers[0].headers.X-Org: expected a header value without control characters",
+    ),
+    (
+        'base_url = "http://user:reload-password@127.0.0.1:9/v1"',
+        "providers[0].base_url: holds credentials (user:password@); give the key through "
+        "api_key_env or headers",
+    ),
+    (
+        "input_usd_per_mtok = 1e308\noutput_usd_per_mtok = 1",
+        "providers[0].input_usd_per_mtok: expected a price of 0 to 10000 USD per million tokens",
+    ),
+]
+
+
+@pytest.mark.slow
+async def test_sighup_keeps_the_running_configuration_when_a_header_url_or_price_is_refused(
+    gateway_processes: StartGateways,
+    database_url: str,
+    fake_venice: FakeVenice,
+    db: Any,
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "llmgw.toml"
+    providers_file(config, fake_venice.base_url)
+    good = config.read_text()
+    env = gateway_env(database_url, fake_venice.base_url, LLMGW_CONFIG=str(config))
+    (gateway,) = gateway_processes(env)
+    key = await new_key(db)
+    fast = {"model": "fast", "messages": MESSAGES}
+    for line, reason in BAD_RELOADS:
+        # A later key wins in TOML only by error, so the entry's base_url line is replaced whole.
+        bad = good.replace(
+            'api_key_env = "VENICE_API_KEY"', f'api_key_env = "VENICE_API_KEY"\n{line}'
+        )
+        if line.startswith("base_url"):
+            bad = "\n".join(
+                row
+                for row in bad.splitlines()
+                if not row.startswith(f'base_url = "{fake_venice.base_url}')
+            )
+        config.write_text(bad)
+        gateway.process.send_signal(signal.SIGHUP)
+        await wait_for_log(gateway, reason)
+        status, _ = await timed_chat(gateway.url, key, fast)
+        assert status == 200, f"the running configuration stays after {line!r}"
+    chats = [r for r in fake_venice.received if r.path.endswith("/chat/completions")]
+    assert len(chats) == len(BAD_RELOADS)
+    reloads = [
+        r for r in gateway.records() if "configuration reload failed" in r.get("message", "")
+    ]
+    assert len(reloads) == len(BAD_RELOADS)
+    assert "reload-password" not in gateway.log_text()
+    assert gateway.process.poll() is None
+
+
+@pytest.mark.slow
+async def test_the_start_line_shows_no_credential_of_a_provider_url(
+    gateway_processes: StartGateways,
+    database_url: str,
+    fake_venice: FakeVenice,
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "llmgw.toml"
+    providers_file(config, f"{fake_venice.base_url}?key=query-secret-value&region=eu")
+    env = gateway_env(database_url, fake_venice.base_url, LLMGW_CONFIG=str(config))
+    (gateway,) = gateway_processes(env)
+    await wait_for_log(gateway, "llmgw listening on")
+    (line,) = [
+        r["message"] for r in gateway.records() if "llmgw listening on" in r.get("message", "")
+    ]
+    assert f"up at {fake_venice.base_url}?key=***&region=***" in line
+    assert "query-secret-value" not in gateway.log_text()
+
+
 # ---------------------------------------------------------------------------------------------
 # The embedded cluster
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from llmgw import app_keys
-from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderSpec
+from llmgw.config.providers_file import DeploymentSpec, ModelAlias, ProviderSpec
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway, eventually
 from tests.fake_venice import (

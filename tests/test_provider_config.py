@@ -3,11 +3,12 @@ capabilities declared per provider; bad keys named, secret values never shown.""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from llmgw.provider_config import (
+from llmgw.config.providers_file import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_FIRST_TOKEN_TIMEOUT,
     DEFAULT_STALL_TIMEOUT,
@@ -111,3 +112,32 @@ def test_a_bad_key_is_named_and_a_header_value_never_shown(
     assert message in str(error.value)
     assert "12345" not in str(error.value)
     assert "sk-in-the-file" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "sendable"),
+    [
+        ("org-1", True),
+        ("a\\tb", True),  # a tab may stand inside a field value
+        ("équipe", True),
+        ("a\\rb", False),
+        ("a\\nX-Injected: 1", False),
+        ("a\\u007fb", False),
+        ("a\\u0000", False),
+    ],
+)
+def test_a_header_value_that_cannot_be_sent_is_refused_unseen(
+    tmp_path: Path, value: str, sendable: bool
+) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(PROVIDER + f'headers = {{ "X-Org" = "{value}" }}\n')
+    if sendable:
+        (spec,) = load_provider_config(path, {}).providers
+        assert spec.headers == {"X-Org": tomllib.loads(f'v = "{value}"')["v"]}
+        return
+    with pytest.raises(ProviderConfigError) as error:
+        load_provider_config(path, {})
+    assert "providers[0].headers.X-Org: expected a header value without control characters" in (
+        str(error.value)
+    )
+    assert "Injected" not in str(error.value)

@@ -20,8 +20,13 @@ import pytest
 from llmgw import app_keys
 from llmgw.clocks import Clocks
 from llmgw.config import load_settings
+from llmgw.config.providers_file import (
+    DeploymentSpec,
+    ModelAlias,
+    ProviderConfigError,
+    ProviderSpec,
+)
 from llmgw.middleware import OMITTED_PARAMS_HEADER
-from llmgw.provider_config import DeploymentSpec, ModelAlias, ProviderConfigError, ProviderSpec
 from llmgw.providers.pool import RETRY_AFTER_SECONDS
 from llmgw.providers.registry import build_registry
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
@@ -530,6 +535,16 @@ BAD_FILES = [
     (provider("o", "openai-compatible", "http://x/v1", max_connections=1.5), "providers[0].max_connections: expected an integer, got 1.5"),
     (VENICE_OK + "[[models]]\ndeployments = []\n", "models[0].alias: is required"),
     ("[[providers]\n", "file: is not valid TOML"),
+    (VENICE_OK + provider("x", "openai-compatible", "http://x/v1", headers='{ "X-Org" = "secret-venice-value\\r\\nX-Injected: 1" }'), "providers[1].headers.X-Org: expected a header value without control characters (CR, LF and the like)"),
+    (VENICE_OK + provider("x", "openai-compatible", "http://x/v1", headers='{ "X-Org" = "secret-venice-value\\u0000" }'), "providers[1].headers.X-Org: expected a header value without control characters"),
+    (VENICE_OK + provider("x", "openai-compatible", "http://x/v1", headers='{ "X Org" = "secret-venice-value" }'), "providers[1].headers.X Org: expected a header name (letters, digits and !#$%&'*+-.^_`|~)"),
+    (VENICE_OK + provider("x", "openai-compatible", "http://user:secret-venice-value@x/v1"), "providers[1].base_url: holds credentials (user:password@); give the key through api_key_env or headers"),
+    (VENICE_OK + provider("x", "openai-compatible", "ftp://user:secret-venice-value@x/v1"), 'providers[1].base_url: expected an http(s) URL, got "ftp://***@x/v1"'),
+    (VENICE_OK + provider("x", "openai-compatible", "http://x/v1", input_usd_per_mtok="1e308", output_usd_per_mtok=1), "providers[1].input_usd_per_mtok: expected a price of 0 to 10000 USD per million tokens, got 1e+308"),
+    (VENICE_OK + provider("x", "openai-compatible", "http://x/v1", input_usd_per_mtok=1, output_usd_per_mtok="nan"), "providers[1].output_usd_per_mtok: expected a price of 0 to 10000 USD per million tokens, got NaN"),
+    (VENICE_OK + '[[prices]]\nmodel = "venice:*"\ninput_usd_per_mtok = 1e308\noutput_usd_per_mtok = 1\n', "prices[0].input_usd_per_mtok: expected a price of 0 to 10000 USD per million tokens, got 1e+308"),
+    (VENICE_OK + '[[prices]]\nmodel = "venice:*"\ninput_usd_per_mtok = 1\noutput_usd_per_mtok = -inf\n', "prices[0].output_usd_per_mtok: expected a price of 0 to 10000 USD per million tokens, got -Infinity"),
+    (VENICE_OK + '[[prices]]\nmodel = "venice:flux"\nimage_usd = 10000.01\n', "prices[0].image_usd: expected a price of 0 to 10000 USD per image, got 10000.01"),
     ("", "providers: at least one [[providers]] entry is required"),
 ]  # fmt: skip
 

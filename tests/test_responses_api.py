@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from llmgw import app_keys
-from llmgw.provider_config import ProviderConfigError, ProviderSpec, load_provider_config
+from llmgw.config.providers_file import ProviderConfigError, ProviderSpec, load_provider_config
 from llmgw.providers.plugin import Capabilities
 from tests.conftest import Gateway, eventually
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI

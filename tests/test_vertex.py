@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from llmgw.config import load_settings
-from llmgw.config_common import ConfigError
+from llmgw.config.common import ConfigError
 from tests.conftest import Gateway
 from tests.fake_gemini import THOUGHT, FakeGemini, signature_for
 from tests.secrets_scan import SecretScanner

@@ -1,5 +1,5 @@
 """A model's prices, exact, and what they charge: each token kind at its own price, media calls by
-what they are billed by. Configured as [[prices]] entries (accounting.price_config); looked up in
+what they are billed by. Configured as [[prices]] entries (config.prices); looked up in
 the price table (accounting.prices)."""
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import orjson
 from llmgw.accounting.price import Price, PriceRule
 from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
+from llmgw.config.common import is_price
 from llmgw.errors import GatewayError
 from llmgw.providers.base import Provider, UpstreamHTTPError
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def _usd(value: Any) -> float | None:
     usd = value.get("usd") if isinstance(value, dict) else None
-    if isinstance(usd, int | float) and not isinstance(usd, bool) and 0 <= usd < math.inf:
+    if isinstance(usd, int | float) and not isinstance(usd, bool) and is_price(usd):
         return float(usd)
     return None
 
@@ -69,15 +69,21 @@ def parse_venice_models(document: Any) -> dict[str, Price]:
     return prices
 
 
+def _price(usd: Mapping[str, Any]) -> Price:
+    """A [[prices]] entry's prices, by key (llmgw.config.prices.PRICE_KEYS: Price's fields)."""
+    return Price(**usd)
+
+
 def configured_prices(settings: Settings) -> tuple[PriceRule, ...]:
     """The prices LLMGW_CONFIG gives: its [[prices]] entries, then each provider's own
     ``input/output_usd_per_mtok`` as "provider:*" (so an entry for the same pattern wins)."""
+    entries = tuple(PriceRule(entry.pattern, _price(entry.usd)) for entry in settings.prices)
     provider_wide = tuple(
         PriceRule(f"{spec.name}:*", Price(spec.input_usd_per_mtok, spec.output_usd_per_mtok))
         for spec in settings.providers
         if spec.input_usd_per_mtok is not None and spec.output_usd_per_mtok is not None
     )
-    return (*settings.prices, *provider_wide)
+    return (*entries, *provider_wide)
 
 
 def publishers(providers: Sequence[Provider]) -> tuple[Provider, ...]:

@@ -7,7 +7,7 @@ import argparse
 
 import attrs
 
-from llmgw.providers.kinds import InstalledKind, KindError, installed_kinds
+from llmgw.config.kinds import InstalledKind, KindError, installed_kinds
 from llmgw.providers.plugin import Capabilities
 
 __all__ = ["register"]

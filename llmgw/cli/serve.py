@@ -19,6 +19,7 @@ from llmgw.app import create_app
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help, prepare_database
 from llmgw.compat import log_fast_paths
 from llmgw.config import ConfigError, Settings, load_settings, parse_workers
+from llmgw.config.common import shown_url
 from llmgw.lifecycle import runner
 from llmgw.lifecycle.supervisor import (
     READY_FD_ARGUMENT,
@@ -91,8 +92,8 @@ def _secrets(settings: Settings) -> list[str]:
 
 
 def _upstreams(settings: Settings) -> str:
-    names = [f"{spec.name} at {spec.base_url}" for spec in settings.providers] or [
-        f"venice at {settings.venice_base_url}"
+    names = [f"{spec.name} at {shown_url(spec.base_url)}" for spec in settings.providers] or [
+        f"venice at {shown_url(settings.venice_base_url)}"
     ]
     return ", ".join(names)
 

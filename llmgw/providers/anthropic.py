@@ -25,7 +25,7 @@ from typing import Any, Final
 import attrs
 import orjson
 
-from llmgw.config_converter import check
+from llmgw.config.converter import check
 from llmgw.errors import InvalidRequest, ProviderError, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,

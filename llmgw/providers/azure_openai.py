@@ -26,7 +26,7 @@ import aiohttp
 import attrs
 import orjson
 
-from llmgw.config_converter import check
+from llmgw.config.converter import check
 from llmgw.errors import InvalidRequest
 from llmgw.providers.base import UpstreamCall, UpstreamResponse
 from llmgw.providers.openai_compatible import (

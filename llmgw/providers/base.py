@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import orjson
 
-from llmgw.providers.plugin import Capabilities
+from llmgw.config.kinds import Capabilities
 from llmgw.providers.retry import Decision
 
 if TYPE_CHECKING:

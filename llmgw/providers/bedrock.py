@@ -38,7 +38,7 @@ import orjson
 from aiohttp.typedefs import StrOrURL
 from yarl import URL
 
-from llmgw.config_converter import check
+from llmgw.config.converter import check
 from llmgw.errors import InvalidRequest, UpstreamAuthFailed, UpstreamUnavailable
 from llmgw.providers.anthropic import as_messages_errors
 from llmgw.providers.aws import AwsSigner, EventStreamBuffer, ParserError

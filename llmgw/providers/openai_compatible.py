@@ -26,7 +26,7 @@ import attrs
 from aiohttp import hdrs
 from aiohttp.typedefs import StrOrURL
 
-from llmgw.config_common import DEFAULT_MAX_CONNECTIONS
+from llmgw.config.common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,

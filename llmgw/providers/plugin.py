@@ -13,11 +13,13 @@ converter) and calls ``factory`` with a :class:`ProviderSetup`; the factory retu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import attrs
 
+from llmgw.config.kinds import Capabilities
+from llmgw.config.providers_file import Timeouts
 from llmgw.providers.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -26,51 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["Capabilities", "NoOptions", "ProviderPlugin", "ProviderSetup", "Timeouts"]
 
 OptionsT = TypeVar("OptionsT")
-
-
-@attrs.frozen
-class Capabilities:
-    """What a provider's deployments accept beyond plain chat completions. The gateway sends a
-    feature only to a deployment declared to have it (and says what it left out), because an
-    upstream that refuses a parameter fails every request that carries it. A kind declares its
-    defaults (``ProviderPlugin.capabilities``); each ``[[providers]]`` entry may override them."""
-
-    reasoning: bool = (
-        False  # reasoning_effort / reasoning: chat's effort, Anthropic's thinking mapped
-    )
-    # A trailing assistant message is continued, not answered with a new turn: a stream broken
-    # mid-answer is finished by sending the text already relayed as that message.
-    prefill: bool = False
-    # It serves POST /responses itself (``responses = "native"``); else Responses become chat.
-    native_responses: bool = False
-    # It serves POST /messages itself (``messages = "native"``); else Messages become chat.
-    native_messages: bool = False
-
-    @classmethod
-    def common_to(cls, every: Iterable[Capabilities]) -> Capabilities:
-        """What all of ``every`` accept (a route that may fall back to any of them)."""
-        every = tuple(every)
-        if len(every) == 1:
-            return every[0]  # a route of one deployment (most requests): nothing to combine
-        return cls(
-            **{
-                field: all(getattr(c, field) for c in every)
-                for field in attrs.fields_dict(Capabilities)
-            }
-        )
-
-
-@attrs.frozen
-class Timeouts:
-    """How long one attempt on a provider may take, and may stay silent, phase by phase (seconds).
-
-    A silent provider is given up at the first phase it overruns, and the route moves on.
-    """
-
-    attempt: float  # one attempt: a JSON answer whole, a stream up to its first event
-    connect: float  # TCP (and TLS) connection
-    first_token: float  # to the first answer byte: a JSON answer's headers, a stream's first event
-    stall: float  # between two reads of a stream
 
 
 @attrs.frozen
@@ -102,9 +59,9 @@ class ProviderPlugin(Generic[OptionsT]):
     factory: Callable[[ProviderSetup[OptionsT]], Provider]
     # An attrs class of the kind's own keys, validated like the rest of the entry: unknown keys are
     # refused, a missing one without a default is "required". Its validators may raise
-    # ``llmgw.config_converter.Invalid`` (or use ``check``) to name the key they refuse.
+    # ``llmgw.config.converter.Invalid`` (or use ``check``) to name the key they refuse.
     options: type[OptionsT] = NoOptions  # type: ignore[assignment]
-    capabilities: Capabilities = Capabilities()  # defaults; each entry may override them
+    capabilities: Capabilities = attrs.field(factory=Capabilities)  # defaults; entries override
     summary: str = ""  # one line for ``llmgw providers``
     # The base_url of an entry that sets none, from its options (a kind whose endpoint follows
     # from other keys, as Bedrock's from its region); None: every entry sets base_url.

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from llmgw.config import ConfigError, Settings
-from llmgw.provider_config import ModelAlias, ProviderSpec
+from llmgw.config.kinds import KindError, load_kind
+from llmgw.config.providers_file import ModelAlias, ProviderSpec
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
-from llmgw.providers.kinds import KindError, load_kind
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
@@ -126,13 +126,14 @@ def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         max_response_bytes=settings.upstream_max_response_bytes,
     )
     try:
-        return load_kind(spec.kind).factory(setup)
+        provider: Provider = load_kind(spec.kind).factory(setup)  # a ProviderPlugin's factory
     except KindError as exc:
         raise ProviderBuildError(spec.name, str(exc)) from None
     except Exception as exc:  # a plugin's factory may fail in any way; say so in one line
         raise ProviderBuildError(
             spec.name, f'kind "{spec.kind}" could not build it: {type(exc).__name__}: {exc}'
         ) from None
+    return provider
 
 
 class ProviderBuildError(ConfigError):

@@ -26,7 +26,7 @@ import orjson
 from aiohttp.typedefs import StrOrURL
 
 from llmgw.accounting.estimate import estimate_input_tokens
-from llmgw.config_converter import check
+from llmgw.config.converter import check
 from llmgw.errors import InvalidRequest
 from llmgw.providers.anthropic import MessagesAsChat, as_messages_errors
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamResponse, UpstreamStream

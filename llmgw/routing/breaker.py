@@ -26,30 +26,13 @@ from collections.abc import Sequence
 
 import attrs
 
+from llmgw.config.providers_file import MAX_COOLDOWN_SECONDS, Cooldown
+
 __all__ = ["FAILURES_TO_OPEN", "MAX_COOLDOWN_SECONDS", "Breaker", "Cooldown", "State"]
 
 # Consecutive failed calls that open a closed breaker: one failure is noise, three in a row with
 # nothing in between is a deployment that is down.
 FAILURES_TO_OPEN = 3
-# The longest any opening lasts by default (``circuit_max_cooldown_seconds``): a deployment down for
-# an hour is still probed every five minutes, and a Retry-After of a day is not believed.
-MAX_COOLDOWN_SECONDS = 300.0
-# Failed probes in a row after which the cooldown starts to double (``circuit_max_failed_probes``).
-STEADY_PROBES = 5
-
-
-@attrs.frozen(slots=True)
-class Cooldown:
-    """How long a provider's deployments stay open (its ``circuit_*`` settings)."""
-
-    seconds: float = 30.0
-    most: float = MAX_COOLDOWN_SECONDS  # never more than the cooldown (see ProviderSpec)
-    steady_probes: int = STEADY_PROBES
-
-    def after(self, failed_probes: int) -> float:
-        """The opening after ``failed_probes`` probes failed in a row."""
-        doublings = min(max(0, failed_probes - self.steady_probes), 32)
-        return min(self.most, self.seconds * 2.0**doublings)
 
 
 class State(enum.Enum):

@@ -14,25 +14,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Literal, get_args
 
-import attrs
+from llmgw.config.providers_file import ORDERED, STRATEGIES, Strategy, StrategyName
 
 __all__ = ["EXPLORE_SHARE", "ORDERED", "STRATEGIES", "Strategy", "StrategyName", "first_choice"]
 
-StrategyName = Literal["ordered", "weighted", "least-busy", "least-latency"]
-STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
 # least-latency: the share of requests sent to a random deployment rather than the fastest.
 EXPLORE_SHARE = 0.1
-
-
-@attrs.frozen
-class Strategy:
-    name: StrategyName = "ordered"
-    weights: tuple[float, ...] = ()  # weighted: one per deployment of the alias, in its order
-
-
-ORDERED = Strategy()
 
 
 def first_choice(

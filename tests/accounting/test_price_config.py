@@ -6,10 +6,14 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
+import attrs
 import pytest
 
 from llmgw.accounting.price import Price, PriceRule
-from llmgw.provider_config import ProviderConfigError, load_provider_config
+from llmgw.accounting.prices import configured_prices
+from llmgw.config import load_settings
+from llmgw.config.prices import PRICE_KEYS
+from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 
 PROVIDER = (
     '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9"\n'
@@ -33,8 +37,14 @@ def test_a_provider_price_is_read(tmp_path: Path) -> None:
     [
         ("input_usd_per_mtok = 0.15\n", "set both or neither"),
         ('input_usd_per_mtok = "x"\noutput_usd_per_mtok = 1\n', "expected a number"),
-        ("input_usd_per_mtok = -1\noutput_usd_per_mtok = 1\n", "expected a number >= 0"),
-        ("input_usd_per_mtok = 1\noutput_usd_per_mtok = inf\n", "expected a number >= 0"),
+        (
+            "input_usd_per_mtok = -1\noutput_usd_per_mtok = 1\n",
+            "expected a price of 0 to 10000 USD per million tokens",
+        ),
+        (
+            "input_usd_per_mtok = 1\noutput_usd_per_mtok = inf\n",
+            "expected a price of 0 to 10000 USD per million tokens",
+        ),
     ],
 )
 def test_a_bad_price_names_the_entry(tmp_path: Path, extra: str, problem: str) -> None:
@@ -63,8 +73,8 @@ speech_usd_per_mchar = 15
 
 
 def test_price_entries_become_rules_with_exact_prices(tmp_path: Path) -> None:
-    config = load_provider_config(write(tmp_path, PRICES), {})
-    claude, flux = config.prices
+    settings = load_settings({"LLMGW_CONFIG": str(write(tmp_path, PRICES))})
+    claude, flux = configured_prices(settings)
     assert claude == PriceRule(
         "local:claude-*",
         Price(3, 15, cache_read_usd_per_mtok=0.3, cache_write_usd_per_mtok=3.75,
@@ -82,9 +92,9 @@ def test_price_entries_become_rules_with_exact_prices(tmp_path: Path) -> None:
         ('model = "local"\nimage_usd = 1\n', "prices[0].model", 'expected "provider:model"'),
         ('model = "other:m"\nimage_usd = 1\n', "prices[0].model", 'unknown provider "other"'),
         ('model = "local:m"\n', "prices[0]", "expected at least one price"),
-        ('model = "local:m"\nimage_usd = -1\n', "prices[0].image_usd", "expected a number >= 0"),
+        ('model = "local:m"\nimage_usd = -1\n', "prices[0].image_usd", "expected a price of 0 to 10000 USD per image"),
         ('model = "local:m"\nimage_usd = true\n', "prices[0].image_usd", "expected a number"),
-        ('model = "local:m"\nimage_usd = nan\n', "prices[0].image_usd", "expected a number >= 0"),
+        ('model = "local:m"\nimage_usd = nan\n', "prices[0].image_usd", "expected a price of 0 to 10000 USD per image"),
         ('model = "local:m"\nimage = 1\n', "prices[0].image", "unknown key"),
         ('model = "local:m"\ninput_usd_per_mtok = 1\n', "prices[0].input_usd_per_mtok",
          "set both or neither"),
@@ -103,3 +113,7 @@ def test_a_pattern_priced_twice_is_refused(tmp_path: Path) -> None:
     twice = '[[prices]]\nmodel = "local:m"\nimage_usd = 1\n' * 2
     with pytest.raises(ProviderConfigError, match=r"prices\[1\].model: .* prices\[0\]"):
         load_provider_config(write(tmp_path, twice), {})
+
+
+def test_the_file_may_set_every_price_a_price_has() -> None:
+    assert set(PRICE_KEYS) == set(attrs.fields_dict(Price)) - {"max_output_tokens"}

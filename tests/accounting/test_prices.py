@@ -43,6 +43,13 @@ def test_unpriced_or_malformed_models_are_skipped() -> None:
     assert parse_venice_models(listing) == {}
 
 
+def test_a_published_price_past_ten_thousand_usd_is_no_price() -> None:
+    listing = {"data": [{"id": "absurd", "model_spec": {"pricing": {"input": {"usd": 1e308},
+        "output": {"usd": 1}}}}, {"id": "greedy", "model_spec": {"pricing": {"input": {"usd": 1},
+        "output": {"usd": 1}, "cache_write": {"usd": 10_001}}}}]}  # fmt: skip
+    assert parse_venice_models(listing) == {"greedy": Price(1, 1)}
+
+
 def test_configured_prices_win_and_cover_a_whole_provider() -> None:
     table = PriceTable(
         [PriceRule("local:*", Price(1.0, 2.0)), PriceRule("venice:m", Price(3.0, 4.0))]

@@ -12,9 +12,9 @@ import pytest
 
 from llmgw.api.models import ModelListCache
 from llmgw.config import ConfigError, load_settings
+from llmgw.config.kinds import installed_kinds, load_kind
+from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
-from llmgw.provider_config import ProviderConfigError, load_provider_config
-from llmgw.providers.kinds import installed_kinds, load_kind
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
 from llmgw.providers.registry import ProviderRegistry, build_registry
 from tests.lifecycle.test_reload import StubProvider
@@ -23,7 +23,7 @@ from tests.providers.installed import install
 # A plugin module: kind "regional", with a required key of its own and one with a checked range.
 REGIONAL = """
 import attrs
-from llmgw.config_converter import check
+from llmgw.config.converter import check
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
 from llmgw.providers.registry import build_registry
 from tests.providers.installed import install

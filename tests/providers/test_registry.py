@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.provider_config import DeploymentSpec, ModelAlias
+from llmgw.config.providers_file import DeploymentSpec, ModelAlias
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
 from llmgw.routing.strategy import ORDERED, Strategy

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from llmgw.accounting.price import Price
-from llmgw.config_converter import check
+from llmgw.config.converter import check
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 

@@ -16,9 +16,9 @@ from typing import TypeVar
 import attrs
 import platformdirs
 
-from llmgw.accounting.price import PriceRule
-from llmgw.config_common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
-from llmgw.provider_config import ModelAlias, ProviderSpec, load_provider_config
+from llmgw.config.common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
+from llmgw.config.prices import PriceEntry
+from llmgw.config.providers_file import ModelAlias, ProviderSpec, load_provider_config
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -236,7 +236,7 @@ class Settings:
     # From LLMGW_CONFIG; empty = the one provider "venice" built from the VENICE_* settings.
     providers: tuple[ProviderSpec, ...] = ()
     model_aliases: tuple[ModelAlias, ...] = ()
-    prices: tuple[PriceRule, ...] = ()  # [[prices]]
+    prices: tuple[PriceEntry, ...] = ()  # [[prices]]
 
     @property
     def uses_embedded_database(self) -> bool:
@@ -277,7 +277,7 @@ def load_settings(
         )
     providers: tuple[ProviderSpec, ...] = ()
     model_aliases: tuple[ModelAlias, ...] = ()
-    prices: tuple[PriceRule, ...] = ()
+    prices: tuple[PriceEntry, ...] = ()
     if config_path is not None:
         providers_config = load_provider_config(config_path, env)
         providers, model_aliases = providers_config.providers, providers_config.model_aliases

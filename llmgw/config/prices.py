@@ -15,23 +15,35 @@
     # audio_usd_per_second (transcriptions), speech_usd_per_mchar (per million characters spoken)
 
 Each problem is reported through ``fail(where, problem)`` naming the entry and key
-(``prices[2].image_usd``), like the rest of the file.
+(``prices[2].image_usd``), like the rest of the file. An entry is data (:class:`PriceEntry`);
+``llmgw.accounting.prices`` turns it into the price it charges.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, NoReturn
 
 import attrs
 
-from llmgw.accounting.price import Price, PriceRule
+from llmgw.config.common import is_price, price_expected
+from llmgw.config.converter import show
 
-__all__ = ["PRICE_KEYS", "parse_prices"]
+__all__ = ["PRICE_KEYS", "PriceEntry", "parse_prices"]
 
-PRICE_KEYS = tuple(key for key in attrs.fields_dict(Price) if key != "max_output_tokens")
+# The prices an entry may set: the fields of llmgw.accounting.price.Price (a test holds them equal).
+PRICE_KEYS = (
+    "input_usd_per_mtok",
+    "output_usd_per_mtok",
+    "cache_read_usd_per_mtok",
+    "cache_write_usd_per_mtok",
+    "cache_write_1h_usd_per_mtok",
+    "reasoning_usd_per_mtok",
+    "image_usd",
+    "audio_usd_per_second",
+    "speech_usd_per_mchar",
+)
 _TOKEN_EXTRAS = (
     "cache_read_usd_per_mtok",
     "cache_write_usd_per_mtok",
@@ -42,11 +54,20 @@ _TOKEN_EXTRAS = (
 Fail = Callable[[str, str], NoReturn]
 
 
+@attrs.frozen
+class PriceEntry:
+    """A ``[[prices]]`` entry: the deployments it prices and its prices in USD, exact, by key
+    (those of :data:`PRICE_KEYS` it sets)."""
+
+    pattern: str  # "provider:model"; "*" matches any characters
+    usd: Mapping[str, Decimal]
+
+
 def parse_prices(
     tables: Sequence[dict[str, Any]], fail: Fail, providers: Sequence[str]
-) -> tuple[PriceRule, ...]:
-    """The entries as price rules, in file order; ``providers``: the configured provider names."""
-    rules: list[PriceRule] = []
+) -> tuple[PriceEntry, ...]:
+    """The entries, in file order; ``providers``: the configured provider names."""
+    rules: list[PriceEntry] = []
     first_seen: dict[str, int] = {}
     for index, table in enumerate(tables):
         where = f"prices[{index}]"
@@ -54,19 +75,19 @@ def parse_prices(
         if rule.pattern in first_seen:
             fail(
                 f"{where}.model",
-                f"{_show(rule.pattern)} is already priced by prices[{first_seen[rule.pattern]}]",
+                f"{show(rule.pattern)} is already priced by prices[{first_seen[rule.pattern]}]",
             )
         first_seen[rule.pattern] = index
         rules.append(rule)
     return tuple(rules)
 
 
-def _rule(table: dict[str, Any], where: str, fail: Fail, providers: Sequence[str]) -> PriceRule:
+def _rule(table: dict[str, Any], where: str, fail: Fail, providers: Sequence[str]) -> PriceEntry:
     for key in table:
         if key != "model" and key not in PRICE_KEYS:
             fail(f"{where}.{key}", f"unknown key; expected one of model, {', '.join(PRICE_KEYS)}")
     pattern = _pattern(table.get("model"), f"{where}.model", fail, providers)
-    prices: dict[str, Any] = {
+    prices: dict[str, Decimal] = {
         key: _usd(table[key], f"{where}.{key}", fail) for key in PRICE_KEYS if key in table
     }
     if not prices:
@@ -80,7 +101,7 @@ def _rule(table: dict[str, Any], where: str, fail: Fail, providers: Sequence[str
     for key in _TOKEN_EXTRAS:
         if key in prices and not priced_tokens:
             fail(f"{where}.{key}", "needs input_usd_per_mtok and output_usd_per_mtok too")
-    return PriceRule(pattern, Price(**prices))
+    return PriceEntry(pattern, prices)
 
 
 def _pattern(value: Any, where: str, fail: Fail, providers: Sequence[str]) -> str:
@@ -88,10 +109,10 @@ def _pattern(value: Any, where: str, fail: Fail, providers: Sequence[str]) -> st
         fail(where, 'is required: "provider:model" (a "*" matches any characters)')
     provider, sep, model = value.partition(":") if isinstance(value, str) else ("", "", "")
     if not sep or not provider or not model or value != value.strip():
-        fail(where, f'expected "provider:model", got {_show(value)}')
+        fail(where, f'expected "provider:model", got {show(value)}')
     if "*" not in provider and provider not in providers:
-        known = ", ".join(_show(name) for name in providers)
-        fail(where, f"unknown provider {_show(provider)} in {_show(value)}; providers are {known}")
+        known = ", ".join(show(name) for name in providers)
+        fail(where, f"unknown provider {show(provider)} in {show(value)}; providers are {known}")
     pattern: str = value
     return pattern
 
@@ -99,12 +120,7 @@ def _pattern(value: Any, where: str, fail: Fail, providers: Sequence[str]) -> st
 def _usd(value: Any, where: str, fail: Fail) -> Decimal:
     # bool is an int to Python, not to TOML; inf and nan are TOML floats but no price.
     if not isinstance(value, int | float) or isinstance(value, bool):
-        fail(where, f"expected a number, got {_show(value)}")
-    if not 0 <= value < float("inf"):
-        fail(where, f"expected a number >= 0, got {_show(value)}")
+        fail(where, f"expected a number, got {show(value)}")
+    if not is_price(value):
+        fail(where, f"expected {price_expected(where)}, got {show(value)}")
     return Decimal(str(value))  # the price as written: 0.1 is a tenth, not the float nearest it
-
-
-def _show(value: Any) -> str:
-    """A value from the file, as TOML would write it, on one line."""
-    return json.dumps(value, ensure_ascii=False, default=lambda v: type(v).__name__)

@@ -41,9 +41,9 @@
     weights = [3, 1]                 #   "weighted" (with one weight per deployment),
                                      #   "least-busy" or "least-latency" (llmgw.routing.strategy)
 
-    # kind-specific keys: those of the kind's options spec (llmgw.providers.plugin)
+    # kind-specific keys: those of the kind's options spec (llmgw.providers.plugin; llmgw.config.kinds)
 
-The tables are structured into attrs specs by the strict converter of ``llmgw.config_converter``.
+The tables are structured into attrs specs by the strict converter of ``llmgw.config.converter``.
 Every problem raises :class:`ProviderConfigError`, one line naming the file and the entry, e.g.
 ``LLMGW_CONFIG /etc/llmgw.toml: providers[1].max_retries: expected an integer 0-10, got 99``.
 Entries are counted from 0. Key values and header values are never echoed.
@@ -55,36 +55,53 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, get_args
+from urllib.parse import urlsplit
 
 import attrs
 from cattrs.gen import make_dict_structure_fn, override
 
-from llmgw.accounting.price import PriceRule
-from llmgw.accounting.price_config import parse_prices
-from llmgw.config_common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
-from llmgw.config_converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
-from llmgw.providers.kinds import InstalledKind, KindError, installed_kinds, load_kind
-from llmgw.providers.plugin import Capabilities, Timeouts
-from llmgw.routing.breaker import MAX_COOLDOWN_SECONDS, STEADY_PROBES, Cooldown
-from llmgw.routing.strategy import ORDERED, Strategy, StrategyName
+from llmgw.config.common import (
+    DEFAULT_MAX_CONNECTIONS,
+    MOST_CONNECTIONS,
+    ConfigError,
+    is_price,
+    parse_url,
+    price_expected,
+    shown_url,
+)
+from llmgw.config.converter import CONVERTER, ConfigProblem, Invalid, check, show, structure
+from llmgw.config.kinds import Capabilities, InstalledKind, KindError, installed_kinds, load_kind
+from llmgw.config.prices import PriceEntry, parse_prices
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_FIRST_TOKEN_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
+    "MAX_COOLDOWN_SECONDS",
+    "ORDERED",
+    "STEADY_PROBES",
+    "STRATEGIES",
     "TOP_LEVEL_TABLES",
+    "Cooldown",
     "DeploymentSpec",
     "ModelAlias",
     "ProviderConfigError",
     "ProviderSpec",
     "ProvidersConfig",
+    "Strategy",
+    "StrategyName",
+    "Timeouts",
     "load_provider_config",
 ]
 
 # Names appear in "provider/model" and "provider:model", so neither separator may be part of one.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# RFC 9110: a field name is a token; a value has no control character but a tab (a CR or LF would
+# end the header, so aiohttp refuses to send it and every request to the provider would fail).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 
 
 class ProviderConfigError(ConfigError):
@@ -104,15 +121,85 @@ DEFAULT_FIRST_TOKEN_TIMEOUT = 60.0
 DEFAULT_STALL_TIMEOUT = 60.0
 
 _seconds = check(lambda n: 0 < n < float("inf"), "a positive number")
-_price = check(lambda n: 0 <= n < float("inf"), "a number >= 0")
+_price = check(is_price, price_expected("_per_mtok"))
 _per_minute = check(lambda n: n >= 1, "a whole number per minute, at least 1")
+
+
+@attrs.frozen
+class Timeouts:
+    """How long one attempt on a provider may take, and may stay silent, phase by phase (seconds).
+
+    A silent provider is given up at the first phase it overruns, and the route moves on.
+    """
+
+    attempt: float  # one attempt: a JSON answer whole, a stream up to its first event
+    connect: float  # TCP (and TLS) connection
+    first_token: float  # to the first answer byte: a JSON answer's headers, a stream's first event
+    stall: float  # between two reads of a stream
+
+
+# The longest any opening lasts by default (``circuit_max_cooldown_seconds``): a deployment down for
+# an hour is still probed every five minutes, and a Retry-After of a day is not believed.
+MAX_COOLDOWN_SECONDS = 300.0
+# Failed probes in a row after which the cooldown starts to double (``circuit_max_failed_probes``).
+STEADY_PROBES = 5
+
+
+@attrs.frozen(slots=True)
+class Cooldown:
+    """How long a provider's deployments stay open (its ``circuit_*`` settings)."""
+
+    seconds: float = 30.0
+    most: float = MAX_COOLDOWN_SECONDS  # never more than the cooldown (see ProviderSpec)
+    steady_probes: int = STEADY_PROBES
+
+    def after(self, failed_probes: int) -> float:
+        """The opening after ``failed_probes`` probes failed in a row."""
+        doublings = min(max(0, failed_probes - self.steady_probes), 32)
+        return min(self.most, self.seconds * 2.0**doublings)
+
+
+# A [[models]] entry's strategy: which deployment goes first (llmgw.routing.strategy applies it).
+StrategyName = Literal["ordered", "weighted", "least-busy", "least-latency"]
+STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
+
+
+@attrs.frozen
+class Strategy:
+    name: StrategyName = "ordered"
+    weights: tuple[float, ...] = ()  # weighted: one per deployment of the alias, in its order
+
+
+ORDERED = Strategy()
 
 
 def _http_url(value: str) -> str:
     try:
-        return parse_url("http", "https")(value)
+        url = parse_url("http", "https")(value)
     except ValueError:
-        raise Invalid("base_url", f"expected an http(s) URL, got {show(value)}") from None
+        raise Invalid(
+            "base_url", f"expected an http(s) URL, got {show(shown_url(value))}"
+        ) from None
+    if "@" in urlsplit(url).netloc:  # the start line would print the password
+        raise Invalid(
+            "base_url",
+            "holds credentials (user:password@); give the key through api_key_env or headers",
+        )
+    return url
+
+
+def _headers(_instance: Any, _attribute: Any, headers: Mapping[str, str]) -> None:
+    for name, value in headers.items():
+        if _HEADER_NAME.fullmatch(name) is None:
+            raise Invalid(
+                f"headers.{name}",
+                "expected a header name (letters, digits and !#$%&'*+-.^_`|~)",
+            )
+        if _HEADER_VALUE.fullmatch(value) is None:  # the value may be a secret: not shown
+            raise Invalid(
+                f"headers.{name}",
+                "expected a header value without control characters (CR, LF and the like)",
+            )
 
 
 def _kind_capabilities(spec: ProviderSpec) -> Capabilities:
@@ -156,7 +243,7 @@ class ProviderSpec:
         default=DEFAULT_MAX_CONNECTIONS,
         validator=check(lambda n: 1 <= n <= MOST_CONNECTIONS, f"an integer 1-{MOST_CONNECTIONS}"),
     )
-    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False, validator=_headers)
     input_usd_per_mtok: float | None = attrs.field(
         default=None, validator=_price
     )  # both or neither
@@ -303,7 +390,7 @@ class _ModelTable:
 class ProvidersConfig:
     providers: tuple[ProviderSpec, ...]
     model_aliases: tuple[ModelAlias, ...]
-    prices: tuple[PriceRule, ...] = ()  # [[prices]] (llmgw.accounting.price_config)
+    prices: tuple[PriceEntry, ...] = ()  # [[prices]] (llmgw.config.prices)
 
 
 # A new top-level table: its key here, a field in ProvidersConfig, one line in _Parser.parse.
