@@ -177,11 +177,13 @@ class Exchange:
 
     def attempt_failed(self, deployment: Deployment, error: str, status: int | None) -> None:
         """That attempt failed (``UpstreamCall.on_failure``)."""
-        self.attempts[-1].failed(error, status)
+        if self.attempts:
+            self.attempts[-1].failed(error, status)
 
     def answered(self, answer: Answer[T]) -> T:
         """The route answered: that deployment bills the request, whatever happens next."""
-        self.attempts[-1].ended = ANSWERED
+        if self.attempts:  # (a call built without the exchange's hooks tells nothing)
+            self.attempts[-1].ended = ANSWERED
         self._release_deployment()  # a stream that broke off, when this one continues it
         self.deployment = answer.deployment
         self.cap_holds.append(answer.cap)
