@@ -461,3 +461,18 @@ async def test_a_continuation_never_goes_back_to_the_deployment_that_broke(
     assert len(chats(second)) == 1
     row = await ledger_row(routes)
     assert row["attempts"] == 2
+
+
+async def test_a_responses_stream_broken_with_the_budget_spent_ends_incomplete(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    client = routes.client(key)
+    stream = await client.responses.create(
+        model="pre", input="count for me", stream=True, max_output_tokens=40
+    )
+    events = [event async for event in stream]
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].response.output_text == SENT
+    assert chats(second) == []
