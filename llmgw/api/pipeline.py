@@ -314,15 +314,11 @@ class Exchange:
                 if attempt is None
                 else functools.partial(self._price_of, attempt.provider, attempt.model)
             )
-            estimate = (input_estimate, estimate_output_tokens(output_chars))
+            estimate = functools.partial(
+                _tokens, input_estimate, estimate_output_tokens(output_chars)
+            )
             each.append(
-                charge(
-                    usage,
-                    provider_worked=True,
-                    estimate=lambda estimate=estimate: estimate,  # type: ignore[misc]
-                    price=price,
-                    final=final,
-                )
+                charge(usage, provider_worked=True, estimate=estimate, price=price, final=final)
             )
         total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
         for charged in each:
@@ -562,6 +558,10 @@ async def start_call(
         limits.settle(admitted, None)  # nothing was used: give it back
         raise
     return route, call, exchange
+
+
+def _tokens(input_tokens: int, output_tokens: int) -> tuple[int, int]:
+    return input_tokens, output_tokens
 
 
 def _plus(total: int | None, count: int | None) -> int | None:
