@@ -8,7 +8,9 @@ as the policy does). Measured for
 1, 4 and 16 replicas (``--replicas``), on Postgres (a scratch database on ``--admin-url``,
 migrated to head, dropped afterwards) and Redis (``--redis-url``), for two designs in the same
 run: ``store`` (every admission is one round trip on the key's shared rows: the old path, the
-floor) and ``leases`` (``llmgw.limits.leases``: replicas admit from slices they took). Afterwards
+floor), ``leases`` (``llmgw.limits.leases``: replicas admit from slices they took, every key) and
+``default`` (the limits store ``serve`` makes with no setting changed: slices for a key once it is
+busy on a replica, ``LIMIT_SLICE_BUSY_RATE``; it starts quiet, admitted by the store). Afterwards
 every counter is checked against its cap (``used + reserved <= cap``). Prints a markdown table.
 """
 
@@ -27,6 +29,7 @@ import asyncpg
 import orjson
 
 from bench.ledger_transactions import _scratch
+from llmgw.config import Settings
 from llmgw.errors import ServiceUnavailable
 from llmgw.limits.leases import LeasedLimitStore
 from llmgw.limits.postgres import PostgresLimitStore
@@ -67,8 +70,16 @@ async def _replica(
 ) -> None:
     """One replica: wait for a line on stdin, admit for as long as it says (seconds), print JSON."""
     store = await _store(backend, url, prefix)
-    if design == "leases":
+    if design == "leases":  # every key takes slices
         store = LeasedLimitStore(store, slice_requests=slice_requests)
+    elif design == "default":  # as ``serve`` makes it with no setting changed
+        defaults = Settings()
+        store = LeasedLimitStore(
+            store,
+            slice_requests=defaults.limit_slice_requests,
+            slice_seconds=defaults.limit_slice_seconds,
+            busy_rate=defaults.limit_slice_busy_rate,
+        )
     await store.start()
     window = Window(key_id, _WINDOW_LIMIT, 60)
     reservations = _reservations(key_id)
@@ -207,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--backends", default="postgres,redis")
-    parser.add_argument("--designs", default="store,leases")
+    parser.add_argument("--designs", default="store,leases,default")
     parser.add_argument("--replicas", default="1,4,16")
     parser.add_argument("--tasks", type=int, default=4, help="admission loops per replica")
     parser.add_argument("--seconds", type=float, default=5.0)

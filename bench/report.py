@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from bench.cache import cache_check, cache_section
 from bench.results import BenchResult, Check, MemoryRun, Scenario, ScenarioResult, TargetResult
 from bench.routing import DIRECT, ROUTED_CAPPED
 
@@ -221,6 +222,7 @@ def evaluate(
     redis = by_name.get("llmgw-redis")
     if redis is not None:
         checks += _gateway_checks(redis, floor, baseline)
+    checks += cache_check(targets)
     checks.append(_error_check(targets))
     return checks
 
@@ -448,6 +450,7 @@ def markdown(result: BenchResult, scenarios: Sequence[Scenario]) -> str:
         *_scenario_tables(result, scenarios),
         *_headline(result, scenarios),
         *_routing(result),
+        *cache_section(result.targets),
         *_checks(result.checks),
         *_memory(result.memory),
         *_target_notes(result),

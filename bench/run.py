@@ -31,7 +31,7 @@ from types import FrameType
 import attrs
 import orjson
 
-from bench import routing
+from bench import cache, routing
 from bench.lab import PROVIDER_KEY, REPO_ROOT, Lab, SetupError
 from bench.load import LoadSpec
 from bench.procstat import memory
@@ -63,6 +63,7 @@ class Plan:
     budget_seconds: float  # the whole run, setup included
     quick: bool
     routing: tuple[Scenario, ...]  # through aliases, on the llmgw target only (bench.routing)
+    cache: tuple[Scenario, ...] = ()  # cache hits, on the llmgw-cache target (bench.cache)
     # On a shared machine: measure a scenario again (up to this often) while other processes
     # used more than DISTURBED of the machine, and keep the least disturbed measurement.
     retries_if_disturbed: int = 0
@@ -77,6 +78,7 @@ class Plan:
             280,
             False,
             routing.scenarios(10_000, 1000),
+            cache.scenarios(2000, 10_000),
             retries_if_disturbed=2,
         )
 
@@ -90,6 +92,7 @@ class Plan:
             55,
             True,
             routing.scenarios(256, 64),
+            cache.scenarios(40, 256),
         )
 
 
@@ -263,6 +266,24 @@ class _Bench:
             memory_run,
         )
 
+    def cache_hits(self) -> TargetResult:
+        """The gateway answering from its memory cache: every measured request a hit."""
+        name = cache.CACHE_TARGET
+        description = "python -m llmgw serve, RATE_LIMIT_BACKEND=postgres, LLMGW_CACHE=memory"
+        env = {
+            **cache.ENV,
+            "LLMGW_CONFIG": str(routing.providers_file(self.lab.tmp, self.lab.upstream_url)),
+        }
+        try:
+            child, url, startup = self.lab.start_gateway(name, env)
+        except ChildFailed as exc:
+            return TargetResult(name, description, skipped=f"the gateway did not start: {exc}")
+        try:
+            results = self.scenarios(name, url, self.lab.token, child, self.plan.cache)
+        finally:
+            child.stop()
+        return TargetResult(name, description, results, startup_seconds=startup)
+
     def memory_run(self, child: Child, url: str, results: Sequence[ScenarioResult]) -> MemoryRun:
         planned = self.plan.long_run_requests
         requests, note = self._long_run_size(results)
@@ -388,8 +409,8 @@ def _measure_all(
     targets = [bench.baseline(), bench.floor()]
     memory_run: MemoryRun | None = None
     if "postgres" in backends:
-        # The backends after postgres, the public-API row and the workers row.
-        bench.gateways_after_long_run = len(backends) - list(backends).index("postgres") + 1
+        # The backends after postgres, the public-API row, the cache row and the workers row.
+        bench.gateways_after_long_run = len(backends) - list(backends).index("postgres") + 2
     for backend in backends:
         target, run = bench.gateway(backend, long_run=backend == "postgres")
         if target.skipped is not None:
@@ -399,6 +420,8 @@ def _measure_all(
         if backend == "postgres":
             # Right after the fast paths' row, so both see the machine alike.
             targets.append(bench.gateway(backend, long_run=False, public_apis_only=True)[0])
+    if "postgres" in backends:
+        targets.append(bench.cache_hits())
     if "postgres" in backends:
         # Measured last: once the workers run, the load generator gives way to them (it shares a
         # core with one of them) and stays niced.

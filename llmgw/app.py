@@ -21,6 +21,7 @@ from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.background import cancel_and_wait
+from llmgw.cache.build import build_cache
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
 from llmgw.console.app import CONSOLE_PREFIX, build_console_app
@@ -79,6 +80,7 @@ def _limit_store(settings: Settings, pool: asyncpg.Pool, database_url: str) -> L
         store,
         slice_requests=settings.limit_slice_requests,
         slice_seconds=settings.limit_slice_seconds,
+        busy_rate=settings.limit_slice_busy_rate,
     )
 
 
@@ -149,7 +151,7 @@ def create_app(
         )
         await ledger.start()
         app[app_keys.LEDGER] = ledger
-        app[app_keys.USAGE] = UsageAccounting(limits, ledger)
+        app[app_keys.USAGE] = UsageAccounting(ledger)
         refusal_counts = app[app_keys.REFUSAL_COUNTS] = RefusalCounts(pool)
         await refusal_counts.start()
         responses = app[RESPONSE_STORE] = ResponseStore(
@@ -167,17 +169,16 @@ def create_app(
 
     async def provider_sessions(app: web.Application) -> AsyncIterator[None]:
         # Its routing policy outlives reloads; the registries a reload builds lend it providers.
+        limits = app[app_keys.LIMITS]
         registry = await build_registry(
-            settings, RoutingPolicy(clock=clocks.wall, monotonic=clocks.monotonic)
+            settings,
+            RoutingPolicy(clock=clocks.wall, monotonic=clocks.monotonic, caps=limits.caps),
         )
         app[app_keys.PROVIDERS] = registry
         observe_connection_pools(telemetry.providers.meter_provider, registry.connection_pools)
         remember_listed(registry.aliases)
         await registry.routing.start(_health_channel(settings, database_url, clocks))
-        registry.routing.use(
-            app[app_keys.LIMITS].store,
-            default_max_output_tokens=settings.default_max_output_tokens,
-        )
+        registry.routing.use(limits.store)
         observe_health(telemetry.providers.meter_provider, registry)
         await prices.start(publishers(registry.providers))
         reloader = ConfigReloader(registry, build_registry, app[MODELS_CACHE], generations, prices)
@@ -209,7 +210,23 @@ def create_app(
         await cancel_and_wait([sweeper])
         refusals.close()  # the repeats counted so far, before the process ends
 
-    app.cleanup_ctx.extend([telemetry_flush, refusal_summaries, database, provider_sessions])
+    cache = build_cache(
+        settings,
+        clock=clocks.wall,
+        meter=telemetry.providers.local_meter,
+        meter_provider=telemetry.providers.meter_provider,
+    )
+    if cache is not None:
+        app[app_keys.CACHE] = cache
+
+    async def close_cache(app: web.Application) -> AsyncIterator[None]:
+        yield
+        if cache is not None:
+            await cache.close()
+
+    app.cleanup_ctx.extend(
+        [telemetry_flush, refusal_summaries, database, provider_sessions, close_cache]
+    )
     supervisor.install(  # after the cleanup contexts above: its drains end before they close
         app,
         supervisor.StreamSupervisor(

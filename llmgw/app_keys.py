@@ -8,9 +8,9 @@ from aiohttp import web
 from llmgw.accounting.sink import UsageAccounting
 from llmgw.api.body_memory import BodyAllowance
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
+from llmgw.cache.policy import ResponseCache
 from llmgw.config import Settings
-from llmgw.limits.policy import LimitPolicy
-from llmgw.limits.store import RateLimitDecision
+from llmgw.limits.policy import LimitPolicy, Ticket
 from llmgw.providers.registry import ProviderRegistry
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
@@ -25,12 +25,14 @@ PROVIDERS = web.AppKey("providers", ProviderRegistry)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 LEDGER = web.AppKey("ledger", UsageLedger)
 USAGE = web.AppKey("usage", UsageAccounting)
+CACHE = web.AppKey("cache", ResponseCache)  # absent: LLMGW_CACHE=off
 REFUSALS = web.AppKey("refusals", RefusalLog)
 REFUSAL_COUNTS = web.AppKey("refusal_counts", RefusalCounts)
 
 REQUEST_ID = web.RequestKey("request_id", str)
 API_KEY = web.RequestKey("api_key", AuthenticatedKey)
-RATE_LIMIT = web.RequestKey("rate_limit", RateLimitDecision)
+# The request's admission (the middleware's, once its key is known): settled when it ends.
+TICKET = web.RequestKey("ticket", Ticket)
 # Headers a handler puts on whatever response its request gets: a stream's, sent before it returns,
 # and an error's too.
 RESPONSE_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey("response_headers")

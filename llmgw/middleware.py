@@ -3,7 +3,7 @@ handler, in one coroutine.
 
 In order: the request counted in its configuration's generation (a reload closes replaced
 providers once their requests end), its id and SERVER span, its error shape, the open-files guard,
-authentication (deny by default), its body allowance and the request window; after the handler,
+authentication (deny by default), its body allowance and its admission (the limits' ticket); after the handler,
 whatever it raised rendered as a JSON error, the span ended, the request's metric and a refusal's
 log line. One frame instead of a chain of six middlewares: each layer of a chain is a coroutine
 that every resumption of the request passes through, and each kept its own state in the request.
@@ -100,9 +100,10 @@ def gateway_middleware(
     - Keys: every route outside ``public_paths``/``public_prefixes`` needs one.
     - Bodies: each request gets its route's limit and a share of the memory all bodies may hold
       (``body_limits``), released when its handler returns.
-    - Request window: counted here, unless the handler is one of ``admitting`` (routes that admit
-      themselves) and the key reserves limits: those count it together with their reservations,
-      in one round trip.
+    - Admission: the key's ticket (``LimitPolicy.admit``, the one place that admits), which
+      counts the request window; for a handler of ``admitting`` (routes that reserve the model's
+      limits on the ticket once they read the body) a key that reserves limits counts it
+      together with its reservations, in one round trip.
     """
     tracer, instruments = telemetry.tracer, telemetry.instruments
 
@@ -157,11 +158,11 @@ def gateway_middleware(
                     allowance = request[app_keys.BODY_ALLOWANCE] = body_limits.allowance(path)
                     try:
                         if key is not None:
-                            limits = app[app_keys.LIMITS]
-                            if not (
-                                limits.reserves(key) and request.match_info.handler in admitting
-                            ):
-                                request[app_keys.RATE_LIMIT] = await limits.hit(key)
+                            # The one admission: the handlers of ``admitting`` reserve the
+                            # model's limits on its ticket once they have read the body.
+                            request[app_keys.TICKET] = await app[app_keys.LIMITS].admit(
+                                key, reserving=request.match_info.handler in admitting
+                            )
                         response = await handler(request)
                     finally:
                         allowance.release()
@@ -287,9 +288,9 @@ async def add_response_headers(request: web.Request, response: web.StreamRespons
     request_id = request.get(app_keys.REQUEST_ID)
     if request_id is not None:
         response.headers["X-Request-Id"] = request_id
-    decision = request.get(app_keys.RATE_LIMIT)
-    if decision is not None:
-        response.headers.update(decision.headers())
+    ticket = request.get(app_keys.TICKET)
+    if ticket is not None and ticket.window is not None:
+        response.headers.update(ticket.window.headers())
     headers = request.get(app_keys.RESPONSE_HEADERS)
     if headers is not None:
         response.headers.update(headers)

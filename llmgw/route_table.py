@@ -81,5 +81,6 @@ def add_routes(app: web.Application, routes: Iterable[Route]) -> None:
 
 
 def admitting(routes: Iterable[Route]) -> frozenset[Handler]:
-    """The handlers that admit their requests themselves, for gateway_middleware."""
+    """The handlers that reserve their model's limits on the request's ticket once they have
+    read its body (``Ticket.reserve``), for gateway_middleware's admission."""
     return frozenset(route.handler for route in routes if route.admits_itself)

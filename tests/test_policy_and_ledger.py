@@ -193,6 +193,8 @@ async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> 
             "output_tokens": 15,
             "cost_usd": pytest.approx(3 * COST),
             "cost_diem": 0,
+            "cache_hits": 0,
+            "saved_cost_usd": 0,
         }
     ]
     await gateway.db.execute("UPDATE usage_events SET occurred_at = now() - interval '40 days'")

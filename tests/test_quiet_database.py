@@ -105,7 +105,7 @@ async def run_gateway(
     fake_venice: FakeVenice,
     key: str,
     rate: int,
-    slices: int = 0,
+    slices: int | None = 0,
 ) -> Counted:
     """Commits from before a gateway starts until after it stopped, with one request and then
     ``rate`` requests a second for ``SECONDS`` (0: idle for as long)."""
@@ -113,7 +113,12 @@ async def run_gateway(
     admin = await asyncpg.connect(postgres_server.admin_url)
     try:
         before = await committed(admin, database)
-        env = gateway_env(database_url, fake_venice.base_url, LIMIT_SLICE_REQUESTS=str(slices))
+        # None: the default configuration (slices for busy keys only: this one is quiet).
+        settings = {} if slices is None else {
+            "LIMIT_SLICE_REQUESTS": str(slices),
+            "LIMIT_SLICE_BUSY_RATE": "0",  # with slices, every key takes them
+        }  # fmt: skip
+        env = gateway_env(database_url, fake_venice.base_url, **settings)
         (gateway,) = gateway_processes(env)
         # Both runs look the key up and write one ledger row first: a burst of first requests
         # would each look it up before the first lookup is cached, which is not the steady state.
@@ -141,6 +146,10 @@ async def run_gateway(
         # Without slices, settlements ride along with the next admission (one statement that
         # settles, then admits): no transaction of their own at a steady load.
         pytest.param(True, 0, id="every-limit"),
+        # By default a quiet key is admitted by the store, one statement a request that also
+        # settles the last request's window hit and limits.
+        pytest.param(False, None, id="request-window-default"),
+        pytest.param(True, None, id="every-limit-default"),
     ],
 )
 async def test_a_steady_load_commits_one_transaction_a_request_and_the_ledgers_batches(
@@ -150,7 +159,7 @@ async def test_a_steady_load_commits_one_transaction_a_request_and_the_ledgers_b
     fake_venice: FakeVenice,
     db: asyncpg.Connection,
     every_limit: bool,
-    slices: int,
+    slices: int | None,
 ) -> None:
     key = await a_key(db, every_limit)
     await db.close()  # the database has no other client than the gateway

@@ -95,3 +95,71 @@ async def test_sigterm_lets_an_in_flight_stream_finish(
         body = await response.read()
     assert body.rstrip().endswith(b"data: [DONE]")
     assert await asyncio.to_thread(process.wait, 15) == 0
+
+
+SLICE_SECONDS = 2.0
+
+
+@pytest.fixture
+def two_leased_gateways(database_url: str, fake_venice: FakeVenice) -> Iterator[list[Any]]:
+    """Two gateways with capacity leases on (``LIMIT_SLICE_REQUESTS``), short slice leases."""
+    env = clean_env(
+        DATABASE_URL=database_url,
+        VENICE_API_KEY=FAKE_VENICE_KEY,
+        VENICE_BASE_URL=fake_venice.base_url,
+        LIMIT_SLICE_REQUESTS="64",
+        LIMIT_SLICE_BUSY_RATE="0",  # every key, not only busy ones
+        LIMIT_SLICE_SECONDS=str(SLICE_SECONDS),
+    )
+    ports = [free_port(), free_port()]
+    processes = [start_gateway(env, port) for port in ports]
+    yield [
+        (process, f"http://127.0.0.1:{port}")
+        for process, port in zip(processes, ports, strict=True)
+    ]
+    for process in processes:
+        stop(process)
+
+
+async def test_a_killed_replicas_unused_window_slice_comes_back_when_its_lease_expires(
+    two_leased_gateways: list[Any], db: asyncpg.Connection
+) -> None:
+    """Issue 34 item 11: a replica SIGKILLed while busy holding a window slice."""
+    issued = await api_keys.create_key(
+        db,
+        api_keys.KeySettings(name="sliced", rate_limit_requests=40, rate_limit_window_seconds=600),
+    )
+    (killed, first), (_, second) = two_leased_gateways
+    async with aiohttp.ClientSession() as session:
+        # Busy until it is killed (an idle replica gives its unused slices back by itself).
+        admitted = 0
+        for _ in range(26):  # over a few of its ticks (0.25 s)
+            admitted += await post(session, first, issued.plaintext) == 200
+            await asyncio.sleep(0.04)
+        assert admitted == 26
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+        counter = f"window:{issued.record.id}:600:%"
+        # What the store was told was used before the kill (each tick reports a window slice's
+        # hits); the rest of its slices is reserved under leases nobody renews any more.
+        used, held = await db.fetchrow(
+            "SELECT used::float8, reserved::float8 FROM limit_counters WHERE counter LIKE $1",
+            counter,
+        )
+        assert 0 < used <= admitted and used + held > admitted  # it held more than it used
+        assert await post(session, second, issued.plaintext) == (200 if used + held < 40 else 429)
+
+        async def expired() -> bool:
+            return not await db.fetchval(
+                "SELECT count(*) FROM limit_leases WHERE counter LIKE $1 "
+                "AND expires_at >= clock_timestamp()",
+                counter,
+            )
+
+        await eventually(expired, within=SLICE_SECONDS * 3, what="the killed replica's lease ends")
+        statuses = await asyncio.gather(
+            *(post(session, second, issued.plaintext) for _ in range(40))
+        )
+    later = statuses.count(200)
+    assert later >= 40 - admitted - 1  # the unused part of its slice came back (less one above)
+    assert used + later + (used + held < 40) == 40  # and what it used stays counted

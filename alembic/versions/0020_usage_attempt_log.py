@@ -4,7 +4,7 @@ every upstream attempt with its deployment and how it ended (``attempt_log``, a 
 ``llmgw.accounting.attempts``). Older rows: NULL, NULL and an empty array.
 
 Revision ID: 0020
-Revises: 0015
+Revises: 0019
 Create Date: 2026-12-04
 """
 
@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from alembic import op
 
 revision = "0020"
-down_revision = "0015"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

@@ -222,6 +222,10 @@ class UsageRecord:
     started_deployment: str | None = None
     # Every upstream attempt, in order, and how it ended (``accounting.attempts.Attempt.as_json``).
     attempt_log: tuple[dict[str, Any], ...] = ()
+    # Answered by the response cache: no provider was paid (cost 0), and ``saved_cost_usd`` is
+    # what the stored answer cost when it was fetched.
+    cache_hit: bool = False
+    saved_cost_usd: float | None = None
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
     # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
@@ -258,7 +262,7 @@ class UsageRecord:
             count = getattr(self, field)
             if count is not None and not _is_int_within(count, 0, MAX_TOKENS):
                 replace(field, None, "out_of_range")
-        for field in ("cost_usd", "cost_diem"):
+        for field in ("cost_usd", "cost_diem", "saved_cost_usd"):
             cost = getattr(self, field)
             if cost is not None and not _is_number_within(cost, MAX_COST):
                 replace(field, None, "out_of_range")
@@ -309,7 +313,7 @@ def _storable(record: UsageRecord) -> bool:
     for count in _count_values(record):
         if count is not None and (count.__class__ is not int or not 0 <= count <= MAX_TOKENS):
             return False
-    for cost in (record.cost_usd, record.cost_diem):
+    for cost in (record.cost_usd, record.cost_diem, record.saved_cost_usd):
         if cost is not None and (
             (cost.__class__ is not float and cost.__class__ is not int) or not 0 <= cost <= MAX_COST
         ):

@@ -35,6 +35,7 @@ from llmgw.admin.schemas import (
 )
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import parse_json
+from llmgw.cache.store import CacheUnavailable
 from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from llmgw.route_table import JSON, Doc, Route, add_routes
 from llmgw.routing.views import routes_view
@@ -336,6 +337,33 @@ async def usage_of_request(request: web.Request) -> web.Response:
     return _json({"object": "list", "request_id": request_id, "data": rows})
 
 
+async def clear_cache(request: web.Request) -> web.Response:
+    """Delete response-cache entries: all, or those stored by ``key_id`` or for ``model``."""
+    query = request.query
+    key_id = query.get("key_id")
+    if key_id is not None:
+        key_id = str(_uuid(key_id, "key_id"))
+    model = query.get("model")
+    if model is not None and (not model or len(model) > 1000):
+        raise InvalidRequest("model must be a model name.", param="model")
+    cache = request.config_dict.get(app_keys.CACHE)
+    deleted = 0
+    if cache is not None:
+        try:
+            deleted = await cache.clear(key_id=key_id, model=model)
+        except CacheUnavailable:
+            raise ServiceUnavailable("The response cache's Redis did not answer.") from None
+    async with _transaction(request) as connection:
+        await _audit(
+            connection,
+            request,
+            "cache.clear",
+            key_id or model or "*",
+            after={"key_id": key_id, "model": model, "deleted": deleted},
+        )
+    return _json({"deleted": deleted})
+
+
 def _page_size(query: Any) -> int:
     try:
         limit = int(query.get("limit", "50"))
@@ -415,7 +443,16 @@ def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
     )
 
 
-REPORT_COLUMNS = ("requests", "errors", "input_tokens", "output_tokens", "cost_usd", "cost_diem")
+REPORT_COLUMNS = (
+    "requests",
+    "errors",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "cost_diem",
+    "cache_hits",
+    "saved_cost_usd",
+)
 
 
 # A spreadsheet runs a cell that begins with one of these as a formula (OWASP "CSV injection").
@@ -577,6 +614,13 @@ def admin_routes() -> tuple[Route, ...]:
             usage_of_request,
             "adminUsageOfRequest",
             "One request's ledger row, with every upstream attempt and how it ended.",
+        ),
+        _admin(
+            "DELETE",
+            "/cache",
+            clear_cache,
+            "adminClearCache",
+            "Delete response-cache entries (all, or ?key_id= / ?model=); answers {deleted: N}.",
         ),
         _admin("GET", "/overview", overview, "adminOverview", "The console's overview."),
         _admin("GET", "/routes", routes, "adminRoutes", "Providers and model routing."),

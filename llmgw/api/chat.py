@@ -7,6 +7,7 @@ from aiohttp import web
 from llmgw.api.body import validate_chat_request
 from llmgw.api.pipeline import Operation, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.key import CHAT as CHAT_API
 from llmgw.telemetry import semconv as sc
 
 __all__ = ["CHAT", "chat_completions"]
@@ -15,6 +16,7 @@ CHAT = Operation(
     name=sc.OPERATION_CHAT,
     validate=validate_chat_request,
     complete=lambda provider, call: provider.chat_completion(call),
+    cache_api=CHAT_API,
 )
 
 

@@ -9,6 +9,7 @@ from aiohttp import web
 from llmgw.api.body import validate_embeddings_request
 from llmgw.api.pipeline import Operation, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.key import EMBEDDINGS as EMBEDDINGS_API
 from llmgw.telemetry import semconv as sc
 
 __all__ = ["EMBEDDINGS", "create_embeddings"]
@@ -23,6 +24,7 @@ EMBEDDINGS = Operation(
     validate=_validate,
     complete=lambda provider, call: provider.embeddings(call),
     sends_chat=False,
+    cache_api=EMBEDDINGS_API,
 )
 
 

@@ -23,6 +23,7 @@ from llmgw.accounting.estimate import estimate_input_tokens
 from llmgw.api.body import read_json_object
 from llmgw.api.pipeline import Operation, forward_upstream_error, passed_headers, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.key import MESSAGES as MESSAGES_API
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
@@ -76,6 +77,7 @@ MESSAGES = Operation(
     validate=anthropic.validate_messages_request,
     complete=lambda provider, call: provider.chat_completion(call),
     codec=AnthropicCodec(),
+    cache_api=MESSAGES_API,
 )
 
 
@@ -116,24 +118,16 @@ async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.Respo
     deployment away from anyone's messages."""
     raw, body = await read_json_object(request)
     model = anthropic.validate_count_tokens_request(body)
-    app = request.app
-    route = app[app_keys.PROVIDERS].resolve(model)
-    limits = app[app_keys.LIMITS]
-    admitted = await limits.admit(
-        key,
-        model=model,
-        body=body,
-        deployments=route.deployments,
-        produces_output=False,
-        window_counted=app_keys.RATE_LIMIT in request,
+    route = request.app[app_keys.PROVIDERS].resolve(model)
+    ticket = request[app_keys.TICKET]  # the middleware's admission
+    await ticket.reserve(
+        model=model, body=body, deployments=route.deployments, produces_output=False
     )
-    if admitted.window is not None:
-        request[app_keys.RATE_LIMIT] = admitted.window
     try:
         if route.capabilities.native_messages:
             return await _count_upstream(request, route, raw, model)
     finally:
-        limits.settle(admitted, None)
+        ticket.settle(None)
     tokens = estimate_input_tokens(anthropic.messages_to_chat(body))
     return web.Response(
         body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -41,9 +41,14 @@ from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_us
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.controls import read_controls
+from llmgw.cache.entry import Entry
+from llmgw.cache.flight import Flight, FlightFailed
+from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
 from llmgw.config import Settings
-from llmgw.errors import GatewayError, ProviderError, UpstreamUnavailable
-from llmgw.limits.policy import Admitted
+from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
+from llmgw.limits.caps import CapHold
+from llmgw.limits.policy import Ticket
 from llmgw.providers.base import (
     REASONING_PARAMS,
     ChatStream,
@@ -54,7 +59,6 @@ from llmgw.providers.base import (
     UpstreamResponse,
 )
 from llmgw.providers.fallback import Answer, FallbackChain
-from llmgw.routing.caps import CapHold
 from llmgw.streaming.continuation import (
     Continuation,
     Resumed,
@@ -62,6 +66,7 @@ from llmgw.streaming.continuation import (
     with_output_budget,
 )
 from llmgw.streaming.relay import relay_stream, sse_error_event
+from llmgw.streaming.replay import replay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
@@ -109,6 +114,8 @@ class Operation:
     # The caller's headers (lower-case names) the provider is sent with that body: those of its
     # API that say how to read it (``anthropic-beta``). See UpstreamCall.caller_headers.
     caller_headers: tuple[str, ...] = ()
+    # The API's name in the response cache's keys (llmgw.cache.key); None: never cached.
+    cache_api: str | None = None
     # The gateway's own error in a stream relayed as the provider sent it (no codec), in the
     # caller's API: chat's ``data: {"error": ...}`` unless said.
     stream_error_event: Callable[[GatewayError], bytes] = sse_error_event
@@ -138,7 +145,7 @@ class Exchange:
     request: web.Request
     key: AuthenticatedKey
     body: dict[str, Any]
-    admitted: Admitted
+    ticket: Ticket  # its admission: settled when it ends (with the usage record)
     observation: ChatObservation
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
@@ -157,6 +164,12 @@ class Exchange:
     # Every deployment the request was sent to, in order, and how each ended.
     attempts: list[Attempt] = attrs.Factory(list)
     response_model: str | None = None  # the model the answer's last bytes came from
+    # Each of those holds with the tokens its attempt used, once the record is made.
+    caps_used: list[tuple[CapHold | None, int]] = attrs.Factory(list)
+    # The response cache's lookup whose answer this request fetches (a miss, or no-cache), and
+    # the JSON answer to store (a stream's events are recorded by the lookup itself).
+    cache: Lookup | None = None
+    cache_body: bytes | None = None
 
     def _estimate(self) -> tuple[int, int]:
         return estimate_input_tokens(self.body), estimate_output_tokens(self.output_chars)
@@ -230,7 +243,66 @@ class Exchange:
         except Exception:
             log.exception("the usage record of request %s could not be built", self._request_id)
             record = self._bare_record(status, outcome, error_type)
-        self.request.app[app_keys.USAGE](record, self.admitted)
+        self._settle_cache(record)
+        self.request.app[app_keys.USAGE](record, self.ticket, self.caps_used)
+
+    def finish_hit(
+        self,
+        entry: Entry,
+        *,
+        status: int = 200,
+        outcome: str = Outcome.COMPLETED,
+        error_type: str | None = None,
+    ) -> None:
+        """The request's one end when the cache answered: the stored answer's tokens, no
+        provider cost, and the cost it saved."""
+        if self.finished:
+            return
+        self.finished = True
+        usage = entry.usage
+        observation = self.observation
+        observation.response_model = entry.response_model
+        finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
+        record = self._usage_record(
+            status,
+            outcome,
+            error_type,
+            attrs.evolve(usage, cost_usd=0.0, cost_diem=None),
+            finished,
+            cache_hit=True,
+            saved_cost_usd=usage.cost_usd,
+        )
+        self.request.app[app_keys.USAGE](record, self.ticket, [])
+
+    def _settle_cache(self, record: UsageRecord) -> None:
+        """A complete answer with the provider's own usage is shared with the requests that
+        wait for it and stored; anything else is not, and they call on their own."""
+        lookup, self.cache = self.cache, None
+        if lookup is None:
+            return
+        cache = self.request.app[app_keys.CACHE]
+        if (
+            record.status != 200
+            or record.outcome != Outcome.COMPLETED
+            or record.usage_source != REPORTED
+            or (self.cache_body is None and not record.stream)
+        ):
+            cache.abandon(lookup)
+            return
+        cache.settle(
+            lookup,
+            usage=Usage(
+                input_tokens=record.input_tokens,
+                output_tokens=record.output_tokens,
+                cache_read_input_tokens=record.cache_read_input_tokens,
+                cache_creation_input_tokens=record.cache_creation_input_tokens,
+                cache_creation_1h_input_tokens=record.cache_creation_1h_input_tokens,
+                reasoning_output_tokens=record.reasoning_output_tokens,
+                cost_usd=record.cost_usd,
+            ),
+            body=self.cache_body,
+            response_model=record.response_model,
+        )
 
     @property
     def _request_id(self) -> str:
@@ -251,7 +323,7 @@ class Exchange:
                 final=self.usage_final,
             )
             each = [charged]
-        self._settle_caps([c.usage for c in each])
+        self.caps_used = self._caps_used([c.usage for c in each])
         self._log_answers(each, status, outcome, error_type)
         if charged.source != REPORTED:
             observation.usage = attrs.evolve(charged.usage, cost_usd=None)
@@ -287,17 +359,14 @@ class Exchange:
             last.ended, last.status, last.error = outcome, status, error_type
             last.response_model = self.response_model
 
-    def _settle_caps(self, attempts: list[Usage]) -> None:
-        """Settle each answering deployment's account-cap reservation at what its attempt used
-        (``attempts``: their usage, in the order they answered)."""
-        if not any(self.cap_holds):
-            return
-        charges = [
-            hold.charge((usage.input_tokens or 0) + (usage.output_tokens or 0))
+    def _caps_used(self, attempts: list[Usage]) -> list[tuple[CapHold | None, int]]:
+        """Each answering deployment's account-cap hold with the tokens its attempt used
+        (``attempts``: their usage, in the order they answered), for the ticket to settle."""
+        return [
+            (hold, (usage.input_tokens or 0) + (usage.output_tokens or 0))
             for hold, usage in zip(self.cap_holds, attempts, strict=False)
             if hold is not None
         ]
-        self.request.app[app_keys.LIMITS].charge(c for c in charges if c is not None)
 
     def _charge_attempts(self) -> tuple[Charged, list[Charged]]:
         """A continued answer's charge: each stream attempt charged on its own, at its own
@@ -389,6 +458,8 @@ class Exchange:
         usage_source: str = "reported",
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
+        cache_hit: bool = False,
+        saved_cost_usd: float | None = None,
     ) -> UsageRecord:
         observation = self.observation
         attributes = observation.metric_attributes
@@ -434,6 +505,8 @@ class Exchange:
             flags=flags,
             attempts=max(1, len(attempts)),
             attempt_log=tuple(attempt.as_json() for attempt in attempts),
+            cache_hit=cache_hit,
+            saved_cost_usd=saved_cost_usd,
         )
 
 
@@ -479,20 +552,163 @@ async def proxy(
         ),
     )
     translate_errors = codec is not None
-    if not stream:
-        return await observe_upstream(
-            exchange,
-            functools.partial(_complete, operation, route, call, exchange, caller_body),
-            translate_errors=translate_errors,
+
+    def translator() -> StreamTranslator | None:
+        return (
+            codec.stream_translator(
+                request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+            )
+            if codec is not None
+            else None
         )
-    translator = (
-        codec.stream_translator(
-            request=caller_body, estimated_input_tokens=estimate_input_tokens(body)
+
+    cache = request.app.get(app_keys.CACHE)
+    if cache is not None and operation.cache_api is not None:
+        cached = await _from_cache(
+            cache, operation, exchange, model, caller_body, stream, hide_usage_chunk, translator
         )
-        if codec is not None
-        else None
-    )
-    return await _stream(request, operation, route, call, exchange, hide_usage_chunk, translator)
+        if cached is not None:
+            return cached
+    try:
+        if not stream:
+            return await observe_upstream(
+                exchange,
+                functools.partial(_complete, operation, route, call, exchange, caller_body),
+                translate_errors=translate_errors,
+            )
+        return await _stream(
+            request, operation, route, call, exchange, hide_usage_chunk, translator()
+        )
+    finally:
+        if exchange.cache is not None and cache is not None:
+            cache.abandon(exchange.cache)  # whatever ended it without an answer to share
+
+
+async def _from_cache(
+    cache: ResponseCache,
+    operation: Operation,
+    exchange: Exchange,
+    model: str,
+    caller_body: dict[str, Any],
+    stream: bool,
+    hide_usage_chunk: bool,
+    translator: Callable[[], StreamTranslator | None],
+) -> web.StreamResponse | None:
+    """The answer from the cache (a stored one, or one in flight), or None: the request calls
+    the provider, and ``exchange.cache`` says whether its answer is to be stored."""
+    assert operation.cache_api is not None
+    request, key = exchange.request, exchange.key
+    try:
+        lookup = await cache.lookup(
+            api=operation.cache_api,
+            model=model,
+            body=caller_body,
+            key_id=str(key.id),
+            subject_id=None if key.subject_id is None else str(key.subject_id),
+            controls=read_controls(request.headers),
+        )
+    except BaseException:
+        exchange.finish(
+            status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
+        )
+        raise
+    headers = request.setdefault(app_keys.RESPONSE_HEADERS, {})
+    headers[CACHE_HEADER] = lookup.result
+    exchange.observation.tracer_span.set_attribute(sc.LLMGW_CACHE_RESULT, lookup.result)
+    entry = lookup.entry
+    if lookup.follows is not None:
+        if stream and await lookup.follows.first_event():
+            headers["Age"] = "0"
+            return await _replay(
+                exchange, operation, lookup.follows, hide_usage_chunk, translator()
+            )
+        if not stream:
+            entry = await lookup.follows.answer()
+        if entry is None:
+            # The leader's call failed: this one calls on its own (and shares with no one).
+            headers[CACHE_HEADER] = MISS
+            exchange.observation.tracer_span.set_attribute(sc.LLMGW_CACHE_RESULT, MISS)
+            return None
+    if entry is None:
+        if lookup.key is not None and (lookup.leads is not None or lookup.ttl > 0):
+            exchange.cache = lookup
+        return None
+    headers["Age"] = str(int(lookup.age))
+    if stream:
+        return await _replay(exchange, operation, entry, hide_usage_chunk, translator())
+    try:
+        body = entry.json_body()
+        if operation.codec is not None:
+            body = await _translate(operation.codec, orjson.loads(body), caller_body, "the cache")
+    except BaseException:
+        exchange.finish_hit(entry, status=500, outcome=Outcome.FAILED, error_type="internal_error")
+        raise
+    exchange.finish_hit(entry)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _events(events: tuple[bytes, ...]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
+
+
+async def _followed(flight: Flight) -> AsyncIterator[bytes]:
+    try:
+        async for event in flight.stream():
+            yield event
+    except FlightFailed:
+        raise UpstreamUnavailable(
+            "The provider ended the stream before it was complete.",
+            code="upstream_stream_incomplete",
+        ) from None
+
+
+async def _replay(
+    exchange: Exchange,
+    operation: Operation,
+    answer: Entry | Flight,
+    hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
+) -> web.StreamResponse:
+    """A hit (a stored entry) or a follower (the flight it follows), streamed; its one record
+    made when the stream ends."""
+    events = _events(answer.chunk_events()) if isinstance(answer, Entry) else _followed(answer)
+    failed: GatewayError | None = None
+    cancelled = False
+    try:
+        response, failed = await replay_stream(
+            exchange.request,
+            events,
+            hide_usage_chunk=hide_usage_chunk,
+            translator=translator,
+            error_event=operation.stream_error_event,
+        )
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        cancelled = True
+        raise
+    except BaseException:
+        failed = InternalError("The gateway failed unexpectedly; see its logs.")
+        raise
+    finally:
+        entry = answer if isinstance(answer, Entry) else answer.entry
+        if entry is None:  # the leader's stream broke: nothing was answered, nothing is billed
+            exchange.finish(
+                status=CLIENT_CLOSED_REQUEST if cancelled else 200,
+                outcome=Outcome.CANCELLED if cancelled else Outcome.FAILED,
+                error_type="cancelled" if cancelled else "upstream_stream_incomplete",
+            )
+        elif cancelled:
+            exchange.finish_hit(
+                entry,
+                status=CLIENT_CLOSED_REQUEST,
+                outcome=Outcome.CANCELLED,
+                error_type="cancelled",
+            )
+        elif failed is not None:
+            exchange.finish_hit(entry, outcome=Outcome.FAILED, error_type=failed.error_kind)
+        else:
+            exchange.finish_hit(entry)
 
 
 @attrs.frozen
@@ -523,18 +739,14 @@ async def start_call(
     refuse_control_characters(upstream.model)
     app = request.app
     route = app[app_keys.PROVIDERS].resolve(upstream.model)
-    limits = app[app_keys.LIMITS]
-    admitted = await limits.admit(
-        key,
+    ticket = request[app_keys.TICKET]  # the middleware's admission
+    await ticket.reserve(
         model=upstream.model,
         body=upstream.fields,
         deployments=route.deployments,
         produces_output=upstream.produces_output,
-        window_counted=app_keys.RATE_LIMIT in request,
         metered=upstream.metered,
     )
-    if admitted.window is not None:
-        request[app_keys.RATE_LIMIT] = admitted.window
     try:
         telemetry = app[app_keys.TELEMETRY]
         observation = ChatObservation.start(
@@ -551,11 +763,11 @@ async def start_call(
             capture_content=telemetry.capture_content,
         )
         exchange = Exchange(
-            request, key, upstream.fields, admitted, observation, metered=upstream.metered
+            request, key, upstream.fields, ticket, observation, metered=upstream.metered
         )
         call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
-        limits.settle(admitted, None)  # nothing was used: give it back
+        ticket.settle(None)  # nothing was used: give it back
         raise
     return route, call, exchange
 
@@ -592,6 +804,7 @@ def _upstream_call(
         reasoning_params=upstream.reasoning_params,
         caller_headers=upstream.caller_headers,
         caller=str(exchange.key.id),
+        admission=exchange.ticket,  # routing counts provider account caps on it
     )
 
 
@@ -637,6 +850,7 @@ async def _stream(
         on_end=exchange.stream_ended,
         translator=translator,
         continuation=continuation,
+        tap=exchange.cache,
         error_event=operation.stream_error_event,
     )
 
@@ -697,6 +911,16 @@ async def _open_continuation(
     return await operation.open_stream(provider, call)
 
 
+def _finished(document: dict[str, Any]) -> bool:
+    """A whole answer: every choice of a completion ended (an embedding has none)."""
+    choices = document.get("choices")
+    if choices is None:
+        return True
+    return isinstance(choices, list) and all(
+        isinstance(c, dict) and c.get("finish_reason") is not None for c in choices
+    )
+
+
 async def _complete(
     operation: Operation,
     route: FallbackChain,
@@ -735,6 +959,8 @@ async def _complete(
         exchange.metered = operation.meter.answered(document) or exchange.metered
     # Translated before the exchange finishes: an answer that cannot be translated is recorded as
     # the failure the caller gets (with the usage the provider reported), not as a success.
+    if exchange.cache is not None and result.status == 200 and _finished(document):
+        exchange.cache_body = result.body  # the provider's own bytes: a hit sends them as they are
     if operation.codec is None:
         body, content_type = result.body, result.content_type
     else:

@@ -20,6 +20,7 @@ from llmgw import app_keys
 from llmgw.api.body import read_json_object
 from llmgw.api.pipeline import Operation, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.key import RESPONSES as RESPONSES_API
 from llmgw.errors import GatewayError, InvalidRequest, NotFound
 from llmgw.storage.responses import ResponseStore, StoredResponse
 from llmgw.streaming.translate import StreamTranslator
@@ -199,6 +200,7 @@ _TRANSLATED = Operation(
     name=sc.OPERATION_CHAT,
     validate=translation.validate_request,
     complete=lambda provider, call: provider.chat_completion(call),
+    cache_api=RESPONSES_API,  # when it neither stores nor continues (llmgw.cache.key.cacheable)
 )
 _NATIVE = Operation(
     name=sc.OPERATION_CHAT,

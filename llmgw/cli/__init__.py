@@ -1,5 +1,5 @@
 """The ``llmgw`` command line: serve, keys, db, usage, budgets, responses, routes,
-providers and smoke. Parsing only."""
+providers, cache and smoke. Parsing only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from llmgw import __version__
-from llmgw.cli import budgets, db, keys, providers, responses, routes, serve, smoke, usage
+from llmgw.cli import budgets, cache, db, keys, providers, responses, routes, serve, smoke, usage
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help
 from llmgw.config import ConfigError
 
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     responses.register(commands)
     routes.register(commands)
     providers.register(commands)
+    cache.register(commands)
     return parser
 
 

@@ -158,12 +158,36 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         "postgres",
         "where limits live (windows, reservations, concurrency): postgres or redis",
     ),
-    EnvVar("REDIS_URL", None, "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis"),
+    EnvVar(
+        "REDIS_URL",
+        None,
+        "redis://host:port/db, used when RATE_LIMIT_BACKEND=redis or LLMGW_CACHE=redis",
+    ),
+    EnvVar("LLMGW_CACHE", "off", "the response cache: off, memory or redis (REDIS_URL)"),
+    EnvVar("CACHE_TTL_SECONDS", "3600", "how long a cached answer is served, in seconds"),
+    EnvVar(
+        "CACHE_MAX_BYTES",
+        "268435456",
+        "memory cache: bytes held at most; least recently used entries are evicted first",
+    ),
+    EnvVar("CACHE_MAX_ENTRY_BYTES", "4194304", "a larger answer is not cached"),
+    EnvVar(
+        "CACHE_SCOPE",
+        "key",
+        "who may hit an entry: key (the key that stored it), subject, team or shared (every key)",
+    ),
     EnvVar(
         "LIMIT_SLICE_REQUESTS",
-        "0",
-        "capacity leases: the largest slice of a key's limits a replica takes at once, in "
-        "requests, e.g. 64 (0 = off: every admission is a round trip to the limit store)",
+        "64",
+        "capacity leases, for keys busy on a replica (a few hundred admissions a second): the "
+        "largest slice of a key's limits a replica takes at once, in requests (0 = off: every "
+        "admission is a round trip to the limit store)",
+    ),
+    EnvVar(
+        "LIMIT_SLICE_BUSY_RATE",
+        "200",
+        "capacity leases: admissions a second on a replica from which a key takes slices (off "
+        "again below half of it); 0 = every key takes slices",
     ),
     EnvVar(
         "LIMIT_SLICE_SECONDS",
@@ -225,7 +249,13 @@ class Settings:
     upstream_max_event_bytes: int = 1_048_576
     rate_limit_backend: str = "postgres"
     redis_url: str | None = attrs.field(default=None, repr=False)
-    limit_slice_requests: int = 0
+    cache: str = "off"  # off | memory | redis
+    cache_ttl_seconds: float = 3600.0
+    cache_max_bytes: int = 256 * 1024 * 1024
+    cache_max_entry_bytes: int = 4 * 1024 * 1024
+    cache_scope: str = "key"  # key | subject | team | shared
+    limit_slice_requests: int = 64
+    limit_slice_busy_rate: float = 200.0
     limit_slice_seconds: float = 10.0
     default_max_output_tokens: int = 4096
     price_refresh_seconds: float = 3600.0
@@ -269,10 +299,15 @@ def load_settings(
     )
     if backend == "redis" and redis_url is None:
         raise ConfigError("REDIS_URL", None, "redis://host:port/db when RATE_LIMIT_BACKEND=redis")
-    if backend == "redis" and importlib.util.find_spec("redis") is None:
+    cache = reader.get(
+        "LLMGW_CACHE", _parse_choice("off", "memory", "redis"), "off, memory or redis"
+    )
+    if cache == "redis" and redis_url is None:
+        raise ConfigError("REDIS_URL", None, "redis://host:port/db when LLMGW_CACHE=redis")
+    if "redis" in (backend, cache) and importlib.util.find_spec("redis") is None:
         raise ConfigError(
-            "RATE_LIMIT_BACKEND",
-            backend,
+            "RATE_LIMIT_BACKEND" if backend == "redis" else "LLMGW_CACHE",
+            "redis",
             "postgres, or install the extra: pip install 'llmgw[redis]'",
         )
     providers: tuple[ProviderSpec, ...] = ()
@@ -341,8 +376,26 @@ def load_settings(
         ),
         rate_limit_backend=backend,
         redis_url=redis_url,
+        cache=cache,
+        cache_ttl_seconds=reader.get(
+            "CACHE_TTL_SECONDS", _parse_positive_float, "a positive number of seconds"
+        ),
+        cache_max_bytes=reader.get(
+            "CACHE_MAX_BYTES", _parse_int(1024, 1 << 42), "an integer >= 1024 (bytes)"
+        ),
+        cache_max_entry_bytes=reader.get(
+            "CACHE_MAX_ENTRY_BYTES", _parse_int(1, 1 << 31), "a positive integer (bytes)"
+        ),
+        cache_scope=reader.get(
+            "CACHE_SCOPE",
+            _parse_choice("key", "subject", "team", "shared"),
+            "key, subject, team or shared",
+        ),
         limit_slice_requests=reader.get(
             "LIMIT_SLICE_REQUESTS", _parse_int(0, 1_000_000), "an integer 0-1000000"
+        ),
+        limit_slice_busy_rate=reader.get(
+            "LIMIT_SLICE_BUSY_RATE", _parse_non_negative_float, "a number of admissions a second"
         ),
         limit_slice_seconds=reader.get(
             "LIMIT_SLICE_SECONDS", _parse_positive_float, "a positive number of seconds"

@@ -30,7 +30,7 @@
     rpm = 500                        # optional: the account's requests per minute, and
     tpm = 200000                     #   tokens per minute (a request's worst case), counted
                                      #   across replicas; a deployment of a provider at its
-                                     #   cap is skipped (llmgw.routing.caps); default: no cap
+                                     #   cap is skipped (llmgw.limits.caps); default: no cap
     input_usd_per_mtok = 0.15        # optional price of every model of this provider, USD per
     output_usd_per_mtok = 0.60       #   million tokens (Venice publishes its own; these win)
 
@@ -368,6 +368,8 @@ class ModelAlias:
     alias: str
     deployments: tuple[DeploymentSpec, ...]  # tried in order, after the strategy's first choice
     strategy: Strategy = ORDERED
+    cache: bool = True  # False: the response cache is never read or written for this alias
+    cache_ttl_seconds: float | None = None  # None: CACHE_TTL_SECONDS
 
 
 def _strip(name: str) -> str:
@@ -384,6 +386,10 @@ class _ModelTable:
     )
     strategy: StrategyName = "ordered"
     weights: tuple[float, ...] | None = None
+    cache: bool = True
+    cache_ttl_seconds: float | None = attrs.field(
+        default=None, validator=check(lambda v: v is None or v > 0, "a positive number of seconds")
+    )
 
 
 @attrs.frozen
@@ -544,7 +550,13 @@ def _model_alias(
                 f"providers are {', '.join(show(k) for k in known)}",
             )
         deployments.append(DeploymentSpec(provider, model.strip()))
-    return ModelAlias(entry.alias, tuple(deployments), _strategy(entry, table, where))
+    return ModelAlias(
+        entry.alias,
+        tuple(deployments),
+        _strategy(entry, table, where),
+        cache=entry.cache,
+        cache_ttl_seconds=entry.cache_ttl_seconds,
+    )
 
 
 def _strategy(entry: _ModelTable, table: dict[str, Any], where: str) -> Strategy:

@@ -15,10 +15,11 @@ requests' worth, under a lease id of its own) and admits from its slices in memo
   rate of use (never more than two slices early);
 - slices live under a lease: a killed replica's unused slices come back when the lease expires
   (``slice_seconds``; renewed while the replica lives). The request window is also a counter here
-  (``window:<key>:<seconds>:<start>``) whose slices last until the window ends: a hit, once used,
-  must not come back within its window;
+  (``window:<key>:<seconds>:<start>``): a hit, once admitted, must not come back within its window,
+  so what a window slice admitted is reported to the store as *used* every tick (the lease keeps
+  the rest) and only the rest comes back when the lease expires;
 - usage is pushed to the store in the background (off the request path) every tick: a slice whose
-  amount is used up is settled at its amount, and idle replicas (nothing admitted since the last tick) and
+  amount is used up is settled at its amount, a window slice's hits are reported as used, and idle replicas (nothing admitted since the last tick) and
   contended counters (a slice was refused) give their unused slices back; ``close`` gives back
   everything that is not in use;
 - fail closed: when a round trip to the store fails, nothing is admitted locally until one works
@@ -36,7 +37,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 import attrs
 
@@ -56,8 +57,8 @@ __all__ = ["LeasedLimitStore"]
 log = logging.getLogger(__name__)
 
 _WINDOW = "window"
-# A window slice outlives its window by this much: its counter is named after the window, so a
-# slice that lasts a little longer holds nothing anyone else could use.
+# A quiet key's bare hit is held this much past its window's end: its counter is named after the
+# window, so holding it a little longer holds nothing anyone else could use.
 _WINDOW_MARGIN_SECONDS = 5.0
 
 
@@ -78,7 +79,6 @@ class _Part:
 
     amount: float
     deadline: float
-    renewable: bool
 
 
 @attrs.define(slots=True)
@@ -109,6 +109,12 @@ class _Pool:
         self.granted = sum(part.amount for part in self.parts.values()) if self.parts else 0.0
         self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
 
+    def shrink(self, lease_id: uuid.UUID, amount: float) -> None:
+        """``amount`` of a part was reported used: it is the store's now, no longer this pool's."""
+        self.parts[lease_id].amount -= amount
+        self.consumed -= amount
+        self.granted = sum(part.amount for part in self.parts.values())
+
     def renewed(self) -> None:
         self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
 
@@ -120,6 +126,25 @@ class _Pool:
                     self.remove(lease_id)
                     self.consumed = max(0.0, self.consumed - part.amount)
         return self.granted - self.in_use - self.consumed
+
+
+@attrs.define(slots=True)
+class _Key:
+    """A key's admissions on this replica since the last tick, and whether it takes slices."""
+
+    admitted: int = 0
+    waited: float = 0.0  # seconds its store round trips took, together
+    round_trip: float = 0.0  # the mean of those, when it last had any
+    sliced: bool = False
+
+
+async def _whole(call: Awaitable[None]) -> None:
+    """``call``, run to its end even if the caller is cancelled meanwhile (the policy's
+    background tasks are, at shutdown): a store call cut off mid-flight can leave its client
+    hanging (seen with redis-py)."""
+    task = asyncio.ensure_future(call)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    await asyncio.shield(task)
 
 
 def _fits(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> bool:
@@ -148,9 +173,14 @@ class LeasedLimitStore:
         slice_requests: int = 64,
         slice_seconds: float = 10.0,
         tick_seconds: float = 0.25,
+        busy_rate: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self._busy_rate = busy_rate
+        self._keys: dict[Hashable, _Key] = {}
+        self._direct: set[uuid.UUID] = set()  # requests the store admitted (quiet keys)
+        self._hits: list[Charge] = []  # quiet keys' window hits, to be settled as used
         self._max_size = float(max(1, slice_requests))
         self._slice_seconds = slice_seconds
         self._tick_seconds = tick_seconds
@@ -159,6 +189,7 @@ class LeasedLimitStore:
         self._requests: dict[uuid.UUID, dict[str, float]] = {}  # what each request holds
         self._cancels: list[tuple[uuid.UUID, tuple[str, ...]]] = []  # slices cut off in flight
         self._unsent: list[Charge] = []  # slices settled here, not yet in the store
+        self._using: list[Charge] = []  # window slices' hits, not yet reported used
         self._refilling: dict[tuple[str, ...], asyncio.Lock] = {}
         self._pushing = asyncio.Lock()
         self._down = False
@@ -171,7 +202,8 @@ class LeasedLimitStore:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[None]] = set()
-        self._prefetching: set[tuple[str, ...]] = set()  # started, not yet holding their lock
+        self._prefetching: set[tuple[str, ...]] = set()  # prefetches under way
+        self._starving: dict[tuple[str, ...], int] = {}  # admissions waiting for a refill
         self._closing = False
 
     # Lifecycle --------------------------------------------------------------------------------
@@ -217,6 +249,23 @@ class LeasedLimitStore:
         return result.window
 
     async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        if self._busy_rate:
+            window = admission.window
+            key: Hashable = (
+                window.key_id
+                if window is not None
+                else tuple(r.counter for r in admission.reservations)
+            )
+            state = self._keys.get(key)
+            if state is None:
+                state = self._keys[key] = _Key()
+            state.admitted += 1
+            if not state.sliced:
+                sent = self._clock()
+                try:
+                    return await self._admit_directly(admission, settling)
+                finally:
+                    state.waited += self._clock() - sent
         if settling:
             await self.settle(settling)
         now = self._clock()
@@ -233,13 +282,19 @@ class LeasedLimitStore:
         if self._down or not _fits(wanted, pools, now):
             names = tuple(sorted(r.counter for r in wanted))
             lock = self._refilling.setdefault(names, asyncio.Lock())
-            async with lock:
-                refused = await self._refill(wanted, reset)
+            self._starving[names] = self._starving.get(names, 0) + 1
+            try:
+                async with lock:
+                    refused = await self._refill(wanted, names)
+            finally:
+                self._starving[names] -= 1
+                if not self._starving[names]:
+                    del self._starving[names]
             pools = [self._pool(r) for r in wanted]  # a push meanwhile may have dropped some
         if refused is None:
             self._take(admission.lease_id, wanted, pools)
             if not self._down and _low(wanted, pools, now, self._lead):
-                self._prefetch(wanted, reset)
+                self._prefetch(wanted)
         decision = None
         if window is not None:
             window_pool = pools[-1]
@@ -249,6 +304,69 @@ class LeasedLimitStore:
             if not allowed:
                 return AdmissionResult(decision)
         return AdmissionResult(decision, refused)
+
+    async def _admit_directly(
+        self, admission: Admission, settling: Sequence[Charge]
+    ) -> AdmissionResult:
+        """A quiet key's admission: one store round trip, as without slices, carrying what is
+        to be settled in the store. Its window is the counter busy keys take slices of (a key
+        that turns busy, or quiet again, mid-window is counted in one place on every replica),
+        reserved under the request's lease and settled as used with the next round trip; the
+        store's figures make its headers exact."""
+        now = self._clock()
+        window = admission.window
+        reservations = list(admission.reservations)
+        window_counter = ""
+        reset = 0.0
+        if window is not None:
+            window_reservation, reset = self._window_reservation(window, now)
+            window_counter = window_reservation.counter
+            reservations.append(window_reservation)
+        # One locking order (by name) for every store, as the policy's admissions.
+        reservations.sort(key=lambda r: r.counter)
+        # A bare hit (a key with nothing else to reserve) is held until its window ends: no
+        # settlement to send, and none to lose should this replica die.
+        bare = not admission.reservations
+        lease_seconds = reset + _WINDOW_MARGIN_SECONDS if bare else admission.lease_seconds
+        local = [c for c in settling if c.lease_id in self._requests]
+        if local:
+            await self.settle(local)
+        carried = [c for c in settling if c.lease_id not in self._requests]
+        hits, self._hits = self._hits, []
+        self._direct.add(admission.lease_id)
+        try:
+            result = await self.store.admit(
+                attrs.evolve(
+                    admission,
+                    lease_seconds=lease_seconds,
+                    window=None,
+                    reservations=tuple(reservations),
+                ),
+                [*carried, *hits],
+            )
+        except BaseException:
+            self._hits[:0] = hits  # sent again: a hit settled twice refuses early, never late
+            if bare:
+                self._direct.discard(admission.lease_id)  # nobody cancels a bare hit
+            if window_counter:
+                # It may still land: its window hit is taken back with the next push.
+                self._cancels.append((admission.lease_id, (window_counter,)))
+            raise
+        if not result.admitted or bare:
+            self._direct.discard(admission.lease_id)  # nothing for anyone to settle
+        if result.cancelled or window is None:
+            return result
+        if result.refused is not None and result.refused.counter == window_counter:
+            return AdmissionResult(RateLimitDecision(False, window.limit, 0, reset))
+        remaining = 0
+        if result.refused is None:
+            if not bare:
+                # Used, not reserved: a hit never comes back within its window.
+                self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
+            at = next(i for i, r in enumerate(reservations) if r.counter == window_counter)
+            remaining = max(0, math.floor(window.limit - result.taken[at] + 1e-9))
+        decision = RateLimitDecision(True, window.limit, remaining, reset)
+        return AdmissionResult(decision, result.refused, taken=result.taken)
 
     def _pool(self, reservation: Reservation) -> _Pool:
         pool = self._pools.get(reservation.counter)
@@ -272,28 +390,33 @@ class LeasedLimitStore:
         if taken:
             self._requests[lease_id] = taken
 
-    async def _refill(self, wanted: Sequence[Reservation], reset: float) -> Reservation | None:
-        """Take slices until the request fits (None) or the store refuses what it lacks;
-        ``reset``: seconds until the request's window ends."""
+    async def _refill(
+        self, wanted: Sequence[Reservation], names: tuple[str, ...]
+    ) -> Reservation | None:
+        """Take slices until the request fits (None) or the store refuses what it lacks. One
+        refill at a time per key (``names``), sized for every admission waiting for one: they
+        are served by one round trip instead of one after another."""
         while True:
             now = self._clock()
             short = [r for r in wanted if self._down or self._pool(r).free(now) < r.amount]
             if not short:
                 return None
-            refused = await self._take_slices(short, wanted, reset)
+            refused = await self._take_slices(short, wanted, self._starving.get(names, 1))
             if refused is not None:
                 return refused
 
     async def _take_slices(
-        self, short: Sequence[Reservation], wanted: Sequence[Reservation], reset: float
+        self, short: Sequence[Reservation], wanted: Sequence[Reservation], waiting: int = 1
     ) -> Reservation | None:
+        """One slice round trip for the ``short`` counters; ``waiting``: admissions waiting for it
+        (a grown slice covers them all; near a cap, single units, slices cover one)."""
         now = self._clock()
-        # Window slices last until their window ends, the others until their lease does.
-        groups: dict[float, list[Reservation]] = {}
+        slices = []
         for reservation in short:
             pool = self._pool(reservation)
             lacking = max(0.0, reservation.amount - pool.free(now))
-            whole = reservation.amount * pool.size
+            size = min(self._max_size, max(pool.size, waiting)) if pool.size > 1 else 1.0
+            whole = reservation.amount * size
             # At a busy key (its next slice is due by its rate, see _low) a whole slice: a top-up
             # taken early is a sliver, as many round trips on the key's shared rows as requests.
             # Otherwise a top-up to one slice: a replica holding a slice and a whole one more
@@ -302,47 +425,39 @@ class LeasedLimitStore:
             if pool.rate * self._lead <= whole / 2:
                 whole -= pool.free(now)
             amount = min(max(lacking, whole), pool.cap)
-            seconds = self._slice_seconds
-            if _is_window(reservation.counter):
-                seconds = reset + _WINDOW_MARGIN_SECONDS
-            groups.setdefault(seconds, []).append(
-                attrs.evolve(reservation, amount=max(amount, lacking))
-            )
-        if len(groups) == 1:  # the usual refill: no task to start
-            [(seconds, slices)] = groups.items()
-            return await self._take_slice(seconds, slices, wanted)
-        # At once, not one after the other: a request waiting for both waits for one round trip.
-        results = await asyncio.gather(
-            *(self._take_slice(seconds, slices, wanted) for seconds, slices in groups.items())
-        )
-        return next((refused for refused in results if refused is not None), None)
+            slices.append(attrs.evolve(reservation, amount=max(amount, lacking)))
+        return await self._take_slice(slices, wanted)
 
-    def _prefetch(self, wanted: Sequence[Reservation], reset: float) -> None:
+    def _prefetch(self, wanted: Sequence[Reservation]) -> None:
         """Take the next slices in the background before these run out, so that admissions do
         not wait for the round trip (unless one is already under way)."""
         names = tuple(sorted(r.counter for r in wanted))
-        lock = self._refilling.setdefault(names, asyncio.Lock())
-        # One at a time: until its task runs, the lock is free and every admission would start one.
-        if lock.locked() or names in self._prefetching:
+        refilling = self._refilling.get(names)
+        # One at a time, and none while a refill is under way (it brings what is needed).
+        if (refilling is not None and refilling.locked()) or names in self._prefetching:
             return
         self._prefetching.add(names)
 
         async def prefetching() -> None:
-            self._prefetching.discard(names)
-            async with lock:
+            # Not under the refill lock: an admission that finds nothing left (starving) sends
+            # its own slice request at once instead of waiting for this one, which may be
+            # refused or fall short (near a cap it only tops up).
+            try:
                 pools = [self._pool(r) for r in wanted]
                 low = _low(wanted, pools, self._clock(), self._lead)
                 if low:
                     # Once, not until it is enough: near a cap a refusal only shrinks the next.
                     with contextlib.suppress(ServiceUnavailable):
-                        await self._take_slices(low, wanted, reset)
+                        await self._take_slices(low, wanted)
+            finally:
+                self._prefetching.discard(names)
 
         task = asyncio.create_task(prefetching(), name="llmgw-limits-slices-prefetch")
         self._prefetches.add(task)
         task.add_done_callback(self._prefetches.discard)
 
     async def _take_slice(
-        self, seconds: float, slices: list[Reservation], wanted: Sequence[Reservation]
+        self, slices: list[Reservation], wanted: Sequence[Reservation]
     ) -> Reservation | None:
         """One store admission for these slices; the request's refused reservation, if at its
         minimum the store still refuses."""
@@ -350,7 +465,9 @@ class LeasedLimitStore:
         counters = tuple(r.counter for r in slices)
         sent = self._clock()
         try:
-            result = await self.store.admit(Admission(lease_id, seconds, None, tuple(slices)))
+            result = await self.store.admit(
+                Admission(lease_id, self._slice_seconds, None, tuple(slices))
+            )
         except BaseException as exc:
             # Cut off: the store may still grant it, so it is taken back in the background.
             self._cancels.append((lease_id, counters))
@@ -364,10 +481,7 @@ class LeasedLimitStore:
         if result.refused is None:
             for reservation in slices:
                 pool = self._pool(reservation)
-                pool.add(
-                    lease_id,
-                    _Part(reservation.amount, sent + seconds, not _is_window(reservation.counter)),
-                )
+                pool.add(lease_id, _Part(reservation.amount, sent + self._slice_seconds))
                 pool.size = min(self._max_size, pool.size * 2)
             return None
         request = next(r for r in wanted if r.counter == result.refused.counter)
@@ -386,8 +500,11 @@ class LeasedLimitStore:
         """Settle requests locally; their usage reaches the store with the next tick's push, or
         at once in the background when a counter is contended (other replicas may be waiting
         for what this one gives back)."""
+        direct = [c for c in charges if c.lease_id in self._direct]
         contended = False
         for charge in charges:
+            if charge.lease_id in self._direct:
+                continue
             taken = self._requests.get(charge.lease_id, {})
             amount = taken.pop(charge.counter, 0.0)
             if not taken:
@@ -406,16 +523,46 @@ class LeasedLimitStore:
         # the slices.
         if contended:
             self._wake.set()
+        if direct:
+            # Requests the store admitted (quiet keys): settled there, at once; should the store
+            # not answer, with the next pushes (never raised: the policy need not queue them).
+            self._direct.difference_update(c.lease_id for c in direct)
+            try:
+                await _whole(self.store.settle(direct))
+            except ServiceUnavailable:
+                self._unsent.extend(direct)
+
+    async def use(self, charges: Sequence[Charge]) -> None:
+        """Use part of what requests took, locally; it reaches the store as their slices' use."""
+        for charge in charges:
+            taken = self._requests.get(charge.lease_id, {})
+            moved = min(taken.get(charge.counter, 0.0), charge.actual)
+            if charge.counter in taken:
+                taken[charge.counter] -= moved
+            pool = self._pools.get(charge.counter)
+            if pool is not None:
+                pool.in_use = max(0.0, pool.in_use - moved)
+                pool.consumed += charge.actual
+                pool.used += charge.actual
 
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
     ) -> None:
-        """Requests hold no lease of their own in the store: their slices are renewed here."""
+        """Requests admitted from slices hold no lease of their own in the store (their slices
+        are renewed by the ticks); those the store admitted (quiet keys) do."""
+        direct = [lease for lease in leases if lease[0] in self._direct]
+        if direct:
+            await _whole(self.store.renew(direct, seconds))
 
     async def cancel(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
     ) -> None:
-        """Give back what these requests took locally (an admission is never half done here)."""
+        """Give back what these requests took locally (an admission is never half done here),
+        and cancel in the store those it admitted."""
+        direct = [lease for lease in leases if lease[0] in self._direct]
+        if direct:
+            self._direct.difference_update(lease_id for lease_id, _ in direct)
+            await _whole(self.store.cancel(direct, seconds))
         for lease_id, _counters in leases:
             for name, amount in self._requests.pop(lease_id, {}).items():
                 pool = self._pools.get(name)
@@ -423,9 +570,10 @@ class LeasedLimitStore:
                     pool.in_use = max(0.0, pool.in_use - amount)
 
     async def push(self, *, give_back: bool = False) -> None:
-        """One round trip: settle used-up slices at their amount, give back unused slices of
-        idle or contended counters (all of them with ``give_back``), and take back slices cut off
-        in flight. Raises ServiceUnavailable if the store cannot be reached."""
+        """Settle used-up slices at their amount, give back unused slices of idle or contended
+        counters (all of them with ``give_back``), report what window slices admitted, and take
+        back slices cut off in flight (a round trip for each that has anything to send). Raises
+        ServiceUnavailable if the store cannot be reached."""
         async with self._pushing:
             now = self._clock()
             for name, pool in self._pools.items():
@@ -443,11 +591,29 @@ class LeasedLimitStore:
                     pool.remove(lease_id)
                     pool.consumed -= actual
                     self._unsent.append(Charge(lease_id, name, actual))
-            cancels, charges = self._cancels.copy(), self._unsent.copy()
+                if _is_window(name) and pool.consumed > 0 and pool.parts:
+                    # Hits are used once admitted: reported, so that should this replica die
+                    # the store gives back only the rest of the slice when its lease expires.
+                    lease_id = max(pool.parts, key=lambda held: pool.parts[held].amount)
+                    hits = min(pool.consumed, pool.parts[lease_id].amount)
+                    self._using.append(Charge(lease_id, name, hits))
+                    pool.shrink(lease_id, hits)
+            cancels, charges, using = self._cancels.copy(), self._unsent.copy(), self._using.copy()
             try:
                 if cancels:
                     await self.store.cancel(cancels, self._slice_seconds * 10)
                     del self._cancels[: len(cancels)]
+                if using:
+                    # Sent again if this fails, as settlements are.
+                    await self.store.use(using)
+                    del self._using[: len(using)]
+                quiet_hits, self._hits = self._hits, []
+                if quiet_hits:
+                    try:
+                        await self.store.settle(quiet_hits)
+                    except BaseException:
+                        self._hits[:0] = quiet_hits
+                        raise
                 if charges:
                     # Sent again if this fails: a slice settled twice only charges its use
                     # twice, which refuses a little early but never admits past a cap.
@@ -485,15 +651,38 @@ class LeasedLimitStore:
             pool.rate = pool.used / seconds
             pool.busy = pool.contended = False
             pool.used = 0.0
+        self._sort_keys(seconds)
         self._last_round_trip, self._round_trip = self._round_trip, 0.0
         self._lead = 2 * self._last_round_trip
+
+    def _sort_keys(self, seconds: float) -> None:
+        """Slices on for the keys busy over the last tick: that admitted at least
+        ``busy_rate`` a second, or whose round trips queued (on average more than one in flight
+        at once: many replicas on one key's rows each wait for the others, even at a low rate
+        each); off again below half of both (a key near the line does not flap). Keys that
+        admitted nothing are forgotten; a key turned quiet gives its slices back as any idle
+        counter does (the next tick's push)."""
+        keys = {}
+        for key, state in self._keys.items():
+            rate = state.admitted / seconds
+            if state.sliced:
+                # Its round trips, were it admitted by the store again: as long as the last ones
+                # it had, at the rate it has now (a slice makes no round trip per admission).
+                state.sliced = rate >= self._busy_rate / 2 or rate * state.round_trip >= 0.5
+            else:
+                if state.admitted:
+                    state.round_trip = state.waited / state.admitted
+                state.sliced = rate >= self._busy_rate or state.waited / seconds >= 1.0
+            if state.admitted or state.sliced:
+                keys[key] = state
+            state.admitted, state.waited = 0, 0.0
+        self._keys = keys
 
     async def _renew(self) -> None:
         by_lease: dict[uuid.UUID, list[str]] = {}
         for name, pool in self._pools.items():
-            for lease_id, part in pool.parts.items():
-                if part.renewable:
-                    by_lease.setdefault(lease_id, []).append(name)
+            for lease_id in pool.parts:
+                by_lease.setdefault(lease_id, []).append(name)
         sent = self._clock()
         if by_lease:
             try:

@@ -107,7 +107,11 @@ class MemoryLimitStore:
             self._windows[slot] = self._windows.get(slot, 0) + 1
         for reservation in admission.reservations:
             self._reserve(admission, reservation, now)
-        return AdmissionResult(decision)
+        taken = tuple(
+            self._counters[r.counter].used + self._counters[r.counter].reserved
+            for r in admission.reservations
+        )
+        return AdmissionResult(decision, taken=taken)
 
     def _reserve(self, admission: Admission, reservation: Reservation, now: float) -> None:
         counter = self._counters[reservation.counter]
@@ -123,6 +127,18 @@ class MemoryLimitStore:
             lease = counter.leases.pop(charge.lease_id, None)
             if lease is not None:
                 counter.reserved = max(0.0, counter.reserved - lease[0])
+            counter.used += charge.actual
+
+    async def use(self, charges: Sequence[Charge]) -> None:
+        for charge in charges:
+            counter = self._counters.get(charge.counter)
+            if counter is None:
+                continue
+            lease = counter.leases.get(charge.lease_id)
+            if lease is not None:
+                moved = min(lease[0], charge.actual)
+                counter.leases[charge.lease_id] = (lease[0] - moved, lease[1])
+                counter.reserved = max(0.0, counter.reserved - moved)
             counter.used += charge.actual
 
     async def renew(

@@ -51,6 +51,7 @@ from llmgw.accounting.usage import UsageRecord
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.background import cancel_and_wait
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
+from llmgw.limits.caps import AccountCap, CapHold, ProviderCaps
 from llmgw.limits.store import (
     Admission,
     AdmissionResult,
@@ -62,7 +63,7 @@ from llmgw.limits.store import (
 )
 from llmgw.providers.base import Deployment
 
-__all__ = ["Admitted", "LimitPolicy", "WorstCase"]
+__all__ = ["LimitPolicy", "Ticket", "WorstCase"]
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +114,63 @@ class WorstCase:
     cost_usd: float | None  # None: not priced (no budget applies)
 
 
-@attrs.frozen(slots=True)
-class Admitted:
-    """An admitted request: the window decision made with it (if any) and what it reserved."""
+@attrs.define(slots=True, eq=False)
+class Ticket:
+    """One request's admission, from the middleware's :meth:`LimitPolicy.admit` to the one
+    :meth:`settle` of the request's end.
 
+    Admission is made in steps as the request's facts become known, each a call on the ticket,
+    never a count of its own elsewhere: the request window when the key is known (unless the
+    key's reservations will count it in their own round trip), the model's limits once the
+    body is read (:meth:`reserve`: allowlist, tokens per minute, concurrency, budget), and each
+    deployment's provider account caps when routing chooses it (:meth:`take_cap`): which
+    deployment answers is routing's to decide, what it may cost is the ticket's."""
+
+    policy: LimitPolicy
+    key: AuthenticatedKey
     window: RateLimitDecision | None = None
+    window_deferred: bool = False  # counted with the reservations, in their round trip
     lease_id: uuid.UUID | None = None
     counters: tuple[str, ...] = ()
     worst: WorstCase | None = None
+    settled: bool = False
 
+    async def reserve(
+        self,
+        *,
+        model: str,
+        body: dict[str, Any],
+        deployments: Sequence[Deployment],
+        produces_output: bool,
+        metered: Metered | None = None,
+    ) -> None:
+        """Apply the model's limits to the request, or raise the error it breaks."""
+        await self.policy._reserve(
+            self,
+            model=model,
+            body=body,
+            deployments=deployments,
+            produces_output=produces_output,
+            metered=metered,
+        )
 
-_NOTHING_RESERVED = Admitted()
+    async def take_cap(self, provider: str, cap: AccountCap, body: bytes) -> CapHold | float:
+        """Count the attempt to send ``body`` to ``provider`` on its account caps (routing calls
+        this for each deployment it chooses): what holds it, or the seconds until it may."""
+        return await self.policy.caps.take(provider, cap, body)
+
+    def settle(
+        self, record: UsageRecord | None, caps: Sequence[tuple[CapHold | None, int]] = ()
+    ) -> None:
+        """The request ended: settle what it reserved at ``record``'s figures (None: it used
+        nothing) and each answering deployment's account caps at the tokens its attempt used
+        (``caps``); once, whatever calls it again. Never blocks, never raises."""
+        if self.settled:
+            return
+        self.settled = True
+        self.policy._settle(self, record)
+        charges = [hold.charge(tokens) for hold, tokens in caps if hold is not None]
+        self.policy.charge(c for c in charges if c is not None)
 
 
 def _float(cost: Decimal | None) -> float | None:
@@ -163,6 +210,9 @@ class LimitPolicy:
         self._settle_seconds = settle_seconds
         self._clock = clock
         self._on_window_refusal = on_window_refusal
+        # Providers' account caps, counted on this store (routing configures which are capped).
+        self.caps = ProviderCaps(clock=clock)
+        self.caps.use(store, default_max_output_tokens=default_max_output_tokens)
         self._live: dict[uuid.UUID, tuple[str, ...]] = {}
         self._charges: list[Charge] = []
         self._cancels: list[tuple[uuid.UUID, tuple[str, ...]]] = []
@@ -212,37 +262,36 @@ class LimitPolicy:
                 headers={"Retry-After": str(decision.retry_after), **decision.headers()},
             )
 
-    async def hit(self, key: AuthenticatedKey) -> RateLimitDecision:
-        """Count a request against its key's window; raise 429 when the window is full."""
+    async def admit(self, key: AuthenticatedKey, *, reserving: bool = False) -> Ticket:
+        """The one admission of an authenticated request: its ticket, with the request window
+        counted (429 when it is full), unless ``reserving`` (the request will :meth:`Ticket.
+        reserve` once its body is read) and the key has limits to reserve: then the window is
+        counted with them, in the same round trip."""
+        if reserving and self.reserves(key):
+            return Ticket(self, key, window_deferred=True)
         decision = await self.store.hit(self._window(key))
         self._check_window(key, decision)
-        return decision
+        return Ticket(self, key, window=decision)
 
-    async def admit(
+    async def _reserve(
         self,
-        key: AuthenticatedKey,
+        ticket: Ticket,
         *,
         model: str,
         body: dict[str, Any],
         deployments: Sequence[Deployment],
         produces_output: bool,
-        window_counted: bool,
         metered: Metered | None = None,
-    ) -> Admitted:
-        """Admit the request or raise the error it breaks; reserve its worst case if limits apply.
-
-        ``window_counted``: the window was already hit for this request (the middleware does that
-        for keys that reserve nothing, and for routes that do not admit here).
-        """
+    ) -> None:
+        """:meth:`Ticket.reserve`: the model's limits, or the error the request breaks."""
+        key = ticket.key
         if not key.allows_model(model):
             raise ModelNotAllowed(
                 f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowed_models))}.",
                 param="model",
             )
-        if not self.reserves(key):
-            if window_counted:
-                return _NOTHING_RESERVED
-            return Admitted(window=await self.hit(key))
+        if not self.reserves(key) or ticket.lease_id is not None:
+            return
         budgeted = key.subject_id is not None and key.monthly_budget_usd is not None
         await self.prices.loaded()
         worst = self.worst_case(
@@ -260,7 +309,7 @@ class LimitPolicy:
         admission = Admission(
             lease_id=lease_id,
             lease_seconds=self._lease_seconds,
-            window=None if window_counted else self._window(key),
+            window=self._window(key) if ticket.window_deferred else None,
             reservations=reservations,
         )
         try:
@@ -271,6 +320,7 @@ class LimitPolicy:
             self._queued()
             raise
         if result.window is not None:
+            ticket.window, ticket.window_deferred = result.window, False
             self._check_window(key, result.window)
         if result.refused is not None:
             refusal = self._refusal(key, result.refused, now)
@@ -278,7 +328,7 @@ class LimitPolicy:
                 refusal.headers = {**refusal.headers, **result.window.headers()}
             raise refusal
         self._live[lease_id] = counters
-        return Admitted(result.window, lease_id, counters, worst)
+        ticket.lease_id, ticket.counters, ticket.worst = lease_id, counters, worst
 
     async def _admit(self, admission: Admission, *, again: bool = True) -> AdmissionResult:
         """One store admission carrying the oldest queued settlements; once more if it was refused
@@ -469,28 +519,28 @@ class LimitPolicy:
 
     # Settlement -------------------------------------------------------------------------------
 
-    def settle(self, admitted: Admitted, record: UsageRecord | None) -> None:
-        """Queue the actual figures of a finished request (None: it used nothing, e.g. it failed
-        before any provider was called); never blocks, never raises."""
-        if admitted.lease_id is None:
+    def _settle(self, ticket: Ticket, record: UsageRecord | None) -> None:
+        """:meth:`Ticket.settle`: queue the actual figures of a finished request."""
+        if ticket.lease_id is None:
             return
-        self._live.pop(admitted.lease_id, None)
+        self._live.pop(ticket.lease_id, None)
+        # A cache hit used no provider's tokens: it counts against requests, never tokens.
         tokens = (
             0.0
-            if record is None
+            if record is None or record.cache_hit
             else float((record.input_tokens or 0) + (record.output_tokens or 0))
         )
         cost = 0.0 if record is None else float(record.cost_usd or 0)
         charges = []
-        for counter in admitted.counters:
+        for counter in ticket.counters:
             kind = counter.split(":", 1)[0]
             actual = tokens if kind == _TOKENS else cost if kind == _BUDGET else 0.0
-            charges.append(Charge(admitted.lease_id, counter, actual))
+            charges.append(Charge(ticket.lease_id, counter, actual))
         self.charge(charges)
 
     def charge(self, charges: Iterable[Charge]) -> None:
-        """Queue settlements of reservations made on the store outside :meth:`admit` (a
-        provider's account caps, ``llmgw.routing.caps``); never blocks, never raises."""
+        """Queue settlements (a ticket's reservations, its provider account caps); never blocks,
+        never raises."""
         self._charges.extend(charges)
         self._queued()
 

@@ -3,11 +3,12 @@
 A plain request window (keys with no reservable limit) is today's single ``INSERT … ON CONFLICT DO
 UPDATE … WHERE request_count < limit``: the row lock serialises concurrent requests on any number
 of replicas, so exactly ``limit`` of them see a row come back. A request with reservations calls
-``llmgw_limits_settle_then_admit`` (migration 0014), which does the window hit and every
+``llmgw_limits_settle_then_admit`` (migrations 0014 and 0017), which does the window hit and every
 reservation all or nothing in the same single statement, refuses a lease that
 ``llmgw_limits_cancel`` (migration 0010) cancelled first, and first settles the batch of
 settlements that rides along (so a busy replica's settlements cost no transaction of their own);
-``llmgw_limits_settle`` settles a batch by itself (an idle replica's).
+``llmgw_limits_settle`` settles a batch by itself (an idle replica's); ``llmgw_limits_use``
+(migration 0016) charges part of a live lease (a capacity lease's window slice, as it is used).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ SELECT * FROM llmgw_limits_settle_then_admit(
     $1::uuid[], $2::text[], $3::float8[], $4, $5, $6, $7, $8, $9, $10, $11, $12)
 """
 _SETTLE = "SELECT llmgw_limits_settle($1::uuid[], $2::text[], $3::float8[])"
+_USE = "SELECT llmgw_limits_use($1::uuid[], $2::text[], $3::float8[])"
 _CANCEL = "SELECT llmgw_limits_cancel($1::uuid[], $2::float8)"
 _RENEW = """
 UPDATE limit_leases SET expires_at = clock_timestamp() + make_interval(secs => $2)
@@ -147,12 +149,23 @@ class PostgresLimitStore:
         refused: int = row["refused"]
         if refused < 0:
             return AdmissionResult(None, cancelled=True)
-        return AdmissionResult(decision, reservations[refused - 1] if refused > 0 else None)
+        if refused > 0:
+            return AdmissionResult(decision, reservations[refused - 1])
+        return AdmissionResult(decision, taken=tuple(row["taken"] or ()))
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         with database_errors():
             await self._connections.fetchrow(
                 _SETTLE,
+                [c.lease_id for c in charges],
+                [c.counter for c in charges],
+                [c.actual for c in charges],
+            )
+
+    async def use(self, charges: Sequence[Charge]) -> None:
+        with database_errors():
+            await self._connections.fetchrow(
+                _USE,
                 [c.lease_id for c in charges],
                 [c.counter for c in charges],
                 [c.actual for c in charges],

@@ -69,8 +69,8 @@ end
 # the m counters; KEYS[m+3..]: the counters of the settlements that ride along. ARGV: window limit
 # ('' for none), window seconds, lease id, lease seconds, m, then per counter: cap, amount, keep
 # seconds, then per settlement: lease id, actual. The settlements are applied first, whatever the
-# admission's outcome. Returns {window allowed, count, reset, refused counter index} (index -1: the
-# lease was cancelled, nothing counted).
+# admission's outcome. Returns {window allowed, count, reset, refused counter index, and (admitted)
+# each counter's used + reserved with it} (index -1: the lease was cancelled, nothing counted).
 _HIT_WINDOW = """
 local function window_state(prefix, limit, seconds)
     local start = math.floor(now / seconds) * seconds
@@ -130,10 +130,12 @@ end
 if window_key then
     count = count_window(window_key, ends)
 end
+local totals = {}
 for i = 3, m + 2 do
     local at = 6 + (i - 3) * 3
     local counter, amount, keep = KEYS[i], ARGV[at + 1], math.ceil(tonumber(ARGV[at + 2]))
     redis.call('HINCRBYFLOAT', counter, 'reserved', amount)
+    totals[#totals + 1] = tostring(taken(counter))
     redis.call('ZADD', counter .. ':l', now + lease_seconds, lease)
     redis.call('HSET', counter .. ':a', lease, amount)
     for _, key in ipairs({counter, counter .. ':l', counter .. ':a'}) do
@@ -142,7 +144,7 @@ for i = 3, m + 2 do
         end
     end
 end
-return {1, count, tostring(reset), 0}
+return {1, count, tostring(reset), 0, totals}
 """
 )
 
@@ -152,6 +154,27 @@ _SETTLE = (
     + """
 for i = 1, #KEYS do
     settle(KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i]))
+end
+return 0
+"""
+)
+
+# KEYS: counters; ARGV: per counter, the lease id and the amount used (moved from the lease to
+# ``used``; the lease keeps the rest).
+_USE = (
+    _PRELUDE
+    + """
+for i = 1, #KEYS do
+    local counter, lease, actual = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+    if redis.call('EXISTS', counter) == 1 then
+        local given = redis.call('HGET', counter .. ':a', lease)
+        if given then
+            local moved = math.min(tonumber(given), actual)
+            redis.call('HSET', counter .. ':a', lease, tostring(tonumber(given) - moved))
+            redis.call('HINCRBYFLOAT', counter, 'reserved', -moved)
+        end
+        redis.call('HINCRBYFLOAT', counter, 'used', actual)
+    end
 end
 return 0
 """
@@ -234,6 +257,7 @@ class RedisLimitStore:
         self._hit: Any = self._client.register_script(_HIT)
         self._admit: Any = self._client.register_script(_ADMIT)
         self._settle: Any = self._client.register_script(_SETTLE)
+        self._use: Any = self._client.register_script(_USE)
         self._renew: Any = self._client.register_script(_RENEW)
         self._cancel: Any = self._client.register_script(_CANCEL)
         self._usage: Any = self._client.register_script(_USAGE)
@@ -287,7 +311,7 @@ class RedisLimitStore:
         ]
         args.extend(self._settle_args(settling))
         with self._reachability.errors():
-            allowed, count, reset, refused = await self._admit(keys=keys, args=args)
+            allowed, count, reset, refused, *totals = await self._admit(keys=keys, args=args)
         index = int(refused)
         if index < 0:
             return AdmissionResult(None, cancelled=True)
@@ -299,7 +323,9 @@ class RedisLimitStore:
                 remaining=max(0, window.limit - int(count)),
                 reset_seconds=float(reset),
             )
-        return AdmissionResult(decision, admission.reservations[index - 1] if index > 0 else None)
+        if index > 0:
+            return AdmissionResult(decision, admission.reservations[index - 1])
+        return AdmissionResult(decision, taken=tuple(float(t) for t in (totals or [[]])[0]))
 
     @staticmethod
     def _settle_args(charges: Sequence[Charge]) -> list[str]:
@@ -308,6 +334,12 @@ class RedisLimitStore:
     async def settle(self, charges: Sequence[Charge]) -> None:
         with self._reachability.errors():
             await self._settle(
+                keys=[self._counter(c.counter) for c in charges], args=self._settle_args(charges)
+            )
+
+    async def use(self, charges: Sequence[Charge]) -> None:
+        with self._reachability.errors():
+            await self._use(
                 keys=[self._counter(c.counter) for c in charges], args=self._settle_args(charges)
             )
 

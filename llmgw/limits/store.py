@@ -6,7 +6,8 @@ A store keeps two kinds of state, shared by every replica:
 - counters: ``used + reserved <= cap``. A request reserves an amount on each counter it falls
   under, all or nothing, under a lease; settling the lease moves the reservation to ``used`` at
   the actual amount. A lease that is neither settled nor renewed expires and its reservation is
-  given back. An admission whose caller gave up waiting (a stalled store, a timeout) is cancelled
+  given back, less what was *used* of it meanwhile (capacity leases report a slice's use while they
+  hold it, so that a killed replica's slice comes back less what it admitted). An admission whose caller gave up waiting (a stalled store, a timeout) is cancelled
   by its lease id: what it reserved is given back, and should it reach the store only later it is
   refused, so a stall never leaves a lease behind (whichever of the two arrives first).
 
@@ -95,6 +96,8 @@ class AdmissionResult:
     window: RateLimitDecision | None
     refused: Reservation | None = None
     cancelled: bool = False  # its lease was cancelled before it reached the store
+    # Admitted: each reservation's counter, ``used + reserved`` with it (in their order).
+    taken: tuple[float, ...] = ()
 
     @property
     def admitted(self) -> bool:
@@ -130,6 +133,12 @@ class LimitStore(Protocol):
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         """Settle many leases at once (one round trip); settling twice changes nothing more."""
+        ...
+
+    async def use(self, charges: Sequence[Charge]) -> None:
+        """Move ``actual`` of each lease's reservation to ``used`` and keep the lease with the rest
+        (one round trip): when it expires only the rest is given back. ``actual`` is charged even
+        when the lease is gone, as :meth:`settle` does; using twice charges twice."""
         ...
 
     async def renew(

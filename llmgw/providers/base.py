@@ -13,6 +13,7 @@ from llmgw.providers.retry import Decision
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price
+    from llmgw.limits.caps import CapTaker  # the request's ticket, as routing uses it
 
 __all__ = [
     "REASONING_PARAMS",
@@ -63,6 +64,9 @@ class UpstreamCall:
     # At most this many retries on one deployment (None: its provider's own): a route sets 0 when
     # another deployment is left to try, or for a probe of one that was down.
     max_retries: int | None = None
+    # The request's admission (its ticket): a deployment whose provider has account caps is
+    # counted on it before it is sent; None (no request behind the call): not counted.
+    admission: CapTaker | None = attrs.field(default=None, eq=False)
 
     def for_deployment(self, deployment: Deployment) -> tuple[UpstreamCall, tuple[str, ...]]:
         """The call as ``deployment`` is sent it, and the parameters it was sent without.

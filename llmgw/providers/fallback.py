@@ -28,6 +28,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from llmgw.errors import GatewayError, RateLimited, UpstreamTimeout, UpstreamUnavailable
+from llmgw.limits.caps import CapHold
 from llmgw.providers.base import (
     ChatStream,
     Deployment,
@@ -39,7 +40,6 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
-from llmgw.routing.caps import CapHold
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.strategy import ORDERED, Strategy
 
@@ -125,9 +125,9 @@ class FallbackChain:
                 continue  # another replica is probing it
             cap = self.routing.caps.of(deployment.provider.name)
             hold = None
-            if cap is not None:
+            if cap is not None and call.admission is not None:
                 try:
-                    taken = await self.routing.caps.take(deployment.provider.name, cap, sent.body)
+                    taken = await call.admission.take_cap(deployment.provider.name, cap, sent.body)
                 except BaseException:
                     self.routing.not_sent(deployment)
                     raise

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from llmgw.config import ConfigError, Settings
 from llmgw.config.kinds import KindError, load_kind
 from llmgw.config.providers_file import ModelAlias, ProviderSpec
+from llmgw.limits.caps import AccountCap
 from llmgw.providers.base import Deployment, Provider
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
@@ -19,7 +20,6 @@ from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
 from llmgw.providers.retry import RetryPolicy
 from llmgw.routing.breaker import Cooldown
-from llmgw.routing.caps import AccountCap
 from llmgw.routing.policy import RoutingPolicy
 
 __all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry", "close_providers"]

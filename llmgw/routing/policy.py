@@ -7,7 +7,8 @@ takes its outcome. Only a breaker that opens or closes is sent to the other repl
 health channel of the limits store, in the background, and each replica's requests in flight a few
 times a second (:mod:`llmgw.routing.load`); theirs arrive the same way. Two cases take a round trip
 to the limits store before a request is sent: a provider with account caps (``rpm`` / ``tpm``,
-:mod:`llmgw.routing.caps`) counts it, and a half-open breaker's probe is claimed there, so that one
+:mod:`llmgw.limits.caps`) counts it, through the request's admission ticket (the limits' one
+place that admits: routing says which provider, the ticket counts it), and a half-open breaker's probe is claimed there, so that one
 replica at a time probes a deployment (:meth:`RoutingPolicy.claim`).
 
 When every deployment of a route is open the request is not refused: the one that failed least
@@ -29,11 +30,11 @@ import attrs
 
 from llmgw.background import cancel_and_wait
 from llmgw.errors import ServiceUnavailable, UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
+from llmgw.limits.caps import AccountCap, ProviderCaps
 from llmgw.limits.store import Admission, LimitStore, Reservation
 from llmgw.providers.base import Deployment, UpstreamResponse
 from llmgw.providers.retry import ABOUT_THE_REQUEST, Decision, hinted_delay
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Breaker, Cooldown, State
-from llmgw.routing.caps import AccountCap, ProviderCaps
 from llmgw.routing.channel import HealthChange, HealthChannel, LoadReport, Message
 from llmgw.routing.load import REPORT_INTERVAL_SECONDS, SharedLoad
 from llmgw.routing.strategy import Strategy, first_choice
@@ -180,7 +181,10 @@ class RoutingPolicy:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        caps: ProviderCaps | None = None,
     ) -> None:
+        """``caps``: the limits' provider account caps (``LimitPolicy.caps``), configured here
+        with each reload's providers."""
         self._clock = clock
         self._monotonic = monotonic
         self._rng = rng or random.Random()
@@ -194,7 +198,7 @@ class RoutingPolicy:
         self._store: LimitStore | None = None
         self._claims: dict[str, tuple[uuid.UUID, str]] = {}  # label -> its probe's claim
         self._releases: set[asyncio.Task[None]] = set()
-        self.caps = ProviderCaps(clock=clock)
+        self.caps = caps or ProviderCaps(clock=clock)
 
     # Lifecycle ---------------------------------------------------------------------------------
 
@@ -206,11 +210,9 @@ class RoutingPolicy:
         self._cooldowns = dict(cooldowns)
         self.caps.configure(caps or {})
 
-    def use(self, store: LimitStore, *, default_max_output_tokens: int) -> None:
-        """Claim probes and count account caps on ``store`` (the limits store, shared by every
-        replica) from now on."""
+    def use(self, store: LimitStore) -> None:
+        """Claim probes on ``store`` (the limits store, shared by every replica) from now on."""
         self._store = store
-        self.caps.use(store, default_max_output_tokens=default_max_output_tokens)
 
     async def start(self, channel: HealthChannel) -> None:
         """Share breaker changes and load with the other replicas through ``channel`` from now

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,7 @@ class UsageLedger:
         self._lock = asyncio.Lock()
         self._closing = False
         self._dropping = False  # said once, until a flush writes everything it began with
+        self._failing_since: float | None = None  # a write failed: said once, until one works
         # The queue keeps the order rows were taken (and spooled) in, and rows leave it from the
         # front: rows written so far are the first ``_done`` of the ``_taken``. A segment closed
         # when ``_taken`` was n holds none of the rows after n, so it goes once ``_done`` >= n,
@@ -155,7 +157,13 @@ class UsageLedger:
                         await self._write(connection, parts)
                 except (*DATABASE_DOWN_ERRORS, asyncpg.PostgresError) as exc:
                     self._put_back(parts)
-                    log.warning("usage ledger write failed (%s); will retry", type(exc).__name__)
+                    if self._failing_since is None:  # once an outage, not once a flush
+                        self._failing_since = time.monotonic()
+                        log.warning(
+                            "usage ledger write failed (%s); rows stay queued and are retried "
+                            "every flush until the database takes them",
+                            type(exc).__name__,
+                        )
                     self._discard_written()
                     if self._spool is not None and self._segments:
                         # They may wait a while: on disk, they survive the machine too.
@@ -166,6 +174,12 @@ class UsageLedger:
                     raise
             self._discard_written()
             self._dropping = False
+            if self._failing_since is not None:
+                log.warning(
+                    "usage ledger rows are written again after %.1f s of failed writes",
+                    time.monotonic() - self._failing_since,
+                )
+                self._failing_since = None
         return True
 
     def _discard_written(self) -> None:

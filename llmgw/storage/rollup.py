@@ -41,8 +41,8 @@ _BUCKET_COUNT = len(LATENCY_BUCKETS_MS) + 1
 _UPSERT = """
 INSERT INTO usage_hourly AS h (
     hour, api_key_id, model, subject_id, requests, errors, input_tokens, output_tokens,
-    cost_usd, cost_diem, duration_ms_sum, latency_buckets
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+    cost_usd, cost_diem, duration_ms_sum, latency_buckets, cache_hits, saved_cost_usd
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT (hour, api_key_id, model) DO UPDATE SET
     requests = h.requests + excluded.requests,
     errors = h.errors + excluded.errors,
@@ -51,6 +51,8 @@ ON CONFLICT (hour, api_key_id, model) DO UPDATE SET
     cost_usd = h.cost_usd + excluded.cost_usd,
     cost_diem = h.cost_diem + excluded.cost_diem,
     duration_ms_sum = h.duration_ms_sum + excluded.duration_ms_sum,
+    cache_hits = h.cache_hits + excluded.cache_hits,
+    saved_cost_usd = h.saved_cost_usd + excluded.saved_cost_usd,
     latency_buckets = (
         SELECT array_agg(a + b ORDER BY i)
         FROM unnest(h.latency_buckets, excluded.latency_buckets) WITH ORDINALITY AS t(a, b, i)
@@ -80,6 +82,8 @@ class _Cell:
     cost_diem: Decimal = Decimal(0)
     duration_ms_sum: float = 0.0
     latency: list[int] = attrs.field(factory=lambda: [0] * _BUCKET_COUNT)
+    cache_hits: int = 0
+    saved_cost_usd: Decimal = Decimal(0)
 
 
 def _decimal(value: float | None) -> Decimal:
@@ -102,6 +106,9 @@ async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]
         cell.cost_diem += _decimal(r.cost_diem)
         cell.duration_ms_sum += r.duration_ms
         cell.latency[_bucket(r.duration_ms)] += 1
+        if r.cache_hit:
+            cell.cache_hits += 1
+            cell.saved_cost_usd += _decimal(r.saved_cost_usd)
     # Sorted, so concurrent replicas lock rows in the same order and cannot deadlock.
     await conn.executemany(
         _UPSERT,
@@ -109,6 +116,7 @@ async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]
             (
                 hour, key_id, model, c.subject_id, c.requests, c.errors, c.input_tokens,
                 c.output_tokens, c.cost_usd, c.cost_diem, c.duration_ms_sum, c.latency,
+                c.cache_hits, c.saved_cost_usd,
             )
             for (hour, key_id, model), c in sorted(cells.items(), key=lambda item: item[0])
         ],
@@ -165,7 +173,8 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
                sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
                sum(input_tokens)::bigint AS input_tokens,
                sum(output_tokens)::bigint AS output_tokens,
-               sum(cost_usd) AS cost_usd, sum(cost_diem) AS cost_diem
+               sum(cost_usd) AS cost_usd, sum(cost_diem) AS cost_diem,
+               sum(cache_hits)::bigint AS cache_hits, sum(saved_cost_usd) AS saved_cost_usd
         FROM usage_hourly
         WHERE hour >= $1 AND hour < $2
           AND ($3::uuid IS NULL OR api_key_id = $3) AND ($4::uuid IS NULL OR subject_id = $4)
@@ -185,6 +194,8 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
             "output_tokens": row["output_tokens"],
             "cost_usd": _usd(row["cost_usd"]),
             "cost_diem": _usd(row["cost_diem"]),
+            "cache_hits": row["cache_hits"],
+            "saved_cost_usd": _usd(row["saved_cost_usd"]),
         }
         for row in rows
     ]
@@ -211,7 +222,8 @@ async def _name_keys(conn: asyncpg.Connection, report: list[dict[str, Any]]) -> 
 # Today's figures per model, with latency percentiles from the summed bucket counts.
 _TODAY = """
 SELECT model, sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
-       sum(cost_usd) AS cost_usd, array_agg(latency_buckets) AS latency
+       sum(cost_usd) AS cost_usd, array_agg(latency_buckets) AS latency,
+       sum(cache_hits)::bigint AS cache_hits, sum(saved_cost_usd) AS saved_cost_usd
 FROM usage_hourly WHERE hour >= $1 GROUP BY model ORDER BY model
 """
 
@@ -225,6 +237,8 @@ def _today_row(row: asyncpg.Record) -> dict[str, Any]:
         "requests": row["requests"],
         "errors": row["errors"],
         "cost_usd": _usd(row["cost_usd"]),
+        "cache_hits": row["cache_hits"],
+        "saved_cost_usd": _usd(row["saved_cost_usd"]),
         "p50_ms": percentile_from_buckets(latency, 0.50),
         "p95_ms": percentile_from_buckets(latency, 0.95),
     }
@@ -248,10 +262,12 @@ LAST_HOUR_ROW_CAP = 200_000
 _LAST_HOUR = """
 SELECT model, count(*) AS requests, count(*) FILTER (WHERE status IS NULL OR status >= 400) AS errors,
        coalesce(sum(cost_usd), 0) AS cost_usd,
+       count(*) FILTER (WHERE cache_hit) AS cache_hits,
+       coalesce(sum(saved_cost_usd), 0) AS saved_cost_usd,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms) AS p95_ms
 FROM (
-    SELECT model, status, cost_usd, duration_ms FROM usage_events
+    SELECT model, status, cost_usd, duration_ms, cache_hit, saved_cost_usd FROM usage_events
     WHERE occurred_at >= $1 ORDER BY occurred_at DESC LIMIT $2
 ) recent
 GROUP BY model ORDER BY model
@@ -267,6 +283,8 @@ async def overview(conn: asyncpg.Connection, now: datetime) -> dict[str, Any]:
             "requests": row["requests"],
             "errors": row["errors"],
             "cost_usd": _usd(row["cost_usd"]),
+            "cache_hits": row["cache_hits"],
+            "saved_cost_usd": _usd(row["saved_cost_usd"]),
             "p50_ms": None if row["p50_ms"] is None else round(row["p50_ms"], 3),
             "p95_ms": None if row["p95_ms"] is None else round(row["p95_ms"], 3),
         }
@@ -321,8 +339,13 @@ def _hourly_series(rows: list[asyncpg.Record], last_hour: datetime) -> list[dict
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    requests = sum(row["requests"] for row in rows)
+    hits = sum(row["cache_hits"] for row in rows)
     return {
-        "requests": sum(row["requests"] for row in rows),
+        "requests": requests,
         "errors": sum(row["errors"] for row in rows),
         "cost_usd": _usd(sum((Decimal(row["cost_usd"]) for row in rows), Decimal(0))),
+        "cache_hits": hits,
+        "cache_hit_rate": hits / requests if requests else 0.0,
+        "saved_cost_usd": _usd(sum((Decimal(row["saved_cost_usd"]) for row in rows), Decimal(0))),
     }

@@ -195,6 +195,9 @@ usage_events = sa.Table(
     sa.Column("response_model", sa.Text(), nullable=True),
     sa.Column("started_deployment", sa.Text(), nullable=True),
     sa.Column("attempt_log", JSONB(), nullable=False, server_default=sa.text("'[]'::jsonb")),
+    # Answered by the response cache (cost_usd 0), and what the answer cost when it was fetched.
+    sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.text("false")),
+    sa.Column("saved_cost_usd", _COST, nullable=True),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -310,6 +313,9 @@ usage_hourly = sa.Table(
     sa.Column("cost_diem", sa.Numeric(38, 18), nullable=False),
     sa.Column("duration_ms_sum", sa.Float(), nullable=False),
     sa.Column("latency_buckets", ARRAY(sa.BigInteger()), nullable=False),
+    # Requests the response cache answered, and what their answers cost when fetched.
+    sa.Column("cache_hits", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    sa.Column("saved_cost_usd", sa.Numeric(38, 18), nullable=False, server_default=sa.text("0")),
     sa.PrimaryKeyConstraint("hour", "api_key_id", "model"),
     sa.Index("ix_usage_hourly_subject_id", "subject_id", "hour"),
     sa.Index("ix_usage_hourly_api_key_id", "api_key_id", "hour"),

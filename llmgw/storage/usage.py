@@ -36,9 +36,10 @@ INSERT INTO usage_events (
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
     time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id, cache_read_input_tokens,
     cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_output_tokens,
-    deployment, attempts, response_model, started_deployment, attempt_log
+    deployment, attempts, cache_hit, saved_cost_usd, response_model, started_deployment,
+    attempt_log
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-          $21, $22, $23, $24, $25, $26, $27, $28, $29, $30::text::jsonb)
+          $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32::text::jsonb)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
@@ -91,8 +92,9 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
             r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
             r.cost_computed, r.event_id, r.cache_read_input_tokens,
             r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
-            r.reasoning_output_tokens, r.deployment, r.attempts, r.response_model,
-            r.started_deployment, json.dumps(r.attempt_log, ensure_ascii=True, default=str),
+            r.reasoning_output_tokens, r.deployment, r.attempts, r.cache_hit,
+            _decimal(r.saved_cost_usd), r.response_model, r.started_deployment,
+            json.dumps(r.attempt_log, ensure_ascii=True, default=str),
         )
         for r in records
     ]  # fmt: skip
@@ -109,7 +111,7 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
         cost_usd = _decimal(r.cost_usd)
         if r.subject_id is not None and cost_usd:
             spend[(r.subject_id, month_start(r.occurred_at))] += cost_usd
-        used = (r.input_tokens or 0) + (r.output_tokens or 0)
+        used = 0 if r.cache_hit else (r.input_tokens or 0) + (r.output_tokens or 0)
         if used:
             tokens[(r.api_key_id, minute_start(r.occurred_at))] += used
     if spend:
@@ -195,7 +197,9 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
         SELECT {GROUPINGS[query.group_by]} AS grp, count(*) AS requests,
                coalesce(sum(input_tokens), 0) AS input_tokens,
                coalesce(sum(output_tokens), 0) AS output_tokens,
-               coalesce(sum(cost_usd), 0) AS cost_usd, coalesce(sum(cost_diem), 0) AS cost_diem
+               coalesce(sum(cost_usd), 0) AS cost_usd, coalesce(sum(cost_diem), 0) AS cost_diem,
+               count(*) FILTER (WHERE cache_hit) AS cache_hits,
+               coalesce(sum(saved_cost_usd), 0) AS saved_cost_usd
         FROM usage_events
         WHERE ($1::uuid IS NULL OR subject_id = $1) AND ($2::uuid IS NULL OR api_key_id = $2)
           AND ($3::timestamptz IS NULL OR occurred_at >= $3)
@@ -215,6 +219,8 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
             "output_tokens": row["output_tokens"],
             "cost_usd": row["cost_usd"],  # Decimal: the exact sum of what providers reported
             "cost_diem": row["cost_diem"],
+            "cache_hits": row["cache_hits"],  # answered by the response cache, at no cost
+            "saved_cost_usd": row["saved_cost_usd"],  # what those answers cost when fetched
         }
         for row in rows
     ]

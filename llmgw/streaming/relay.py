@@ -48,7 +48,12 @@ from llmgw.streaming.continuation import (
 )
 from llmgw.streaming.observer import StreamObserver
 from llmgw.streaming.sse import EventTooLarge, SSEScanner
-from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
+from llmgw.streaming.summary import (
+    CLIENT_CLOSED_REQUEST,
+    StreamAttempt,
+    StreamSummary,
+    StreamTap,
+)
 from llmgw.streaming.supervisor import STREAMS, StreamSupervisor, gateway_shutting_down
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
@@ -91,6 +96,7 @@ async def relay_stream(
     translator: StreamTranslator | None = None,
     continuation: Continuation | None = None,
     error_event: Callable[[GatewayError], bytes] = sse_error_event,
+    tap: StreamTap | None = None,
 ) -> web.StreamResponse:
     """Send headers now, then every event as it completes; ``on_end`` is told once how it ended.
 
@@ -104,6 +110,7 @@ async def relay_stream(
     )
     relay.continuation = continuation
     relay.error_event = error_event
+    relay.tap = tap
     return await relay.run(request)
 
 
@@ -128,6 +135,7 @@ class _Relay:
         self._on_end: Callable[[StreamSummary], None] | None = on_end
         self.continuation: Continuation | None = None
         self.error_event: Callable[[GatewayError], bytes] = sse_error_event
+        self.tap: StreamTap | None = None
         self.transcript = Transcript()
         self.splice: Splice | None = None  # set while a continuation is relayed
         self.earlier: list[StreamAttempt] = []
@@ -153,6 +161,8 @@ class _Relay:
                 await response.write(await self.translator.finish())
             elif not observer.done:  # a clean close after the finish chunk: complete
                 await response.write(_DONE_EVENT)
+            if self.tap is not None:
+                self.tap.completed()
             self._end(Outcome.COMPLETED)
         except GatewayError as error:
             self._end(Outcome.FAILED, error.error_kind)
@@ -219,6 +229,8 @@ class _Relay:
     async def _finish_at_length(self, response: web.StreamResponse, broken: GatewayError) -> None:
         """End the answer as the provider would have at the caller's limit: a ``length`` finish."""
         await self.upstream.close()
+        if self.tap is not None:
+            self.tap.broken()  # its end is the gateway's, not the upstream's: not one to replay
         log.info("a stream broke (%s) with the caller's budget spent: ended at length", broken)
         self._note_continuation(broken, "budget spent", mode="none")
         observation = self.observer.observation
@@ -266,7 +278,14 @@ class _Relay:
                 out: list[bytes] = []
                 try:
                     for event in self._events(data):
-                        if not observer.observe(event):
+                        shown = observer.observe(event)
+                        if (
+                            self.tap is not None
+                            and observer.document is not None
+                            and not observer.upstream_error
+                        ):
+                            self.tap.event(event)  # the usage chunk too, shown or not
+                        if not shown:
                             continue
                         if observer.upstream_error:
                             self._held_error = event  # the caller's only if nothing finishes it
@@ -318,6 +337,8 @@ class _Relay:
             self._note_continuation(broken, f"broke {why_not}", mode="none")
             return False
         text = self.transcript.text
+        if self.tap is not None:
+            self.tap.broken()  # spliced from two streams: not one answer to replay
         spent = self._spent()
         left = None if continuation.budget is None else continuation.budget - spent
         await self.upstream.close()

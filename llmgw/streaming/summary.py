@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 
 from llmgw.accounting.usage import Usage
 
-__all__ = ["CLIENT_CLOSED_REQUEST", "StreamAttempt", "StreamSummary"]
+__all__ = ["CLIENT_CLOSED_REQUEST", "StreamAttempt", "StreamSummary", "StreamTap"]
 
 # Status recorded for a request whose client went away before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -37,3 +39,16 @@ class StreamSummary:
     # left, the gateway cut it) after message_start and before message_delta.
     usage_final: bool = True
     response_model: str | None = None  # the model the last attempt's chunks named
+
+
+class StreamTap(Protocol):
+    """Sees a relayed answer's upstream events as they pass (the response cache records them)."""
+
+    def event(self, event: bytes) -> None:
+        """One decoded event of the upstream (the usage chunk included, shown or not)."""
+
+    def broken(self) -> None:
+        """The answer is being continued on another stream: no longer one stream's events."""
+
+    def completed(self) -> None:
+        """The answer ended normally and the caller was sent all of it."""

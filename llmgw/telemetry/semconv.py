@@ -56,6 +56,7 @@ LLMGW_USAGE_SOURCE: Final = "llmgw.usage.source"  # "reported" by the provider, 
 LLMGW_OMITTED_TOOLS: Final = "llmgw.responses.omitted_tools"
 # Request parameters the answering deployment was not sent (its provider does not accept them).
 LLMGW_OMITTED_PARAMS: Final = "llmgw.request.omitted_params"
+LLMGW_CACHE_RESULT: Final = "llmgw.cache.result"  # hit | miss | bypass
 # Stream events whose data was not JSON: dropped, never relayed.
 LLMGW_STREAM_MALFORMED_EVENTS: Final = "llmgw.stream.malformed_events"
 # A broken stream finished on another attempt: the span event, and its attributes.
@@ -101,6 +102,9 @@ METRIC_PROVIDER_COST: Final = "llmgw.provider.cost"  # was llmgw.venice.cost
 METRIC_USAGE_LEDGER_DROPPED: Final = "llmgw.usage_ledger.dropped"
 METRIC_USAGE_LEDGER_DEAD_LETTERS: Final = "llmgw.usage_ledger.dead_letters"
 METRIC_CLIENT_CONNECTION_RESETS: Final = "llmgw.client.connection_resets"
+METRIC_CACHE_LOOKUPS: Final = "llmgw.cache.lookups"
+METRIC_CACHE_BYTES: Final = "llmgw.cache.bytes"
+METRIC_CACHE_EVICTIONS: Final = "llmgw.cache.evictions"
 METRIC_UPSTREAM_CONNECTIONS_IN_USE: Final = "llmgw.upstream.connections.in_use"
 METRIC_UPSTREAM_CONNECTIONS_WAITING: Final = "llmgw.upstream.connections.waiting"
 METRIC_UPSTREAM_CONNECTIONS_LIMIT: Final = "llmgw.upstream.connections.limit"

@@ -134,15 +134,21 @@ async def test_a_killed_replicas_slice_comes_back_after_its_lease_never_twice() 
     assert await admitted(survivor, slot) == reserved  # its whole slice, not more
 
 
-async def test_a_killed_replicas_window_hits_stay_counted_in_their_window() -> None:
+async def test_a_killed_replicas_window_hits_stay_counted_and_its_unused_slice_comes_back() -> None:
     clock = Clock()
     store = MemoryLimitStore(clock=clock)
     window = Window(uuid.uuid4(), limit=10, seconds=60)
     killed, survivor = replica(store, clock), replica(store, clock)
     for _ in range(4):
         assert (await killed.hit(window)).allowed
+    await killed.push()  # its tick reports the 4 hits used; then it is killed, holding the rest
+    [counter] = [name for name in store._counters if name.startswith("window:")]
+    used, held = await store.usage(counter)
+    assert (used, held > 0) == (4, True)
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == 6 - held
+    await survivor.push()  # its own hits too (it lives: its ticks report them)
     clock.now += LEASE + 0.1  # a lease later, still the same window
-    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) <= 6
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == held  # not 0
     clock.now += 60  # the next window
     assert sum([(await survivor.hit(window)).allowed for _ in range(12)]) == 10
 
@@ -282,3 +288,158 @@ async def test_a_quiet_key_takes_its_next_slice_at_half_a_slice_left() -> None:
     late = store.left_when_asked[len(store.left_when_asked) // 2 :]
     # Two round trips at 50 a second are 4 requests: half a slice (32) comes first.
     assert late and max(late) < 32
+
+
+class _GatedStore(MemoryLimitStore):
+    """A memory store whose admissions wait at a gate while it is closed; counts them in flight."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock=clock)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = self.most_in_flight = 0
+
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await self.gate.wait()
+            return await super().admit(admission, settling)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_starving_key_does_not_wait_behind_a_slice_request_under_way() -> None:
+    clock = Clock()
+    store = _GatedStore(clock)
+    leased = replica(store, clock)
+    counter = tokens("tokens:k:0", 1000.0)
+    for _ in range(7):  # slices of 1, 2 and 4: all used, the next one (8) is being fetched ahead
+        assert (await leased.admit(request(counter))).admitted
+    store.gate.clear()  # the store stalls: the prefetch under way does not come back
+    await asyncio.sleep(0)
+    assert store.in_flight == 1
+    starving = [asyncio.create_task(leased.admit(request(counter))) for _ in range(20)]
+    await asyncio.sleep(0.01)
+    # One slice request of their own, sized for all of them, not one after the other behind it.
+    assert store.in_flight == 2
+    store.gate.set()
+    assert all(result.admitted for result in await asyncio.gather(*starving))
+    assert store.most_in_flight == 2
+    await leased.close()
+
+
+# Leases that turn themselves on (``busy_rate``): quiet keys are admitted by the store.
+
+BUSY = 200.0
+
+
+def auto_replica(store: MemoryLimitStore, clock: Clock) -> LeasedLimitStore:
+    return LeasedLimitStore(store, slice_seconds=LEASE, busy_rate=BUSY, clock=clock)
+
+
+async def test_a_quiet_keys_requests_are_each_counted_by_the_store_with_exact_headers() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    replicas = [auto_replica(store, clock) for _ in range(2)]
+    window = Window(uuid.uuid4(), limit=5, seconds=60)
+    decisions = [await replicas[i % 2].hit(window) for i in range(7)]
+    assert [d.remaining for d in decisions] == [4, 3, 2, 1, 0, 0, 0]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
+    # Slots too: each request reserves in the store, and its settlement reaches it.
+    slot = Reservation("concurrency:q", 2.0, 1.0, keep_seconds=120)
+    held = [request(slot, window=Window(uuid.uuid4(), 100, 60)) for _ in range(3)]
+    results = [await replicas[i % 2].admit(h) for i, h in enumerate(held)]
+    assert [r.admitted for r in results] == [True, True, False]
+    assert await store.usage(slot.counter) == (0.0, 2.0)
+    await replicas[0].settle([Charge(held[0].lease_id, slot.counter, 0.0)])
+    assert await store.usage(slot.counter) == (0.0, 1.0)
+    for leased in replicas:
+        await leased.tick()
+    _used, reserved = await store.usage(slot.counter)
+    assert reserved == 1.0  # a quiet key takes no slice
+
+
+async def test_a_key_turning_busy_mid_window_takes_slices_and_keeps_its_window_exact() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    first, second = auto_replica(store, clock), auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=300, seconds=60)
+    quiet = sum([(await first.hit(window)).allowed for _ in range(100)])  # one by one
+    clock.now += 0.25
+    await first.tick()  # 100 in a tick: 400 a second, busy
+    await second.tick()
+    [counter] = [name for name in store._counters if name.startswith("window:")]
+    # Each hit in the store, held until the window ends (a bare hit: nothing to settle).
+    assert await store.usage(counter) == (0.0, 100.0)
+    busy = sum([(await first.hit(window)).allowed for _ in range(150)])
+    used, reserved = await store.usage(counter)
+    assert used + reserved > 100 + busy  # a slice, held ahead
+    later = sum([(await second.hit(window)).allowed for _ in range(300)])  # still quiet there
+    assert quiet + busy + later <= 300  # one window, counted in one place
+    for _ in range(2):
+        clock.now += 0.25
+        await first.tick()  # busy, then idle: its unused slice goes back
+    later += sum([(await second.hit(window)).allowed for _ in range(300)])
+    assert quiet + busy + later == 300
+
+
+async def test_a_quiet_keys_admission_cut_off_gives_its_window_hit_back() -> None:
+    clock = Clock()
+    store = _GatedStore(clock)
+    leased = auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=1, seconds=60)
+    store.gate.clear()
+    stalled = asyncio.create_task(leased.hit(window))
+    await asyncio.sleep(0)
+    stalled.cancel()
+    store.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stalled
+    await leased.push()  # the cut-off admission is cancelled in the store
+    assert (await leased.hit(window)).allowed
+
+
+async def test_a_key_whose_round_trips_queue_takes_slices_even_at_a_low_rate() -> None:
+    """Many replicas on one key's rows: each waits for the others, and admits little itself."""
+    clock = Clock()
+
+    class Queued(MemoryLimitStore):
+        calls = 0
+
+        async def admit(
+            self, admission: Admission, settling: Sequence[Charge] = ()
+        ) -> AdmissionResult:
+            self.calls += 1
+            await asyncio.sleep(0)  # sent together ...
+            clock.now += 0.1  # ... each waits behind the one before (and other replicas')
+            return await super().admit(admission, settling)
+
+    store = Queued(clock=clock)
+    leased = auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=1000, seconds=60)
+    # Three at once, answered 0.1, 0.2 and 0.3 s later: two in flight on average.
+    assert all(d.allowed for d in await asyncio.gather(*(leased.hit(window) for _ in range(3))))
+    await leased.tick()
+    store.calls = 0
+    for _ in range(15):
+        assert (await leased.hit(window)).allowed
+    assert store.calls <= 7  # slices (1, 2, 4, 8 and ahead), not a round trip each
+    quiet = auto_replica(store, clock)  # the same rate without queueing stays quiet
+    other = Window(uuid.uuid4(), limit=1000, seconds=60)
+    for _ in range(3):
+        assert (await quiet.hit(other)).allowed
+        clock.now += 0.1
+    await quiet.tick()
+    assert (await quiet.hit(other)).remaining == 996  # the store's count: not sliced
+
+
+async def test_a_killed_replicas_quiet_hits_stay_counted_in_their_window() -> None:
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    killed, survivor = auto_replica(store, clock), auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=10, seconds=60)
+    for _ in range(3):
+        assert (await killed.hit(window)).allowed  # then it is killed: nothing more is sent
+    clock.now += LEASE + 0.1  # a lease later, still the same window
+    assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == 7

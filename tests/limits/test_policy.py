@@ -43,15 +43,15 @@ def policy(clock: Clock, **prices: Price) -> LimitPolicy:
 async def admit(
     limits: LimitPolicy, k: AuthenticatedKey, model: str = "m", metered: Metered | None = None
 ) -> Any:
-    return await limits.admit(
-        k,
+    ticket = await limits.admit(k, reserving=True)
+    await ticket.reserve(
         model=model,
         body=BODY,
         deployments=[Deployment(_Provider(), model)],  # type: ignore[arg-type]
         produces_output=True,
-        window_counted=False,
         metered=metered,
     )
+    return ticket
 
 
 async def test_concurrency_slots_are_taken_and_freed() -> None:
@@ -62,7 +62,7 @@ async def test_concurrency_slots_are_taken_and_freed() -> None:
     with pytest.raises(RateLimited) as refused:
         await admit(limits, k)
     assert refused.value.code == "concurrency_limit_exceeded"
-    limits.settle(first, _record(k))
+    first.settle(_record(k))
     assert await limits.flush()
     await admit(limits, k)
 
@@ -116,7 +116,7 @@ async def test_a_subjects_reserved_spend_is_its_requests_in_flight() -> None:
     assert await limits.budget_reserved(subject) == 0
     first, _ = await admit(limits, k), await admit(limits, k)
     assert await limits.budget_reserved(subject) == pytest.approx(2 * price.worst_cost(8, 10))
-    limits.settle(first, _record(k))
+    first.settle(_record(k))
     assert await limits.flush()
     assert await limits.budget_reserved(subject) == pytest.approx(price.worst_cost(8, 10))
     assert await limits.budget_reserved(uuid.uuid4()) == 0
@@ -171,7 +171,7 @@ async def test_a_settlement_the_store_refuses_is_sent_again() -> None:
     store = _FlakyStore(clock)
     limits = LimitPolicy(store, PriceTable(), lease_seconds=30, clock=clock)
     k = key(max_concurrent_requests=1)
-    limits.settle(await admit(limits, k), None)
+    (await admit(limits, k)).settle(None)
     assert not await limits.flush()
     assert await store.usage(f"concurrency:{k.id}") == (0.0, 1.0)  # the slot is still taken...
     await admit(limits, k)  # ...until the settlement got through, with the next admission
@@ -214,7 +214,7 @@ async def test_a_release_rides_along_with_the_next_admission() -> None:
     store, limits = counted()
     k = key(max_concurrent_requests=1)
     for _ in range(5):  # one after another: each finds the slot its previous request held free
-        limits.settle(await admit(limits, k), _record(k))
+        (await admit(limits, k)).settle(_record(k))
     assert (store.admissions, store.settlements) == (5, 4)  # the last one is still queued
     assert await limits.flush()
     assert await store.usage(f"concurrency:{k.id}") == (0.0, 0.0)
@@ -227,7 +227,7 @@ async def test_an_idle_replica_sends_its_settlements_in_one_batch_after_a_while(
         k = key(max_concurrent_requests=3)
         held = [await admit(limits, k) for _ in range(3)]
         for admitted in held:
-            limits.settle(admitted, None)
+            admitted.settle(None)
         await eventually(lambda: store.settlements == 1, what="the batch was sent")
         assert await store.usage(f"concurrency:{k.id}") == (0.0, 0.0)
         assert (store.admissions, store.settlements) == (3, 1)
@@ -238,7 +238,7 @@ async def test_an_idle_replica_sends_its_settlements_in_one_batch_after_a_while(
 async def test_a_refusal_waits_for_the_release_on_its_way_and_asks_again() -> None:
     store, limits = counted()
     k = key(max_concurrent_requests=1)
-    limits.settle(await admit(limits, k), None)
+    (await admit(limits, k)).settle(None)
     store.gate.clear()  # the release is held up on its way to the store
     flushing = asyncio.create_task(limits.flush())
     admitting = asyncio.create_task(admit(limits, k))
@@ -256,7 +256,7 @@ async def test_a_refusal_waits_for_the_release_on_its_way_and_asks_again() -> No
 async def test_what_an_admission_carried_is_queued_again_if_it_fails() -> None:
     store, limits = counted()
     k = key(max_concurrent_requests=2)
-    limits.settle(await admit(limits, k), None)
+    (await admit(limits, k)).settle(None)
     store.down = True
     with pytest.raises(ServiceUnavailable):
         await admit(limits, k)

@@ -100,6 +100,23 @@ async def test_concurrent_reservations_never_exceed_the_cap(store: LimitStore) -
     assert await store.usage(counter) == (0.0, 5.0)
 
 
+async def test_an_admission_reports_what_each_counter_holds_with_it(store: LimitStore) -> None:
+    first, second = f"a:{uuid.uuid4()}", f"b:{uuid.uuid4()}"
+
+    def both(amount: float) -> Admission:
+        return Admission(uuid.uuid4(), 30.0, None, (
+            Reservation(first, 10.0, amount, keep_seconds=120),
+            Reservation(second, 10.0, 2 * amount, keep_seconds=120),
+        ))  # fmt: skip
+
+    assert (await store.admit(both(1.0))).taken == (1.0, 2.0)
+    held = both(2.0)
+    assert (await store.admit(held)).taken == (3.0, 6.0)
+    await store.settle([Charge(held.lease_id, first, 0.5), Charge(held.lease_id, second, 0.0)])
+    assert (await store.admit(both(1.0))).taken == (2.5, 4.0)
+    assert (await store.admit(both(4.0))).taken == ()  # refused: nothing taken
+
+
 async def test_settling_gives_back_the_difference(store: LimitStore) -> None:
     counter = f"tokens:{uuid.uuid4()}:0"
     first = admission(counter, 100.0, 60.0)
@@ -207,6 +224,34 @@ async def test_an_unsettled_lease_expires(store: LimitStore) -> None:
     await eventually(admitted, within=5, what="the lease expired")
 
 
+async def test_what_was_used_of_a_lease_stays_used_when_it_expires(store: LimitStore) -> None:
+    counter = f"window:{uuid.uuid4()}:60:0"
+    held = admission(counter, 10.0, 8.0, lease_seconds=0.3)
+    assert (await store.admit(held)).admitted
+    await store.use([Charge(held.lease_id, counter, 3.0)])
+    assert await store.usage(counter) == (3.0, 5.0)
+    assert not (await store.admit(admission(counter, 10.0, 3.0))).admitted  # still held
+
+    async def rest_given_back() -> bool:
+        return await store.usage(counter) == (3.0, 0.0)
+
+    await eventually(rest_given_back, within=5, what="the unused part of the lease came back")
+    assert (await store.admit(admission(counter, 10.0, 7.0))).admitted
+    assert not (await store.admit(admission(counter, 10.0, 1.0))).admitted
+
+
+async def test_using_then_settling_a_lease_charges_both(store: LimitStore) -> None:
+    counter = f"window:{uuid.uuid4()}:60:0"
+    held = admission(counter, 10.0, 8.0)
+    assert (await store.admit(held)).admitted
+    await store.use([Charge(held.lease_id, counter, 2.0)])
+    await store.use([Charge(held.lease_id, counter, 1.0)])
+    await store.settle([Charge(held.lease_id, counter, 4.0)])
+    assert await store.usage(counter) == (7.0, 0.0)
+    await store.use([Charge(held.lease_id, counter, 1.0)])  # the lease is gone: charged anyway
+    assert await store.usage(counter) == (8.0, 0.0)
+
+
 async def test_a_renewed_lease_does_not_expire(store: LimitStore) -> None:
     counter, alongside = f"concurrency:{uuid.uuid4()}", f"concurrency:{uuid.uuid4()}"
     held = admission(counter, 1.0, 1.0, lease_seconds=0.3)
@@ -257,7 +302,7 @@ async def _no_lease_survives_a_stall(store: LimitStore, stall: Stall, key_id: uu
     await limits.start()
     try:
         k = key(id=key_id, max_concurrent_requests=2)
-        limits.settle(await admit(limits, k), None)  # the counter exists; statements are ready
+        (await admit(limits, k)).settle(None)  # the counter exists; statements are ready
         assert await limits.flush()
         async with stall(f"concurrency:{k.id}"):
             cut_off = await asyncio.gather(
@@ -364,11 +409,15 @@ async def new_store(
         await pool.close()
 
 
+@pytest.mark.parametrize("busy_rate", [0.0, 200.0], ids=["sliced", "quiet"])
 async def test_leased_replicas_admitting_at_once_never_exceed_any_cap(
-    new_store: StoreFactory,
+    new_store: StoreFactory, busy_rate: float
 ) -> None:
     key_id = uuid.uuid4()
-    replicas = [LeasedLimitStore(await new_store(), slice_seconds=5.0) for _ in range(4)]
+    replicas = [
+        LeasedLimitStore(await new_store(), slice_seconds=5.0, busy_rate=busy_rate)
+        for _ in range(4)
+    ]
     for leased in replicas:
         await leased.start()
     try:

@@ -9,13 +9,13 @@ import attrs
 import pytest
 
 from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
+from llmgw.limits.caps import AccountCap, CapHold, ProviderCaps
 from llmgw.limits.memory import MemoryLimitStore
 from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.plugin import Capabilities
 from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
 from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
-from llmgw.routing.caps import AccountCap
 from llmgw.routing.channel import HealthChange
 from llmgw.routing.policy import RoutingPolicy
 
@@ -66,8 +66,19 @@ def chain(*stubs: Stub) -> FallbackChain:
 CALL = UpstreamCall(body=b'{"model": "m"}', deadline=0.0, model="m")
 
 
+@attrs.frozen
+class Admission:
+    """What a request's admission ticket does for routing: count on the limits' provider caps."""
+
+    caps: ProviderCaps
+
+    async def take_cap(self, provider: str, cap: AccountCap, body: bytes) -> CapHold | float:
+        return await self.caps.take(provider, cap, body)
+
+
 async def ask(route: FallbackChain) -> str:
-    answer = await route.first_answer(CALL, lambda p, c: p.chat_completion(c))
+    call = attrs.evolve(CALL, admission=Admission(route.routing.caps))
+    answer = await route.first_answer(call, lambda p, c: p.chat_completion(c))
     answer.done(None)
     return answer.deployment.provider.name
 
@@ -255,7 +266,7 @@ async def test_a_probe_another_replica_holds_is_skipped_for_the_next_deployment(
     for _ in range(2):  # two replicas on one limits store
         routing = RoutingPolicy(clock=lambda: now[0], monotonic=lambda: now[0])
         routing.configure({"flaky": Cooldown(5.0)})
-        routing.use(store, default_max_output_tokens=16)
+        routing.use(store)
         deployments = [Deployment(down, "m"), Deployment(up, "m")]  # type: ignore[arg-type]
         routes.append(FallbackChain(deployments, routing=routing))
     first, second = routes

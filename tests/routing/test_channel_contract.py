@@ -45,7 +45,7 @@ class Replicas:
         """One more replica's routing policy on the shared store."""
         policy = RoutingPolicy(clock=self.clock)
         await policy.start(self.channel())
-        policy.use(self.store, default_max_output_tokens=16)
+        policy.use(self.store)
         self.started.append(policy)
         return policy
 

@@ -60,6 +60,27 @@ async def test_rows_stay_queued_while_the_database_does_not_answer(
         await pool.close()
 
 
+async def test_an_outage_logs_one_warning_when_it_starts_and_one_when_it_ends(
+    database_url: str, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, command_timeout=0.3)
+    try:
+        ledger = UsageLedger(pool)
+        ledger.record(usage_record())
+        caplog.set_level("WARNING", logger=ledger_module.__name__)
+        async with db.transaction():
+            await db.execute("LOCK TABLE usage_events IN ACCESS EXCLUSIVE MODE")
+            for _ in range(3):  # three flushes of one outage
+                assert await ledger.flush() is False
+        assert await ledger.flush() is True
+        assert await ledger.flush() is True
+        lines = [r.getMessage() for r in caplog.records if r.name == ledger_module.__name__]
+        assert len(lines) == 2, lines
+        assert "failed" in lines[0] and "written again" in lines[1]
+    finally:
+        await pool.close()
+
+
 async def test_a_refused_row_is_set_aside_and_the_rest_of_its_batch_written(
     pool: asyncpg.Pool, db: asyncpg.Connection
 ) -> None:

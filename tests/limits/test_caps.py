@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from llmgw.limits.caps import AccountCap, CapHold, ProviderCaps
 from llmgw.limits.memory import MemoryLimitStore
-from llmgw.routing.caps import AccountCap, CapHold, ProviderCaps
 from tests.routing.test_policy import Clock
 
 # A minute starts at a multiple of 60 s; the clock starts 10 s into one.

@@ -2,7 +2,9 @@
 
 A provider limits its account as a whole, whatever the number of gateways in front of it; a
 deployment whose provider is at its cap would only answer 429. So a request is counted on its
-deployment's provider just before it is sent, on counters of the limits store the keys' admission
+deployment's provider just before it is sent (routing asks the request's admission ticket,
+``llmgw.limits.policy.Ticket.take_cap``: which deployment is routing's choice, counting it is the
+limits'), on counters of the limits store the keys' admission
 uses (one per provider and minute: ``provider-requests:<name>:<minute>``,
 ``provider-tokens:<name>:<minute>``), both in one round trip, all or nothing. One that does not
 fit is not sent: the route moves on to its next deployment.
@@ -23,7 +25,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import orjson
@@ -35,7 +37,7 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.limits.store import Admission, Charge, LimitStore, Reservation
 
-__all__ = ["AccountCap", "CapHold", "ProviderCaps"]
+__all__ = ["AccountCap", "CapHold", "CapTaker", "ProviderCaps"]
 
 _MINUTE = 60.0
 # A reservation outlives its minute: one not settled simply stops mattering when the next
@@ -64,6 +66,12 @@ class CapHold:
         if self.tokens_counter is None:
             return None
         return Charge(self.lease_id, self.tokens_counter, float(tokens))
+
+
+class CapTaker(Protocol):
+    """What routing counts a deployment's attempt on (a request's admission ticket)."""
+
+    async def take_cap(self, provider: str, cap: AccountCap, body: bytes) -> CapHold | float: ...
 
 
 class ProviderCaps:

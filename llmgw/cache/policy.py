@@ -1,0 +1,269 @@
+"""The cache as the request path sees it: look a request up, follow or lead its flight, store a
+complete answer, clear entries. The store is injected (memory or Redis), and so is the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import attrs
+from opentelemetry import metrics
+
+from llmgw.accounting.usage import Usage
+from llmgw.cache.controls import Controls
+from llmgw.cache.entry import Entry, decode_entry, encode_entry
+from llmgw.cache.flight import Flight, Flights
+from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
+from llmgw.cache.store import CacheStore, CacheUnavailable
+from llmgw.telemetry import semconv as sc
+
+__all__ = ["BYPASS", "CACHE_HEADER", "HIT", "MISS", "AliasCache", "Lookup", "ResponseCache"]
+
+log = logging.getLogger(__name__)
+
+HIT, MISS, BYPASS = "hit", "miss", "bypass"
+CACHE_HEADER = "X-LLMGW-Cache"
+
+
+class _Counter(Protocol):
+    def add(self, amount: float, attributes: Mapping[str, str] | None = None, /) -> None: ...
+
+
+class CounterMeter(Protocol):
+    """What makes the cache's counters: the gateway's LocalMeter (a point costs about 1 µs, on
+    every request), or any OpenTelemetry meter."""
+
+    def create_counter(self, name: str, *, unit: str = "", description: str = "") -> Any: ...
+
+
+@attrs.frozen
+class AliasCache:
+    """An alias's own say (``cache = false``, ``cache_ttl_seconds``) in the providers file."""
+
+    enabled: bool = True
+    ttl_seconds: float | None = None
+
+
+@attrs.define(eq=False)
+class Lookup:
+    """What the cache had for one request, and (a miss) the recording of its answer."""
+
+    result: str  # hit | miss | bypass
+    key: CacheKey | None = None
+    entry: Entry | None = None  # a hit's answer
+    age: float = 0.0
+    follows: Flight | None = None  # a follower: the leader's flight
+    leads: Flight | None = None  # the leader: the flight it publishes to
+    ttl: float = 0.0  # 0: the answer is not stored
+    # The streamed answer's events, held while it lasts (its size is checked when it is stored).
+    events: list[bytes] = attrs.Factory(list)
+    complete: bool = False
+    spoiled: bool = False
+
+    # The relay's tap (llmgw.streaming.relay.StreamTap) on a streamed answer.
+    def event(self, event: bytes) -> None:
+        if self.spoiled:
+            return
+        self.events.append(event)
+        if self.leads is not None:
+            self.leads.publish(event)
+
+    def broken(self) -> None:
+        """The answer was spliced or cut: not one stream that can be stored or replayed."""
+        self.spoiled = True
+
+    def completed(self) -> None:
+        self.complete = True
+
+
+_BYPASS = Lookup(BYPASS)
+
+
+class ResponseCache:
+    def __init__(
+        self,
+        store: CacheStore,
+        *,
+        ttl_seconds: float,
+        max_entry_bytes: int,
+        scope: str = "key",
+        clock: Callable[[], float],
+        aliases: Mapping[str, AliasCache] | None = None,
+        meter: CounterMeter | None = None,
+        gauges: metrics.Meter | None = None,
+    ) -> None:
+        self.store = store
+        self._ttl = ttl_seconds
+        self._max_entry_bytes = max_entry_bytes
+        self._scope = scope
+        self._clock = clock
+        self._aliases = dict(aliases or {})
+        self.flights = Flights()
+        self._down = False
+        self._writes: set[asyncio.Task[None]] = set()
+        gauges = gauges or metrics.get_meter("llmgw.cache")
+        meter = meter or gauges
+        self._lookups: _Counter = meter.create_counter(
+            sc.METRIC_CACHE_LOOKUPS, unit="{request}", description="Cache lookups, by result"
+        )
+        self.evictions: _Counter = meter.create_counter(
+            sc.METRIC_CACHE_EVICTIONS,
+            unit="{entry}",
+            description="Entries evicted to stay within CACHE_MAX_BYTES",
+        )
+        gauges.create_observable_gauge(
+            sc.METRIC_CACHE_BYTES,
+            callbacks=[self._observe_bytes],
+            unit="By",
+            description="Bytes the memory cache holds",
+        )
+
+    def _observe_bytes(self, _options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        held = self.store.bytes_held()
+        return [] if held is None else [metrics.Observation(held)]
+
+    def counted(self, result: str) -> None:
+        self._lookups.add(1, {sc.LLMGW_CACHE_RESULT: result})
+
+    async def lookup(
+        self,
+        *,
+        api: str,
+        model: str,
+        body: dict[str, Any],
+        key_id: str,
+        subject_id: str | None,
+        controls: Controls,
+    ) -> Lookup:
+        """Read the cache for a request (counted by result); a miss leads its flight, which
+        the caller must end with :meth:`settle` or :meth:`abandon`."""
+        try:
+            lookup = await self._lookup(api, model, body, key_id, subject_id, controls)
+        except Exception:
+            # The cache's own failure never fails a request: it goes to the provider.
+            log.exception("the response cache could not look a request up; bypassed")
+            lookup = _BYPASS
+        self.counted(lookup.result)
+        return lookup
+
+    async def _lookup(
+        self,
+        api: str,
+        model: str,
+        body: dict[str, Any],
+        key_id: str,
+        subject_id: str | None,
+        controls: Controls,
+    ) -> Lookup:
+        alias = self._aliases.get(model, AliasCache())
+        if not alias.enabled or not cacheable(api, body) or not controls.write:
+            return _BYPASS
+        ttl = alias.ttl_seconds or self._ttl
+        if controls.ttl is not None:
+            ttl = min(ttl, controls.ttl)
+        key = cache_key(api, model, scope_of(self._scope, key_id, subject_id), body, key_id)
+        if not controls.read:
+            return Lookup(BYPASS, key, ttl=ttl)  # no-cache: not read, the fresh answer stored
+        flight = self.flights.join(key.digest)
+        if flight is not None:
+            return Lookup(HIT, key, follows=flight)
+        try:
+            raw = await self.store.get(key)
+        except CacheUnavailable as error:
+            self._unavailable(error)
+            return _BYPASS
+        self._available()
+        now = self._clock()
+        entry = None if raw is None else decode_entry(raw)
+        if (
+            entry is not None
+            and entry.fresh(now)
+            and (controls.max_age is None or entry.age(now) <= controls.max_age)
+        ):
+            return Lookup(HIT, key, entry=entry, age=entry.age(now))
+        flight = self.flights.join(key.digest)  # one may have taken off while the store answered
+        if flight is not None:
+            return Lookup(HIT, key, follows=flight)
+        return Lookup(MISS, key, leads=self.flights.lead(key.digest), ttl=ttl)
+
+    def settle(
+        self,
+        lookup: Lookup,
+        *,
+        usage: Usage | None,
+        body: bytes | None = None,
+        response_model: str | None = None,
+    ) -> asyncio.Future[None] | None:
+        """A complete answer (``body``: JSON; else the stream the lookup recorded): shared with
+        the followers at once, and stored (in the background: the returned future) when it may
+        be. An answer whose usage is unknown is not shared or stored."""
+        stream = body is None
+        if (
+            lookup.key is None
+            or usage is None
+            or (usage.input_tokens is None and usage.output_tokens is None)
+            or (stream and (not lookup.complete or lookup.spoiled or not lookup.events))
+        ):
+            self.abandon(lookup)
+            return None
+        entry = Entry(
+            stored_at=self._clock(),
+            ttl=lookup.ttl,
+            usage=usage,
+            body=body,
+            events=tuple(lookup.events) if stream else None,
+            response_model=response_model,
+        )
+        if lookup.leads is not None:
+            self.flights.land(lookup.key.digest, lookup.leads, entry)
+            lookup.leads = None
+        if lookup.ttl <= 0:
+            return None
+        task = asyncio.ensure_future(self._put(lookup.key, entry))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
+
+    def abandon(self, lookup: Lookup) -> None:
+        """The answer is not shared: each follower calls on its own. Idempotent."""
+        if lookup.leads is not None and lookup.key is not None:
+            self.flights.land(lookup.key.digest, lookup.leads, None)
+            lookup.leads = None
+
+    async def _put(self, key: CacheKey, entry: Entry) -> None:
+        try:
+            value = encode_entry(entry)
+        except UnicodeDecodeError:
+            return  # bytes that are not text: not replayable as JSON or SSE
+        if len(value) > self._max_entry_bytes:
+            return
+        try:
+            await self.store.put(key, value, entry.ttl)
+        except CacheUnavailable as error:
+            self._unavailable(error)
+        else:
+            self._available()
+
+    async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
+        return await self.store.clear(key_id=key_id, model=model)
+
+    async def drained(self) -> None:
+        """Every write under way has landed (shutdown, tests)."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.drained()
+        await self.store.close()
+
+    def _unavailable(self, error: CacheUnavailable) -> None:
+        if not self._down:
+            self._down = True
+            log.warning("the response cache is unreachable; requests bypass it (%s)", error)
+
+    def _available(self) -> None:
+        if self._down:
+            self._down = False
+            log.info("the response cache is reachable again")

@@ -1,0 +1,97 @@
+"""Entries in Redis, shared by every replica: each under its own name with Redis's own expiry.
+
+An entry's name carries the model it answered (clearing by model is a SCAN of a pattern), and
+each key has a set of the names it stored (clearing by key reads that set); the key is not in the
+name, since under a wider scope other keys read the same entry. A read or write that takes longer than ``budget_seconds`` (or
+fails) raises :class:`CacheUnavailable`: the request goes on to the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from llmgw.cache.key import CacheKey
+from llmgw.cache.store import CacheUnavailable
+
+__all__ = ["RedisCacheStore"]
+
+BUDGET_SECONDS = 0.05
+
+
+class RedisCacheStore:
+    def __init__(
+        self, url: str, *, prefix: str = "llmgw:cache", budget_seconds: float = BUDGET_SECONDS
+    ) -> None:
+        self._client: aioredis.Redis = aioredis.from_url(
+            url, socket_timeout=2.0, socket_connect_timeout=budget_seconds
+        )
+        self._prefix = prefix
+        self._budget = budget_seconds
+
+    def _name(self, key: CacheKey) -> str:
+        # The model hex-encoded: no glob character of a model name can widen a clear's pattern.
+        return f"{self._prefix}:e:{key.model.encode().hex()}:{key.digest}"
+
+    def _stored_by(self, key_id: str) -> str:
+        return f"{self._prefix}:k:{key_id}"
+
+    async def get(self, key: CacheKey) -> bytes | None:
+        try:
+            async with asyncio.timeout(self._budget):
+                value = await self._client.get(self._name(key))
+        except (TimeoutError, RedisError, OSError) as error:
+            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        return value if isinstance(value, bytes) else None  # (never decoded: no decode_responses)
+
+    async def put(self, key: CacheKey, value: bytes, ttl: float) -> None:
+        try:
+            name, ttl_ms = self._name(key), max(1, round(ttl * 1000))
+            stored_by = self._stored_by(key.key_id)
+            async with asyncio.timeout(self._budget), self._client.pipeline() as pipe:
+                pipe.set(name, value, px=ttl_ms)
+                pipe.sadd(stored_by, name)
+                # The set outlives its newest entry; names of expired entries in it are harmless.
+                pipe.pexpire(stored_by, ttl_ms, gt=True)
+                pipe.pexpire(stored_by, ttl_ms, nx=True)
+                await pipe.execute()
+        except (TimeoutError, RedisError, OSError) as error:
+            raise CacheUnavailable(str(error) or type(error).__name__) from error
+
+    async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
+        model_part = "*" if model is None else model.encode().hex()
+        try:
+            if key_id is not None:
+                names: set[bytes] = set(await self._client.smembers(self._stored_by(key_id)))  # type: ignore[arg-type]
+                if model is not None:
+                    names = {n for n in names if n.startswith(self._name_prefix(model_part))}
+                return await self._unlink(list(names))
+            deleted = 0
+            batch: list[bytes] = []
+            async for name in self._client.scan_iter(
+                match=f"{self._prefix}:e:{model_part}:*", count=500
+            ):
+                batch.append(name)
+                if len(batch) >= 500:
+                    deleted += await self._unlink(batch)
+                    batch = []
+            return deleted + await self._unlink(batch)
+        except (RedisError, OSError) as error:
+            raise CacheUnavailable(str(error) or type(error).__name__) from error
+
+    def _name_prefix(self, model_hex: str) -> bytes:
+        return f"{self._prefix}:e:{model_hex}:".encode()
+
+    async def _unlink(self, names: list[bytes]) -> int:
+        if not names:
+            return 0
+        deleted: int = await self._client.unlink(*names)
+        return deleted
+
+    def bytes_held(self) -> None:
+        return None  # Redis's own memory figures say it; a replica does not count them
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,101 @@
+"""Where entries live: one small protocol, a memory backend (one process, least recently used
+evicted first within ``CACHE_MAX_BYTES``) and Redis (``llmgw.cache.redis``, shared by replicas)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+from llmgw.cache.key import CacheKey
+
+__all__ = ["CacheStore", "CacheUnavailable", "MemoryCacheStore"]
+
+
+class CacheUnavailable(Exception):
+    """The store did not answer in time: the request goes on without the cache."""
+
+
+class CacheStore(Protocol):
+    async def get(self, key: CacheKey) -> bytes | None: ...
+
+    async def put(self, key: CacheKey, value: bytes, ttl: float) -> None: ...
+
+    async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
+        """Delete every entry (stored by ``key_id``, for ``model``); the number deleted."""
+        ...
+
+    def bytes_held(self) -> int | None:
+        """What the entries take, when the store knows it cheaply (None: it does not)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@attrs.define
+class _Held:
+    value: bytes
+    expires_at: float
+    key: CacheKey
+
+
+class MemoryCacheStore:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        clock: Callable[[], float],
+        on_evict: Callable[[int], None] = lambda _: None,
+    ) -> None:
+        self._entries: OrderedDict[str, _Held] = OrderedDict()
+        self._max_bytes = max_bytes
+        self._held = 0
+        self._clock = clock
+        self._on_evict = on_evict
+
+    async def get(self, key: CacheKey) -> bytes | None:
+        held = self._entries.get(key.digest)
+        if held is None:
+            return None
+        if held.expires_at <= self._clock():
+            self._drop(key.digest)
+            return None
+        self._entries.move_to_end(key.digest)
+        return held.value
+
+    async def put(self, key: CacheKey, value: bytes, ttl: float) -> None:
+        if len(value) > self._max_bytes:
+            return
+        if key.digest in self._entries:
+            self._drop(key.digest)
+        self._entries[key.digest] = _Held(value, self._clock() + ttl, key)
+        self._held += len(value)
+        evicted = 0
+        while self._held > self._max_bytes:
+            self._drop(next(iter(self._entries)))
+            evicted += 1
+        if evicted:
+            self._on_evict(evicted)
+
+    async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
+        doomed = [
+            digest
+            for digest, held in self._entries.items()
+            if (key_id is None or held.key.key_id == key_id)
+            and (model is None or held.key.model == model)
+        ]
+        for digest in doomed:
+            self._drop(digest)
+        return len(doomed)
+
+    def bytes_held(self) -> int:
+        return self._held
+
+    async def close(self) -> None:
+        self._entries.clear()
+        self._held = 0
+
+    def _drop(self, digest: str) -> None:
+        self._held -= len(self._entries.pop(digest).value)

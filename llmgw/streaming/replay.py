@@ -1,0 +1,63 @@
+"""A stream of chat chunk events that were recorded (a cache hit, a follower of an answer in
+flight) replayed to a caller: in chat completions as they are, or through a translator into
+another API's events; the usage chunk hidden from a caller who did not ask for it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterable, Callable
+
+import orjson
+from aiohttp import web
+
+from llmgw.errors import GatewayError
+from llmgw.streaming.relay import STREAM_HEADERS, sse_error_event
+from llmgw.streaming.sse import event_data
+from llmgw.streaming.translate import StreamTranslator
+
+__all__ = ["replay_stream"]
+
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+
+async def replay_stream(
+    request: web.Request,
+    events: AsyncIterable[bytes],
+    *,
+    hide_usage_chunk: bool,
+    translator: StreamTranslator | None,
+    error_event: Callable[[GatewayError], bytes] = sse_error_event,
+) -> tuple[web.StreamResponse, GatewayError | None]:
+    """Send ``events`` (no ``[DONE]``) as they come; a GatewayError they raise ends the stream
+    with the API's error event, and is returned with the response."""
+    response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
+    await response.prepare(request)
+    try:
+        if translator is not None:
+            await response.write(translator.start())
+        async for event in events:
+            out = _replayed(event, hide_usage_chunk, translator)
+            if out:
+                await response.write(out)
+        await response.write(_DONE_EVENT if translator is None else await translator.finish())
+    except GatewayError as error:
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(
+                error_event(error) if translator is None else translator.error(error)
+            )
+        return response, error
+    return response, None
+
+
+def _replayed(event: bytes, hide_usage_chunk: bool, translator: StreamTranslator | None) -> bytes:
+    if translator is None and (not hide_usage_chunk or b'"usage"' not in event):
+        return event  # as it was recorded: no decoding
+    data = event_data(event)
+    chunk = orjson.loads(data) if data else None
+    if not isinstance(chunk, dict):
+        return b""
+    if translator is not None:
+        return translator.feed(chunk)
+    if chunk.get("usage") is not None and not chunk.get("choices"):
+        return b""  # the usage chunk the gateway asked for on the caller's behalf
+    return event

@@ -1,0 +1,346 @@
+"""The cache as a module over a store: the same contract on memory and Redis, an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from llmgw.accounting.usage import Usage
+from llmgw.cache.controls import Controls, read_controls
+from llmgw.cache.entry import Entry, assemble_completion, decode_entry, encode_entry
+from llmgw.cache.key import cache_key, cacheable, scope_of
+from llmgw.cache.policy import BYPASS, HIT, MISS, AliasCache, ResponseCache
+from llmgw.cache.store import CacheStore, MemoryCacheStore
+from llmgw.config.providers_file import ProviderConfigError, load_provider_config
+from tests.processes import Clock, free_port
+
+REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = (
+    b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":'
+    b'{"role":"assistant","content":"Hello","reasoning_content":"think","tool_calls":[{"id":"t1",'
+    b'"type":"function","function":{"name":"f","arguments":"{\\"a\\":1}"}}]},'
+    b'"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":5,'
+    b'"total_tokens":8}}'
+)
+USAGE = Usage(input_tokens=3, output_tokens=5, cost_usd=0.25)
+
+
+def _redis_store(clock: Clock) -> CacheStore:
+    from llmgw.cache.redis import RedisCacheStore
+
+    assert REDIS_URL is not None
+    return RedisCacheStore(REDIS_URL, prefix=f"llmgw:test:{uuid.uuid4().hex}")
+
+
+STORES = [
+    pytest.param("memory", id="memory"),
+    pytest.param(
+        "redis",
+        id="redis",
+        marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL to test Redis"),
+    ),
+]
+
+
+@pytest.fixture(params=STORES)
+async def store_and_clock(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[CacheStore, Clock]]:
+    clock = Clock()
+    store: CacheStore = (
+        MemoryCacheStore(max_bytes=1 << 20, clock=clock)
+        if request.param == "memory"
+        else _redis_store(clock)
+    )
+    yield store, clock
+    await store.clear()
+    await store.close()
+
+
+def _cache(store: CacheStore, clock: Clock, **options: object) -> ResponseCache:
+    return ResponseCache(
+        store,
+        ttl_seconds=60,
+        max_entry_bytes=1 << 20,
+        clock=clock,
+        meter=MeterProvider().get_meter("test"),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def _lookup(cache: ResponseCache, key_id: str = "k1", **controls: object) -> object:
+    return await cache.lookup(
+        api="chat",
+        model="m",
+        body=BODY,
+        key_id=key_id,
+        subject_id="s1",
+        controls=Controls(**controls),  # type: ignore[arg-type]
+    )
+
+
+async def _store_answer(cache: ResponseCache, key_id: str = "k1", **controls: object) -> None:
+    lookup = await _lookup(cache, key_id, **controls)
+    assert lookup.result == MISS  # type: ignore[attr-defined]
+    written = cache.settle(lookup, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
+    assert written is not None
+    await written
+
+
+async def test_a_stored_answer_is_hit_until_its_ttl(
+    store_and_clock: tuple[CacheStore, Clock],
+) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    await _store_answer(cache)
+    clock.now += 30
+    hit = await _lookup(cache)
+    assert hit.result == HIT and hit.age == 30  # type: ignore[attr-defined]
+    assert hit.entry.body == COMPLETION and hit.entry.usage == USAGE  # type: ignore[attr-defined]
+    clock.now += 31
+    assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+
+
+async def test_max_age_and_the_callers_ttl(store_and_clock: tuple[CacheStore, Clock]) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    await _store_answer(cache, ttl=10)
+    clock.now += 5
+    too_old = await _lookup(cache, max_age=4)
+    assert too_old.result == MISS  # type: ignore[attr-defined]
+    cache.abandon(too_old)  # type: ignore[arg-type]
+    assert (await _lookup(cache, max_age=5)).result == HIT  # type: ignore[attr-defined]
+    clock.now += 6
+    assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+
+
+async def test_no_store_and_no_cache(store_and_clock: tuple[CacheStore, Clock]) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    assert (await _lookup(cache, read=False, write=False)).result == BYPASS  # type: ignore[attr-defined]
+    assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+    writer = await _lookup(cache, read=False)
+    assert writer.result == BYPASS and writer.ttl == 60  # type: ignore[attr-defined]
+
+
+async def test_keys_never_share_an_entry_under_the_key_scope(
+    store_and_clock: tuple[CacheStore, Clock],
+) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    await _store_answer(cache, "k1")
+    assert (await _lookup(cache, "k2")).result == MISS  # type: ignore[attr-defined]
+    shared = _cache(store, clock, scope="subject")
+    await _store_answer(shared, "k1")
+    assert (await _lookup(shared, "k2")).result == HIT  # type: ignore[attr-defined]
+
+
+async def test_clear_by_key_and_by_model(store_and_clock: tuple[CacheStore, Clock]) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    await _store_answer(cache, "k1")
+    await _store_answer(cache, "k2")
+    assert await cache.clear(key_id="k1") == 1
+    assert await cache.clear(model="other") == 0
+    assert await cache.clear(model="m") == 1
+    assert (await _lookup(cache, "k2")).result == MISS  # type: ignore[attr-defined]
+
+
+async def test_an_answer_without_usage_or_larger_than_an_entry_is_not_stored(
+    store_and_clock: tuple[CacheStore, Clock],
+) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    lookup = await _lookup(cache)
+    assert cache.settle(lookup, usage=Usage(), body=COMPLETION) is None  # type: ignore[arg-type]
+    small = _cache(store, clock)
+    small._max_entry_bytes = 100
+    lookup = await _lookup(small)
+    written = small.settle(lookup, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
+    assert written is not None
+    await written
+    assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+
+
+async def test_an_alias_can_turn_the_cache_off(store_and_clock: tuple[CacheStore, Clock]) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock, aliases={"m": AliasCache(enabled=False)})
+    assert (await _lookup(cache)).result == BYPASS  # type: ignore[attr-defined]
+    short = _cache(store, clock, aliases={"m": AliasCache(ttl_seconds=5)})
+    assert (await _lookup(short)).ttl == 5  # type: ignore[attr-defined]
+
+
+async def test_identical_requests_follow_the_leader(
+    store_and_clock: tuple[CacheStore, Clock],
+) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    leader = await _lookup(cache)
+    follower = await _lookup(cache)
+    assert follower.follows is not None  # type: ignore[attr-defined]
+    waiting = asyncio.ensure_future(follower.follows.answer())  # type: ignore[attr-defined]
+    events = follower.follows.stream()  # type: ignore[attr-defined]
+    leader.event(b'data: {"choices":[{"index":0,"delta":{"content":"He"}}]}\n\n')  # type: ignore[attr-defined]
+    first = await anext(events)
+    assert b"He" in first and not waiting.done()
+    leader.event(  # type: ignore[attr-defined]
+        b'data: {"choices":[{"index":0,"delta":{"content":"llo"},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    )
+    leader.completed()  # type: ignore[attr-defined]
+    cache.settle(leader, usage=USAGE)  # type: ignore[arg-type]
+    entry = await waiting
+    assert entry is not None and entry.json_body().count(b"Hello") == 1
+    assert [e async for e in events][-1].endswith(b"\n\n")
+
+
+async def test_a_failed_leader_releases_its_followers(
+    store_and_clock: tuple[CacheStore, Clock],
+) -> None:
+    store, clock = store_and_clock
+    cache = _cache(store, clock)
+    leader = await _lookup(cache)
+    follower = await _lookup(cache)
+    cache.abandon(leader)  # type: ignore[arg-type]
+    assert await follower.follows.answer() is None  # type: ignore[attr-defined]
+    assert not await follower.follows.first_event()  # type: ignore[attr-defined]
+    assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+
+
+async def test_memory_never_exceeds_its_bytes_under_a_flood() -> None:
+    clock = Clock()
+    evicted: list[int] = []
+    store = MemoryCacheStore(max_bytes=50_000, clock=clock, on_evict=evicted.append)
+    cache = _cache(store, clock)
+    for n in range(2000):
+        lookup = await cache.lookup(
+            api="chat",
+            model="m",
+            body={**BODY, "n": n},
+            key_id="k",
+            subject_id=None,
+            controls=Controls(),
+        )
+        written = cache.settle(lookup, usage=USAGE, body=COMPLETION.replace(b"Hello", b"x" * n))
+        assert written is not None
+        await written
+        assert store.bytes_held() <= 50_000
+    assert sum(evicted) > 1000
+    # The most recent answers are the ones kept.
+    last = await cache.lookup(
+        api="chat",
+        model="m",
+        body={**BODY, "n": 1999},
+        key_id="k",
+        subject_id=None,
+        controls=Controls(),
+    )
+    assert last.result == HIT
+
+
+async def test_an_unreachable_redis_is_a_bypass_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pytest.importorskip("redis")
+    from llmgw.cache.redis import RedisCacheStore
+
+    clock = Clock()
+    store = RedisCacheStore(f"redis://127.0.0.1:{free_port()}/0")
+    reader = InMemoryMetricReader()
+    cache = ResponseCache(
+        store,
+        ttl_seconds=60,
+        max_entry_bytes=1 << 20,
+        clock=clock,
+        meter=MeterProvider(metric_readers=[reader]).get_meter("test"),
+    )
+    with caplog.at_level(logging.WARNING, logger="llmgw.cache.policy"):
+        for _ in range(3):
+            assert (await _lookup(cache)).result == BYPASS  # type: ignore[attr-defined]
+    assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
+    data = reader.get_metrics_data()
+    points = [
+        (dict(p.attributes), p.value)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "llmgw.cache.lookups"
+        for p in m.data.data_points
+    ]
+    assert points == [({"llmgw.cache.result": "bypass"}, 3)]
+    await store.close()
+
+
+def test_the_key_ignores_stream_and_key_order() -> None:
+    a = cache_key("chat", "m", "key:1", {"model": "m", "stream": True, "x": [1, 2]}, "1")
+    b = cache_key("chat", "m", "key:1", {"x": [1, 2], "model": "m", "stream_options": {}}, "1")
+    assert a == b
+    assert a != cache_key("chat", "m", "key:2", {"model": "m", "x": [1, 2]}, "2")
+    assert a != cache_key("messages", "m", "key:1", {"model": "m", "x": [1, 2]}, "1")
+    assert scope_of("key", "k", "s") == "key:k"
+    assert scope_of("subject", "k", "s") == "subject:s" == scope_of("team", "k", "s")
+    assert scope_of("subject", "k", None) == "key:k"
+    assert scope_of("shared", "k", "s") == "shared"
+    assert cacheable("responses", {"store": False})
+    assert not cacheable("responses", {})
+    assert not cacheable("responses", {"store": False, "previous_response_id": "r"})
+
+
+def test_controls_are_read_from_http_headers() -> None:
+    assert read_controls({}) == Controls()
+    assert read_controls({"Cache-Control": "no-store"}) == Controls(read=False, write=False)
+    assert read_controls({"Cache-Control": "No-Cache"}) == Controls(read=False)
+    assert read_controls({"Cache-Control": "max-age=30, foo"}).max_age == 30
+    assert read_controls({"Cache-Control": "max-age=-1"}).max_age is None
+    assert read_controls({"X-LLMGW-Cache-TTL": "7"}).ttl == 7
+
+
+def test_a_json_answer_and_its_stream_are_the_same_answer() -> None:
+    entry = Entry(stored_at=0, ttl=1, usage=USAGE, body=COMPLETION)
+    again = assemble_completion(entry.chunk_events())
+    import orjson
+
+    original = orjson.loads(COMPLETION)
+    assert again["choices"][0]["message"] == original["choices"][0]["message"]
+    assert again["choices"][0]["finish_reason"] == "tool_calls"
+    assert again["usage"] == original["usage"]
+    assert decode_entry(encode_entry(entry)) == entry
+    assert decode_entry(b"not an entry") is None
+
+
+async def test_a_failing_lookup_is_a_bypass(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(MemoryCacheStore):
+        async def get(self, key: object) -> bytes | None:  # type: ignore[override]
+            raise RuntimeError("a bug")
+
+    clock = Clock()
+    cache = _cache(Broken(max_bytes=1024, clock=clock), clock)
+    with caplog.at_level(logging.ERROR, logger="llmgw.cache.policy"):
+        assert (await _lookup(cache)).result == BYPASS  # type: ignore[attr-defined]
+    assert "bypassed" in caplog.text
+
+
+def test_an_alias_says_cache_false_or_its_own_ttl_in_the_providers_file(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.toml"
+    path.write_text(
+        '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9"\n'
+        '[[models]]\nalias = "private"\ndeployments = ["local:m"]\ncache = false\n'
+        '[[models]]\nalias = "short"\ndeployments = ["local:m"]\ncache_ttl_seconds = 60\n'
+        '[[models]]\nalias = "plain"\ndeployments = ["local:m"]\n'
+    )
+    aliases = {a.alias: a for a in load_provider_config(path, {}).model_aliases}
+    assert (aliases["private"].cache, aliases["private"].cache_ttl_seconds) == (False, None)
+    assert (aliases["short"].cache, aliases["short"].cache_ttl_seconds) == (True, 60)
+    assert (aliases["plain"].cache, aliases["plain"].cache_ttl_seconds) == (True, None)
+    path.write_text(path.read_text().replace("= 60", "= 0"))
+    with pytest.raises(ProviderConfigError, match="cache_ttl_seconds"):
+        load_provider_config(path, {})
