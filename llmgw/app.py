@@ -16,15 +16,16 @@ from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.admin.sign_in_guard import SignInGuard, SignInThrottle
 from llmgw.api import messages
-from llmgw.api.body_memory import BodyLimits, BodyMemory
 from llmgw.api.models import MODELS_CACHE, ModelListCache
 from llmgw.api.responses import RESPONSE_STORE
 from llmgw.auth.authenticator import Authenticator
 from llmgw.background import cancel_and_wait
+from llmgw.body_memory import BodyLimits, BodyMemory
 from llmgw.cache.build import build_cache
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings
-from llmgw.console.app import CONSOLE_PREFIX, build_console_app
+from llmgw.console.app import build_console_app
+from llmgw.console.oidc import OidcClient, OidcSettings
 from llmgw.errors import GatewayError
 from llmgw.lifecycle.reload import RELOADER, ConfigReloader, RequestGenerations
 from llmgw.limits.leases import LeasedLimitStore
@@ -33,12 +34,12 @@ from llmgw.limits.postgres import PostgresLimitStore
 from llmgw.limits.store import LimitStore
 from llmgw.middleware import add_response_headers, gateway_middleware
 from llmgw.providers.base import UpstreamHTTPError
-from llmgw.providers.registry import ProviderRegistry, build_registry
-from llmgw.route_table import add_routes, admitting
+from llmgw.route_table import CONSOLE_PREFIX, add_routes, admitting
 from llmgw.routes import PUBLIC_PATHS, body_limits, gateway_routes
 from llmgw.routing.channel import HealthChannel
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
+from llmgw.routing.registry import ProviderRegistry, build_registry
 from llmgw.routing.views import observe_health
 from llmgw.storage.database import create_pool
 from llmgw.storage.ledger import UsageLedger
@@ -90,6 +91,26 @@ async def _list_models_once(
     """Never fails start-up: a provider down now may be up by the first request."""
     with contextlib.suppress(GatewayError, UpstreamHTTPError):
         await app[MODELS_CACHE].get(registry, timeout)  # failures are logged per provider
+
+
+def _oidc_client(settings: Settings) -> OidcClient | None:
+    """The console's single sign-on, when OIDC_ISSUER (with its client id and secret) is set."""
+    if (
+        settings.oidc_issuer is None
+        or settings.oidc_client_id is None
+        or settings.oidc_client_secret is None
+    ):
+        return None
+    return OidcClient(
+        OidcSettings(
+            issuer=settings.oidc_issuer,
+            client_id=settings.oidc_client_id,
+            client_secret=settings.oidc_client_secret,
+            redirect_url=settings.oidc_redirect_url,
+            groups_claim=settings.oidc_groups_claim,
+            admin_groups=settings.oidc_admin_groups,
+        )
+    )
 
 
 async def _to_console(request: web.Request) -> web.Response:
@@ -245,7 +266,16 @@ def create_app(
         )
         app.add_subapp(ADMIN_PREFIX, build_admin_app(admin_token_auth(settings.admin_token, guard)))
         app.router.add_get(CONSOLE_PREFIX, _to_console)  # before the sub-app claims the prefix
-        app.add_subapp(CONSOLE_PREFIX, build_console_app(settings.admin_token, guard))
+        app.add_subapp(
+            CONSOLE_PREFIX,
+            build_console_app(
+                settings.admin_token,
+                guard,
+                oidc=_oidc_client(settings),
+                token_sign_in=settings.console_token_sign_in,
+                session_lifetime=timedelta(hours=settings.console_session_hours),
+            ),
+        )
 
     app.middlewares.append(
         gateway_middleware(

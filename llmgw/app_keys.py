@@ -6,12 +6,12 @@ import asyncpg
 from aiohttp import web
 
 from llmgw.accounting.sink import UsageAccounting
-from llmgw.api.body_memory import BodyAllowance
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
+from llmgw.body_memory import BodyAllowance
 from llmgw.cache.policy import ResponseCache
 from llmgw.config import Settings
 from llmgw.limits.policy import LimitPolicy, Ticket
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.routing.registry import ProviderRegistry
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
 from llmgw.telemetry.refusals import RefusalLog

@@ -32,6 +32,8 @@ import orjson
 
 __all__ = [
     "AuthenticationFailed",
+    "Conflict",
+    "Forbidden",
     "GatewayError",
     "InternalError",
     "InvalidRequest",
@@ -44,6 +46,7 @@ __all__ = [
     "RateLimited",
     "RequestTimeout",
     "ServiceUnavailable",
+    "Unprocessable",
     "UnsupportedMediaType",
     "UpstreamAuthFailed",
     "UpstreamBusy",
@@ -124,6 +127,14 @@ class PriceUnknown(GatewayError):
     code = "price_unknown"
 
 
+class Forbidden(GatewayError):
+    """The caller is known but its role does not allow the action (docs/teams.md)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
 class NotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"
@@ -140,6 +151,23 @@ class RequestTimeout(GatewayError):
     status = 408
     error_type = "invalid_request_error"
     code = "request_timeout"
+
+
+class Conflict(GatewayError):
+    """The change contradicts the state: e.g. deleting a team that still has active keys."""
+
+    status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
+class Unprocessable(GatewayError):
+    """A well-formed body the current state makes impossible: e.g. a key naming a model its team
+    does not allow."""
+
+    status = 422
+    error_type = "invalid_request_error"
+    code = "unprocessable"
 
 
 class PayloadTooLarge(GatewayError):

@@ -25,9 +25,9 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw import app_keys
-from llmgw.api.body_memory import BodyLimits
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.auth.keys import KEY_MARKER, PREFIX_LENGTH, key_prefix
+from llmgw.body_memory import BodyLimits
 from llmgw.errors import (
     AuthenticationFailed,
     GatewayError,

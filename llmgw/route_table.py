@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 __all__ = [
+    "CONSOLE_PREFIX",
     "DESCRIBED",
     "JSON",
     "Doc",
@@ -30,6 +31,9 @@ __all__ = [
 ErrorSet = Literal["proxied", "anthropic", "admin"] | tuple[int, ...]
 
 JSON = "application/json"
+# Where the operator console is mounted: pages for browsers, so no route under it is an API
+# operation (/openapi.json leaves it out).
+CONSOLE_PREFIX = "/console"
 
 
 @attrs.frozen

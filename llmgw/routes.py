@@ -9,8 +9,8 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.api import chat, embeddings, health, media, messages, models, openapi, responses
-from llmgw.api.body_memory import BodyLimit
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.body_memory import BodyLimit
 from llmgw.config import Settings
 from llmgw.errors import AuthenticationFailed
 from llmgw.route_table import JSON, Doc, Handler, Route

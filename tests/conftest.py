@@ -34,8 +34,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmgw.api.body_memory import BodyLimit, BodyLimits, BodyMemory
 from llmgw.app import create_app
+from llmgw.body_memory import BodyLimit, BodyLimits, BodyMemory
 from llmgw.cli import main
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
 from llmgw.config import Settings

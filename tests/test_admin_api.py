@@ -119,7 +119,7 @@ async def test_key_lifecycle_through_the_admin_api(admin: Admin) -> None:
         "id", "prefix", "name", "subject_id", "rate_limit_requests", "rate_limit_window_seconds",
         "allowed_models", "expires_at", "tokens_per_minute", "max_concurrent_requests", "is_active",
         "created_at",
-        "last_used_at", "revoked_at", "replaced_by",
+        "last_used_at", "revoked_at", "replaced_by", "team_id", "owner",
     }  # fmt: skip
     assert set(created) == expected_fields
     assert await admin.chat(plaintext) == 200

@@ -21,17 +21,18 @@ from llmgw import app_keys
 from llmgw.clocks import Clocks
 from llmgw.config import load_settings
 from llmgw.config.providers_file import (
+    Cooldown,
     DeploymentSpec,
     ModelAlias,
     ProviderConfigError,
     ProviderSpec,
+    Strategy,
 )
 from llmgw.middleware import OMITTED_PARAMS_HEADER
 from llmgw.providers.pool import RETRY_AFTER_SECONDS
-from llmgw.providers.registry import build_registry
-from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
+from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.channel import CHANNEL
-from llmgw.routing.strategy import Strategy
+from llmgw.routing.registry import build_registry
 from llmgw.telemetry import semconv as sc
 from tests.conftest import Gateway, eventually, gateway_env
 from tests.fake_openai import FAKE_OPENAI_KEY, FakeOpenAI, providers_settings

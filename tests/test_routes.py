@@ -11,8 +11,7 @@ from llmgw.admin.api import ADMIN_PREFIX
 from llmgw.api.openapi import build_document
 from llmgw.app import create_app
 from llmgw.config import Settings
-from llmgw.console.app import CONSOLE_PREFIX
-from llmgw.route_table import DESCRIBED, Route, admitting
+from llmgw.route_table import CONSOLE_PREFIX, DESCRIBED, Route, admitting
 from llmgw.routes import PUBLIC_PATHS, gateway_routes
 
 

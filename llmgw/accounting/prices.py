@@ -11,22 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
-import orjson
 
 from llmgw.accounting.price import Price, PriceRule
 from llmgw.background import cancel_and_wait
 from llmgw.config import Settings
 from llmgw.config.common import is_price
-from llmgw.errors import GatewayError
-from llmgw.providers.base import Provider, UpstreamHTTPError
 
 __all__ = [
     "Price",
     "PriceRule",
     "PriceTable",
+    "Publisher",
     "configured_prices",
     "parse_venice_models",
     "publishers",
@@ -86,7 +84,17 @@ def configured_prices(settings: Settings) -> tuple[PriceRule, ...]:
     return (*entries, *provider_wide)
 
 
-def publishers(providers: Sequence[Provider]) -> tuple[Provider, ...]:
+class Publisher(Protocol):
+    """A provider as the price table sees it (``llmgw.providers.base.Provider``): accounting sits
+    below the adapters, so it names only what it asks of them."""
+
+    name: str
+    publishes_prices: bool  # published_prices gives its models' prices
+
+    async def published_prices(self, deadline: float) -> Mapping[str, Price]: ...
+
+
+def publishers(providers: Sequence[Publisher]) -> tuple[Publisher, ...]:
     """The providers that publish their models' prices (``Provider.publishes_prices``)."""
     return tuple(p for p in providers if p.publishes_prices)
 
@@ -103,7 +111,7 @@ class PriceTable:
     ) -> None:
         self._configure(configured)
         self._published: dict[tuple[str, str], Price] = {}
-        self._publishers: tuple[Provider, ...] = ()
+        self._publishers: tuple[Publisher, ...] = ()
         self._refresh_seconds = refresh_seconds
         self._refresher: asyncio.Task[None] | None = None
         self._fetched = asyncio.Event()  # the first fetch ended (whatever its result)
@@ -140,7 +148,10 @@ class PriceTable:
             deadline = asyncio.get_running_loop().time() + timeout
             try:
                 prices = await provider.published_prices(deadline)
-            except (GatewayError, UpstreamHTTPError, orjson.JSONDecodeError) as exc:
+            # A listing fails as its provider's calls do (GatewayError, UpstreamHTTPError), with a
+            # body that is no JSON, or as a plugin's adapter may: in the background, whatever it
+            # is, it is logged and the prices it had stay.
+            except Exception as exc:
                 self._listing_failed(provider.name, exc)
                 continue
             self.publish(provider.name, prices)
@@ -159,11 +170,11 @@ class PriceTable:
         # listing at all, and serve's start-up check already warned about a listing that fails.
         log.debug("price table: %s's model listing failed (%s)", provider, error)
 
-    async def start(self, publishers: Sequence[Provider] = ()) -> None:
+    async def start(self, publishers: Sequence[Publisher] = ()) -> None:
         """Remember the publishers; their listings are fetched when a price is first needed."""
         self._publishers = tuple(publishers)
 
-    def reconfigure(self, configured: Sequence[PriceRule], publishers: Sequence[Provider]) -> None:
+    def reconfigure(self, configured: Sequence[PriceRule], publishers: Sequence[Publisher]) -> None:
         """A reloaded configuration (SIGHUP): its prices, and the listings of its providers.
 
         Published prices of providers that are gone are dropped; the new publishers' listings

@@ -25,27 +25,36 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
+from llmgw.admin.identity import IDENTITY, Action, Identity, Target, authorize
 from llmgw.admin.schemas import (
     KeyCreate,
     ReportRange,
     Rotate,
     SubjectBudgetUpdate,
+    TeamCreate,
     parse,
     to_json,
 )
 from llmgw.admin.sign_in_guard import SignInGuard
 from llmgw.api.body import parse_json
 from llmgw.cache.store import CacheUnavailable
-from llmgw.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
+from llmgw.errors import (
+    AuthenticationFailed,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    ServiceUnavailable,
+    Unprocessable,
+)
 from llmgw.route_table import JSON, Doc, Route, add_routes
 from llmgw.routing.views import routes_view
-from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects
+from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects, teams
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
 from llmgw.storage.usage import GROUPINGS, UsageQuery, request_usage, summarize_usage
 
 __all__ = [
-    "ACTOR",
     "ADMIN_PREFIX",
     "REPORT_COLUMNS",
     "admin_token_auth",
@@ -56,8 +65,6 @@ __all__ = [
 ]
 
 ADMIN_PREFIX = "/admin/v1"
-# Who is acting, as audit rows name them: set by whichever authentication the admin app runs behind.
-ACTOR = web.RequestKey("admin_actor", str)
 _SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
 _MAX_PAGE = 200
 
@@ -81,7 +88,8 @@ def admin_token_auth(token: str, guard: SignInGuard) -> Middleware:
             guard.failed(request)
             raise AuthenticationFailed()
         offered = request.headers.get("X-Admin-Actor", "")
-        request[ACTOR] = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
+        actor = offered if _SANE_ACTOR.fullmatch(offered) else token_actor
+        request[IDENTITY] = Identity(actor=actor, admin=True)
         return await handler(request)
 
     return impl
@@ -135,7 +143,7 @@ async def _audit(
 ) -> None:
     await write_audit(
         connection,
-        actor=request[ACTOR],
+        actor=request[IDENTITY].actor,
         action=action,
         target=target,
         before=None if before is None else to_json(before),
@@ -147,19 +155,49 @@ def _issued_json(issued: api_keys.IssuedKey) -> dict[str, Any]:
     return {**to_json(issued.record), "key": issued.plaintext}
 
 
+async def _check_team(connection: asyncpg.Connection, wanted: KeyCreate) -> None:
+    """A key's team exists and allows every model the key names (an empty list: the team's)."""
+    if wanted.team_id is None:
+        return
+    try:
+        team_models = await teams.team_allowed_models(connection, wanted.team_id)
+    except teams.TeamNotFound:
+        raise Unprocessable(f"No team has id {wanted.team_id}.", param="team_id") from None
+    outside = sorted(set(wanted.allowed_models) - set(team_models)) if team_models else []
+    if outside:
+        raise Unprocessable(
+            f"The key's team does not allow {', '.join(outside)}; it allows "
+            f"{', '.join(team_models)}.",
+            param="allowed_models",
+        )
+
+
+def _may(request: web.Request, action: Action, target: Target | None = None) -> Identity:
+    """The caller, once authorised to do ``action`` (on ``target``)."""
+    identity = request[IDENTITY]
+    authorize(identity, action, target)
+    return identity
+
+
 async def create_key(request: web.Request) -> web.Response:
     wanted = parse(await _json_body(request), KeyCreate)
+    _may(request, Action.KEY_CREATE, Target(wanted.team_id))
     async with _transaction(request) as connection:
+        await _check_team(connection, wanted)
         issued = await api_keys.create_key(
-            connection, api_keys.KeySettings(**attrs.asdict(wanted, recurse=False))
+            connection,
+            api_keys.KeySettings(
+                **attrs.asdict(wanted, recurse=False), owner=request[IDENTITY].actor
+            ),
         )
         await _audit(connection, request, "key.create", str(issued.record.id), after=issued.record)
     return _json(_issued_json(issued), status=201)
 
 
 async def list_keys(request: web.Request) -> web.Response:
+    identity = _may(request, Action.KEY_LIST)
     query = request.query
-    subject = query.get("subject_id")
+    subject, team = query.get("subject_id"), query.get("team_id")
     state = query.get("state", "all")
     if state not in api_keys.KEY_STATES:
         raise InvalidRequest(
@@ -178,9 +216,12 @@ async def list_keys(request: web.Request) -> web.Response:
         records = await api_keys.list_keys(
             connection,
             subject_id=None if subject is None else _uuid(subject, "subject_id"),
+            team_id=None if team is None else _uuid(team, "team_id"),
             state=state,
             limit=limit + 1,
             offset=offset,
+            # Only what the caller may see: their teams' keys (a team admin), their own (a member).
+            visible=None if identity.admin else (list(identity.admin_teams), identity.actor),
         )
     page = records[:limit]
     return _json(
@@ -195,15 +236,20 @@ async def list_keys(request: web.Request) -> web.Response:
 
 async def get_key(request: web.Request) -> web.Response:
     async with _transaction(request) as connection:
-        record = await _find(connection, _key_id(request))
+        record = await _find(request, connection, _key_id(request), Action.KEY_READ)
     return _json(to_json(record))
 
 
-async def _find(connection: asyncpg.Connection, key_id: str) -> api_keys.ApiKeyRecord:
+async def _find(
+    request: web.Request, connection: asyncpg.Connection, key_id: str, action: Action
+) -> api_keys.ApiKeyRecord:
+    """The key, once the caller may do ``action`` on it (404 for a key they may not see)."""
     try:
-        return await api_keys.find_key(connection, key_id)
+        record = await api_keys.find_key(connection, key_id)
     except api_keys.KeyNotFound:
         raise NotFound(f"No key has id {key_id}.") from None
+    _may(request, action, Target(record.team_id, record.owner))
+    return record
 
 
 async def patch_key(request: web.Request) -> web.Response:
@@ -218,13 +264,16 @@ async def patch_key(request: web.Request) -> web.Response:
         )
     key_id = _key_id(request)
     async with _transaction(request) as connection:
-        current = await _find(connection, key_id)
+        current = await _find(request, connection, key_id, Action.KEY_UPDATE)
         # Validate the key as it would be after the change, with the same rules as creation.
         merged = {name: to_json(getattr(current, name)) for name in api_keys.MUTABLE_FIELDS}
         merged.update(changes)
         if current.subject_id is not None:
             merged["subject_id"] = str(current.subject_id)
         wanted = parse(merged, KeyCreate)
+        if wanted.team_id != current.team_id:  # moved: the caller must be able to put it there
+            _may(request, Action.KEY_UPDATE, Target(wanted.team_id, current.owner))
+        await _check_team(connection, wanted)
         before, after = await api_keys.update_key(
             connection, key_id, {name: getattr(wanted, name) for name in changes}
         )
@@ -235,7 +284,7 @@ async def patch_key(request: web.Request) -> web.Response:
 async def revoke_key(request: web.Request) -> web.Response:
     key_id = _key_id(request)
     async with _transaction(request) as connection:
-        before = await _find(connection, key_id)
+        before = await _find(request, connection, key_id, Action.KEY_REVOKE)
         after = await api_keys.revoke_key(connection, key_id)
         await _audit(connection, request, "key.revoke", key_id, before=before, after=after)
     return _json(to_json(after))
@@ -245,7 +294,7 @@ async def rotate_key(request: web.Request) -> web.Response:
     wanted = parse(await _json_body(request, optional=True), Rotate)
     key_id = _key_id(request)
     async with _transaction(request) as connection:
-        before = await _find(connection, key_id)
+        before = await _find(request, connection, key_id, Action.KEY_ROTATE)
         old_after, issued = await api_keys.rotate_key(
             connection, key_id, grace_seconds=wanted.grace_seconds
         )
@@ -254,7 +303,104 @@ async def rotate_key(request: web.Request) -> web.Response:
     return _json({**_issued_json(issued), "replaces": to_json(old_after)}, status=201)
 
 
+def _team_id(request: web.Request) -> uuid.UUID:
+    return _uuid(request.match_info["team_id"], "team id")
+
+
+async def _find_team(connection: asyncpg.Connection, team_id: uuid.UUID) -> teams.TeamRecord:
+    try:
+        return await teams.find_team(connection, team_id)
+    except teams.TeamNotFound:
+        raise NotFound(f"No team has id {team_id}.") from None
+
+
+async def create_team(request: web.Request) -> web.Response:
+    _may(request, Action.TEAM_CREATE)
+    wanted = parse(await _json_body(request), TeamCreate)
+    async with _transaction(request) as connection:
+        try:
+            team = await teams.create_team(
+                connection, teams.TeamSettings(**attrs.asdict(wanted, recurse=False))
+            )
+        except teams.TeamNameTaken as exc:
+            raise Conflict(f"{str(exc).capitalize()}.", param="name") from None
+        await _audit(connection, request, "team.create", str(team.id), after=team)
+    return _json(to_json(team), status=201)
+
+
+async def list_teams(request: web.Request) -> web.Response:
+    identity = _may(request, Action.TEAM_LIST)
+    limit = _page_size(request.query)
+    offset = _bounded_int(request.query, "offset", bounds.MAX_OFFSET) or 0
+    async with _transaction(request) as connection:
+        found = await teams.list_teams(
+            connection,
+            limit=limit + 1,
+            offset=offset,
+            ids=None if identity.admin else list(identity.teams),
+        )
+    page = found[:limit]
+    more = len(found) > limit
+    return _json(
+        {
+            "object": "list",
+            "data": [to_json(team) for team in page],
+            "has_more": more,
+            "next_offset": offset + len(page) if more else None,
+        }
+    )
+
+
+async def get_team(request: web.Request) -> web.Response:
+    team_id = _team_id(request)
+    _may(request, Action.TEAM_READ, Target(team_id))
+    async with _transaction(request) as connection:
+        return _json(to_json(await _find_team(connection, team_id)))
+
+
+async def patch_team(request: web.Request) -> web.Response:
+    changes = await _json_body(request)
+    if not isinstance(changes, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    not_mutable = sorted(set(changes) - set(teams.TEAM_FIELDS))
+    if not_mutable:
+        raise InvalidRequest(
+            f"cannot change {', '.join(not_mutable)}; changeable: {', '.join(teams.TEAM_FIELDS)}.",
+            param=not_mutable[0],
+        )
+    team_id = _team_id(request)
+    _may(request, Action.TEAM_UPDATE, Target(team_id))
+    async with _transaction(request) as connection:
+        current = await _find_team(connection, team_id)
+        # The team as it would be after the change, checked with the same rules as a new one.
+        merged = {name: to_json(getattr(current, name)) for name in teams.TEAM_FIELDS}
+        merged.update(changes)
+        wanted = parse(merged, TeamCreate)
+        try:
+            before, after = await teams.update_team(
+                connection, team_id, {name: getattr(wanted, name) for name in changes}
+            )
+        except teams.TeamNameTaken as exc:
+            raise Conflict(f"{str(exc).capitalize()}.", param="name") from None
+        await _audit(connection, request, "team.update", str(team_id), before=before, after=after)
+    return _json(to_json(after))
+
+
+async def delete_team(request: web.Request) -> web.Response:
+    team_id = _team_id(request)
+    _may(request, Action.TEAM_DELETE, Target(team_id))
+    async with _transaction(request) as connection:
+        await _find_team(connection, team_id)
+        try:
+            before = await teams.delete_team(connection, team_id)
+        except teams.TeamHasKeys as exc:
+            raise Conflict(f"{str(exc).capitalize()}.") from None
+        await _audit(connection, request, "team.delete", str(team_id), before=before)
+    return _json({"id": str(team_id), "object": "team", "deleted": True})
+
+
 async def put_subject(request: web.Request) -> web.Response:
+    _may(request, Action.SUBJECT_UPDATE)
     subject_id = _uuid(request.match_info["subject_id"], "subject_id")
     wanted = parse(await _json_body(request), SubjectBudgetUpdate)
     async with _transaction(request) as connection:
@@ -266,6 +412,7 @@ async def put_subject(request: web.Request) -> web.Response:
 
 
 async def get_subject(request: web.Request) -> web.Response:
+    _may(request, Action.SUBJECT_READ)
     subject_id = _uuid(request.match_info["subject_id"], "subject_id")
     async with _transaction(request) as connection:
         subject = await subjects.get_subject(connection, subject_id)
@@ -315,30 +462,63 @@ async def usage(request: web.Request) -> web.Response:
     group_by = query.get("group_by", "model")
     if group_by not in GROUPINGS:
         raise InvalidRequest(f"group_by must be one of {', '.join(GROUPINGS)}.", param="group_by")
-    subject, key = query.get("subject_id"), query.get("key_id")
+    subject, key, team = query.get("subject_id"), query.get("key_id"), query.get("team_id")
     wanted = UsageQuery(
         subject_id=None if subject is None else _uuid(subject, "subject_id"),
         key_id=None if key is None else _uuid(key, "key_id"),
+        team_id=None if team is None else _uuid(team, "team_id"),
         start=_time(query.get("from"), "from"),
         end=_time(query.get("to"), "to"),
         group_by=group_by,
     )
     async with _transaction(request) as connection:
+        await _may_read_usage(request, connection, wanted.team_id, wanted.key_id)
         rows = await summarize_usage(connection, wanted)
     return _json({"object": "list", "group_by": group_by, "data": rows})
 
 
 async def usage_of_request(request: web.Request) -> web.Response:
+    """One request's rows: an admin's to read, or whoever may read the key that made it (a
+    request of a key the caller may not see is as unknown as one never made)."""
     request_id = request.match_info["request_id"]
+    unknown = NotFound(f"No usage is recorded for request {request_id!r}.")
+    identity = _may(request, Action.USAGE_READ)
     async with _transaction(request) as connection:
         rows = await request_usage(connection, request_id)
+        if not identity.admin:
+            try:
+                for key_id in {row["api_key_id"] for row in rows}:
+                    await _find(request, connection, key_id, Action.KEY_READ)
+            except (NotFound, Forbidden):
+                raise unknown from None
     if not rows:
-        raise NotFound(f"No usage is recorded for request {request_id!r}.")
+        raise unknown
     return _json({"object": "list", "request_id": request_id, "data": rows})
+
+
+async def _may_read_usage(
+    request: web.Request,
+    connection: asyncpg.Connection,
+    team_id: uuid.UUID | None,
+    key_id: uuid.UUID | None,
+) -> None:
+    """An admin reads all usage; a team admin a team of theirs (team_id), a member a key of
+    their own (key_id): a narrower question names what it is about."""
+    identity = _may(request, Action.USAGE_READ)
+    if identity.admin:
+        return
+    if team_id is not None:
+        _may(request, Action.AUDIT_READ, Target(team_id))  # a team's usage: its team admins'
+        return
+    if key_id is not None:
+        await _find(request, connection, str(key_id), Action.KEY_READ)
+        return
+    raise Forbidden("Name the team_id of a team you administer, or the key_id of a key of yours.")
 
 
 async def clear_cache(request: web.Request) -> web.Response:
     """Delete response-cache entries: all, or those stored by ``key_id`` or for ``model``."""
+    _may(request, Action.CACHE_CLEAR)
     query = request.query
     key_id = query.get("key_id")
     if key_id is not None:
@@ -384,6 +564,7 @@ def _bounded_int(query: Any, name: str, maximum: int) -> int | None:
 
 
 async def list_subjects(request: web.Request) -> web.Response:
+    _may(request, Action.SUBJECT_READ)
     limit = _page_size(request.query)
     offset = _bounded_int(request.query, "offset", 2**31 - 1) or 0
     async with _transaction(request) as connection:
@@ -401,10 +582,16 @@ async def list_subjects(request: web.Request) -> web.Response:
 
 
 async def audit_log(request: web.Request) -> web.Response:
+    identity = _may(request, Action.AUDIT_READ)
     limit = _page_size(request.query)
     before_id = _bounded_int(request.query, "before_id", 2**63 - 1)
     async with _transaction(request) as connection:
-        entries = await list_audit(connection, limit=limit + 1, before_id=before_id)
+        entries = await list_audit(
+            connection,
+            limit=limit + 1,
+            before_id=before_id,
+            teams=None if identity.admin else list(identity.admin_teams),
+        )
     page = entries[:limit]
     more = len(entries) > limit
     return _json(
@@ -418,12 +605,14 @@ async def audit_log(request: web.Request) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
+    _may(request, Action.OVERVIEW_READ)
     async with _transaction(request) as connection:
         return _json(await rollup.overview(connection, datetime.now(UTC)))
 
 
 async def routes(request: web.Request) -> web.Response:
     """Each alias's strategy and each deployment's health, as this replica sees it."""
+    _may(request, Action.ROUTES_READ)
     return _json(routes_view(request.config_dict[app_keys.PROVIDERS]))
 
 
@@ -439,7 +628,12 @@ def report_query(query: Mapping[str, str]) -> rollup.UsageReportQuery:
             f"a report covers at most {rollup.MAX_REPORT_DAYS} days.", param="from"
         )
     return rollup.UsageReportQuery(
-        by=given.by, start=start, end=end, key_id=given.key_id, subject_id=given.subject_id
+        by=given.by,
+        start=start,
+        end=end,
+        key_id=given.key_id,
+        subject_id=given.subject_id,
+        team_id=given.team_id,
     )
 
 
@@ -480,6 +674,7 @@ def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
 async def usage_report(request: web.Request) -> web.Response:
     wanted = report_query(request.query)
     async with _transaction(request) as connection:
+        await _may_read_usage(request, connection, wanted.team_id, wanted.key_id)
         rows = await rollup.usage_report(connection, wanted)
     if request.query.get("format") == "csv":
         name = f"llmgw-usage-by-{wanted.by}-{wanted.start}-{wanted.end}.csv"
@@ -514,6 +709,7 @@ async def revoke_console_sessions(request: web.Request) -> int:
 
 
 async def sign_out_everywhere(request: web.Request) -> web.Response:
+    _may(request, Action.SESSIONS_REVOKE)
     return _json({"object": "console.sessions", "revoked": await revoke_console_sessions(request)})
 
 
@@ -590,6 +786,34 @@ def admin_routes() -> tuple[Route, ...]:
             request_required=False,
         ),
         _admin(
+            "POST",
+            "/teams",
+            create_team,
+            "adminCreateTeam",
+            "Create a team.",
+            status="201",
+            answer="The team.",
+            request=TeamCreate,
+        ),
+        _admin("GET", "/teams", list_teams, "adminListTeams", "The teams."),
+        _admin("GET", "/teams/{team_id}", get_team, "adminGetTeam", "One team."),
+        _admin(
+            "PATCH",
+            "/teams/{team_id}",
+            patch_team,
+            "adminChangeTeam",
+            "Change a team's name, limits, models or groups.",
+            request=TeamCreate,
+            request_fields=teams.TEAM_FIELDS,
+        ),
+        _admin(
+            "DELETE",
+            "/teams/{team_id}",
+            delete_team,
+            "adminDeleteTeam",
+            "Delete a team (409 while it has active keys).",
+        ),
+        _admin(
             "PUT",
             "/subjects/{subject_id}",
             put_subject,
@@ -605,7 +829,7 @@ def admin_routes() -> tuple[Route, ...]:
             "/usage/report",
             usage_report,
             "adminUsageReport",
-            "Usage by day, model, key or subject, as JSON or CSV (format=csv).",
+            "Usage by day, model, key, subject or team, as JSON or CSV (format=csv).",
             content={**_OBJECT, "text/csv": {"type": "string"}},
         ),
         _admin(

@@ -20,7 +20,15 @@ from llmgw.errors import InvalidRequest
 from llmgw.storage import bounds
 from llmgw.storage.rollup import REPORT_GROUPINGS
 
-__all__ = ["KeyCreate", "ReportRange", "Rotate", "SubjectBudgetUpdate", "parse", "to_json"]
+__all__ = [
+    "KeyCreate",
+    "ReportRange",
+    "Rotate",
+    "SubjectBudgetUpdate",
+    "TeamCreate",
+    "parse",
+    "to_json",
+]
 
 T = TypeVar("T")
 
@@ -131,6 +139,38 @@ class KeyCreate:
     expires_at: datetime | None = None
     tokens_per_minute: int | None = attrs.field(default=None, validator=_optional_positive)
     max_concurrent_requests: int | None = attrs.field(default=None, validator=_optional_positive)
+    team_id: uuid.UUID | None = None
+
+
+def _whole_window(
+    instance: TeamCreate, _attribute: attrs.Attribute[Any], value: int | None
+) -> None:
+    if (instance.rate_limit_requests is None) != (value is None):
+        raise ValueError(
+            "rate_limit_requests and rate_limit_window_seconds are set (or cleared) together"
+        )
+
+
+def _group(_instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not value.strip():
+        raise ValueError(f"{attribute.name} must not be blank (null: no group)")
+
+
+@attrs.frozen
+class TeamCreate:
+    """A team's settings (POST /teams; PATCH validates the team as it would be after the change)."""
+
+    name: str = attrs.field(validator=v.and_(v.min_len(1), v.max_len(200)))
+    monthly_budget_usd: float | None = attrs.field(default=None, validator=_budget)
+    rate_limit_requests: int | None = attrs.field(default=None, validator=_optional_positive)
+    rate_limit_window_seconds: int | None = attrs.field(
+        default=None, validator=v.and_(_optional_positive, _whole_window)
+    )
+    tokens_per_minute: int | None = attrs.field(default=None, validator=_optional_positive)
+    max_concurrent_requests: int | None = attrs.field(default=None, validator=_optional_positive)
+    allowed_models: tuple[str, ...] = attrs.field(default=(), validator=_model_names)
+    oidc_group: str | None = attrs.field(default=None, validator=_group)
+    oidc_admin_group: str | None = attrs.field(default=None, validator=_group)
 
 
 @attrs.frozen
@@ -159,6 +199,7 @@ class ReportRange:
     to: date | None = None
     key_id: uuid.UUID | None = None
     subject_id: uuid.UUID | None = None
+    team_id: uuid.UUID | None = None
 
 
 CONVERTER.register_structure_hook(

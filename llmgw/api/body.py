@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from llmgw import app_keys
-from llmgw.api.body_memory import BodyAllowance
+from llmgw.body_memory import BodyAllowance
 from llmgw.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
 
 __all__ = [

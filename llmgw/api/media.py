@@ -39,7 +39,7 @@ from llmgw.errors import (
     UnsupportedMediaType,
 )
 from llmgw.providers.base import UpstreamCall, UpstreamStream
-from llmgw.providers.fallback import FallbackChain
+from llmgw.routing.fallback import FallbackChain
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.genai import Outcome
 

@@ -27,7 +27,7 @@ from llmgw.cache.key import MESSAGES as MESSAGES_API
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
-from llmgw.providers.fallback import FallbackChain
+from llmgw.routing.fallback import FallbackChain
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.translation import anthropic

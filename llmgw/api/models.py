@@ -25,7 +25,7 @@ from llmgw.api.pipeline import forward_upstream_error
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.errors import GatewayError, UpstreamUnavailable
 from llmgw.providers.base import Provider, UpstreamHTTPError
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.routing.registry import ProviderRegistry
 from llmgw.telemetry.model_names import remember_listed
 
 __all__ = ["MODELS_CACHE", "ModelListCache", "list_models"]
@@ -154,7 +154,7 @@ async def list_models(request: web.Request, key: AuthenticatedKey) -> web.Stream
         )
     except UpstreamHTTPError as exc:
         return forward_upstream_error(exc.response)
-    if key.allowed_models:
+    if key.restricts_models:
         body = _only_allowed(body, key)
     return web.Response(body=body, headers={"Content-Type": _JSON})
 

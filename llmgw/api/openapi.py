@@ -21,8 +21,7 @@ import attrs
 import orjson
 from aiohttp import web
 
-from llmgw.console.app import CONSOLE_PREFIX
-from llmgw.route_table import DESCRIBED, JSON, Doc, ErrorSet, Route
+from llmgw.route_table import CONSOLE_PREFIX, DESCRIBED, JSON, Doc, ErrorSet, Route
 
 if TYPE_CHECKING:
     from attrs import AttrsInstance
@@ -476,8 +475,10 @@ def _errors(errors: ErrorSet) -> dict[str, Any]:
     if errors == "admin":
         return {
             "default": _json_answer(
-                "A body or query the admin API refuses (400), an unknown id (404), a database "
-                "that does not answer (503).",
+                "A body or query the admin API refuses (400), an action outside the caller's role "
+                "(403), an unknown id (404), a change the state forbids (409: a team that still "
+                "has keys; 422: a key naming a model its team does not allow), a database that "
+                "does not answer (503).",
                 _ref("Error"),
             )
         }

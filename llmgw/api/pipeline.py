@@ -58,7 +58,7 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
-from llmgw.providers.fallback import Answer, FallbackChain
+from llmgw.routing.fallback import Answer, FallbackChain
 from llmgw.streaming.continuation import (
     Continuation,
     Resumed,

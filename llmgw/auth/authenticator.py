@@ -33,7 +33,7 @@ from llmgw.storage.database import (
     database_errors,
 )
 
-__all__ = ["AuthenticatedKey", "Authenticator"]
+__all__ = ["AuthenticatedKey", "Authenticator", "TeamLimits"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,15 @@ _LOOKUP = """
 SELECT k.id, k.subject_id, k.key_hash, k.rate_limit_requests, k.rate_limit_window_seconds,
        extract(epoch FROM k.expires_at)::float8 AS expires_at_epoch, k.allowed_models,
        k.tokens_per_minute, k.max_concurrent_requests,
-       s.monthly_budget_usd::float8 AS monthly_budget_usd
+       s.monthly_budget_usd::float8 AS monthly_budget_usd,
+       k.team_id, t.rate_limit_requests AS team_rate_limit_requests,
+       t.rate_limit_window_seconds AS team_rate_limit_window_seconds,
+       t.tokens_per_minute AS team_tokens_per_minute,
+       t.max_concurrent_requests AS team_max_concurrent_requests,
+       t.monthly_budget_usd::float8 AS team_monthly_budget_usd,
+       t.allowed_models AS team_allowed_models
 FROM api_keys k LEFT JOIN subjects s ON s.subject_id = k.subject_id
+     LEFT JOIN teams t ON t.id = k.team_id
 WHERE k.prefix = $1 AND k.is_active AND k.revoked_at IS NULL
 """
 _TOUCH = "UPDATE api_keys SET last_used_at = now() WHERE id = ANY($1::uuid[])"
@@ -65,6 +72,40 @@ class AuthenticatedKey:
     max_concurrent_requests: int | None = None
     # The subject's cap, read with the key (a change to it is announced like a key change).
     monthly_budget_usd: float | None = None
+    # The key's team and its limits, read with the key (a change to the team is announced like a
+    # key change): a request is admitted only when the key's limits and its team's all admit it.
+    team: TeamLimits | None = None
+
+    def allows_model(self, model: str) -> bool:
+        """Allowed models are the intersection of the key's list and its team's (empty: all)."""
+        if self.allowed_models and model not in self.allowed_models:
+            return False
+        return self.team is None or self.team.allows_model(model)
+
+    @property
+    def restricts_models(self) -> bool:
+        return bool(self.allowed_models) or bool(self.team and self.team.allowed_models)
+
+    @property
+    def allowlist(self) -> frozenset[str]:
+        """The models the key may use, when it restricts_models."""
+        team = self.team.allowed_models if self.team else frozenset()
+        if self.allowed_models and team:
+            return self.allowed_models & team
+        return self.allowed_models or team
+
+
+@attrs.frozen(slots=True)
+class TeamLimits:
+    """A team's limits over all its keys (None: no such limit)."""
+
+    id: uuid.UUID
+    rate_limit_requests: int | None = None
+    rate_limit_window_seconds: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
+    monthly_budget_usd: float | None = None
+    allowed_models: frozenset[str] = frozenset()  # empty: every model
 
     def allows_model(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -104,6 +145,18 @@ class _LRU:
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def _team(row: asyncpg.Record) -> TeamLimits:
+    return TeamLimits(
+        id=row["team_id"],
+        rate_limit_requests=row["team_rate_limit_requests"],
+        rate_limit_window_seconds=row["team_rate_limit_window_seconds"],
+        tokens_per_minute=row["team_tokens_per_minute"],
+        max_concurrent_requests=row["team_max_concurrent_requests"],
+        monthly_budget_usd=row["team_monthly_budget_usd"],
+        allowed_models=frozenset(row["team_allowed_models"]),
+    )
 
 
 class Authenticator:
@@ -189,6 +242,7 @@ class Authenticator:
                 tokens_per_minute=row["tokens_per_minute"],
                 max_concurrent_requests=row["max_concurrent_requests"],
                 monthly_budget_usd=row["monthly_budget_usd"],
+                team=None if row["team_id"] is None else _team(row),
             )
             entry = _CacheEntry(key, bytes(row["key_hash"]), now + self._cache_ttl)
             self._store(prefix, entry, generation, self._known)

@@ -15,8 +15,8 @@ import attrs
 import orjson
 
 from llmgw.accounting.usage import Usage
+from llmgw.providers.sse import SSEScanner, event_data
 from llmgw.streaming.completion import completion_events
-from llmgw.streaming.sse import SSEScanner, event_data
 
 __all__ = ["Entry", "assemble_completion", "decode_entry", "encode_entry"]
 

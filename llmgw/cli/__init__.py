@@ -1,4 +1,4 @@
-"""The ``llmgw`` command line: serve, keys, db, usage, budgets, responses, routes,
+"""The ``llmgw`` command line: serve, keys, db, usage, budgets, teams, responses, routes,
 providers, cache and smoke. Parsing only."""
 
 from __future__ import annotations
@@ -8,7 +8,19 @@ import sys
 from collections.abc import Sequence
 
 from llmgw import __version__
-from llmgw.cli import budgets, cache, db, keys, providers, responses, routes, serve, smoke, usage
+from llmgw.cli import (
+    budgets,
+    cache,
+    db,
+    keys,
+    providers,
+    responses,
+    routes,
+    serve,
+    smoke,
+    teams,
+    usage,
+)
 from llmgw.cli.common import EXIT_CONFIG, CommandError, environment_help
 from llmgw.config import ConfigError
 
@@ -37,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.register(commands)
     usage.register(commands)
     budgets.register(commands)
+    teams.register(commands)
     responses.register(commands)
     routes.register(commands)
     providers.register(commands)

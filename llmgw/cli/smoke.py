@@ -13,7 +13,7 @@ import attrs
 import orjson
 
 from llmgw.config import load_bind_addr
-from llmgw.streaming.sse import SSEScanner, event_data
+from llmgw.providers.sse import SSEScanner, event_data
 
 __all__ = ["default_base_url", "register"]
 

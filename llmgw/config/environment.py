@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import platformdirs
@@ -209,6 +210,32 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
         secret=True,
     ),
     EnvVar(
+        "OIDC_ISSUER",
+        None,
+        "console single sign-on: the OpenID provider's issuer URL (https://, or http:// on "
+        "loopback); with OIDC_CLIENT_ID and OIDC_CLIENT_SECRET",
+    ),
+    EnvVar("OIDC_CLIENT_ID", None, "the console's client id at the OpenID provider"),
+    EnvVar("OIDC_CLIENT_SECRET", None, "the console's client secret there", secret=True),
+    EnvVar(
+        "OIDC_REDIRECT_URL",
+        None,
+        "the callback URL given to the provider (default: this request's "
+        "/console/oidc/callback), for a gateway behind a proxy",
+    ),
+    EnvVar("OIDC_GROUPS_CLAIM", "groups", "the ID token claim that lists a person's groups"),
+    EnvVar(
+        "OIDC_ADMIN_GROUPS",
+        None,
+        "comma-separated groups whose members are console admins (everything)",
+    ),
+    EnvVar(
+        "CONSOLE_TOKEN_SIGN_IN",
+        "true",
+        "false = the console's admin-token sign-in is off (single sign-on only)",
+    ),
+    EnvVar("CONSOLE_SESSION_HOURS", "8", "longest a console session lasts, in hours"),
+    EnvVar(
         "TRUST_FORWARDED_HEADERS",
         "false",
         "true = believe a reverse proxy's X-Forwarded-Proto/Forwarded proto (Secure console "
@@ -263,6 +290,14 @@ class Settings:
     log_level: str = "INFO"
     admin_token: str | None = attrs.field(default=None, repr=False)
     trust_forwarded_headers: bool = False
+    oidc_issuer: str | None = None
+    oidc_client_id: str | None = None
+    oidc_client_secret: str | None = attrs.field(default=None, repr=False)
+    oidc_redirect_url: str | None = None
+    oidc_groups_claim: str = "groups"
+    oidc_admin_groups: tuple[str, ...] = ()
+    console_token_sign_in: bool = True
+    console_session_hours: float = 8.0
     # From LLMGW_CONFIG; empty = the one provider "venice" built from the VENICE_* settings.
     providers: tuple[ProviderSpec, ...] = ()
     model_aliases: tuple[ModelAlias, ...] = ()
@@ -411,6 +446,7 @@ def load_settings(
             "LLMGW_ADMIN_TOKEN", _parse_admin_token, "at least 16 printable characters"
         ),
         trust_forwarded_headers=reader.get("TRUST_FORWARDED_HEADERS", parse_bool, "true or false"),
+        **_oidc(reader),
         log_level=reader.get(
             "LOG_LEVEL",
             _parse_choice("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -420,6 +456,60 @@ def load_settings(
         model_aliases=model_aliases,
         prices=prices,
     )
+
+
+def _oidc(reader: _Reader) -> dict[str, Any]:
+    """Single sign-on for the console: all three of issuer, client id and secret, or none."""
+    issuer = reader.optional("OIDC_ISSUER", _parse_issuer, "an https:// URL (http:// on loopback)")
+    client_id = reader.optional("OIDC_CLIENT_ID", str, "the client id")
+    secret = reader.optional("OIDC_CLIENT_SECRET", str, "the client secret")
+    given = [value is not None for value in (issuer, client_id, secret)]
+    if any(given) and not all(given):
+        raise ConfigError(
+            "OIDC_ISSUER",
+            None,
+            "OIDC_ISSUER, OIDC_CLIENT_ID and OIDC_CLIENT_SECRET together (single sign-on)",
+        )
+    return {
+        "oidc_issuer": issuer,
+        "oidc_client_id": client_id,
+        "oidc_client_secret": secret,
+        "oidc_redirect_url": reader.optional(
+            "OIDC_REDIRECT_URL", _parse_issuer, "an https:// URL (http:// on loopback)"
+        ),
+        "oidc_groups_claim": reader.get("OIDC_GROUPS_CLAIM", str, "a claim name"),
+        "oidc_admin_groups": reader.optional(
+            "OIDC_ADMIN_GROUPS", _parse_names, "comma-separated group names"
+        )
+        or (),
+        "console_token_sign_in": reader.get("CONSOLE_TOKEN_SIGN_IN", parse_bool, "true or false"),
+        "console_session_hours": reader.get(
+            "CONSOLE_SESSION_HOURS", _parse_positive_float, "a positive number of hours"
+        ),
+    }
+
+
+def _parse_issuer(raw: str) -> str:
+    """An https:// URL, or http:// on a loopback address (local and test providers)."""
+    parsed = urllib.parse.urlsplit(raw)
+    if not parsed.hostname or parsed.scheme not in ("https", "http"):
+        raise ValueError(raw)
+    if parsed.scheme == "http" and not _is_loopback(parsed.hostname):
+        raise ValueError(raw)
+    return raw.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parse_names(raw: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
 
 
 def _max_retries(reader: _Reader) -> int:

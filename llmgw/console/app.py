@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import logging
 import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -29,16 +30,20 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import app_keys
-from llmgw.admin.api import ACTOR, build_admin_app, revoke_console_sessions
+from llmgw.admin.api import build_admin_app, revoke_console_sessions
+from llmgw.admin.identity import IDENTITY, Action, Identity, authorize, identity_from_groups
 from llmgw.admin.sign_in_guard import SignInGuard
+from llmgw.console.oidc import OidcClient, OidcError
 from llmgw.errors import GatewayError, NotFound, RateLimited
 from llmgw.forwarded import is_https
+from llmgw.route_table import CONSOLE_PREFIX
 from llmgw.storage import console_sessions
 from llmgw.storage.database import database_errors
 
-__all__ = ["CONSOLE_PREFIX", "build_console_app"]
+log = logging.getLogger(__name__)
 
-CONSOLE_PREFIX = "/console"
+__all__ = ["build_console_app"]
+
 COOKIE = "llmgw_console"
 SESSION_LIFETIME = timedelta(hours=8)
 _SESSION = web.RequestKey("console_session", str)
@@ -81,16 +86,22 @@ def _same_origin(request: web.Request) -> bool:
     return origin in (f"http://{request.host}", f"https://{request.host}")
 
 
-async def _live_session(request: web.Request) -> str | None:
+async def _live_session(request: web.Request) -> tuple[str, Identity] | None:
+    """The session's token and who it is: the identity decided at sign-in (an admin-token session
+    is an admin)."""
     token = request.cookies.get(COOKIE)
     if not token or len(token) > 128:
         return None
     with database_errors():
         async with request.config_dict[app_keys.POOL].acquire() as connection:
-            live = await console_sessions.session_is_live(
+            live = await console_sessions.live_session(
                 connection, token, _admin_fingerprint(token, request.config_dict[_ADMIN_TOKEN])
             )
-    return token if live else None
+    if live is None:
+        return None
+    if live.identity is None:
+        return token, Identity(actor=_session_actor(token), admin=True)
+    return token, Identity.from_json(live.identity)
 
 
 def _check_state_change(request: web.Request, session: str, presented: str | None) -> None:
@@ -105,12 +116,13 @@ def _session_auth() -> Middleware:
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        session = await _live_session(request)
-        if session is None:
+        live = await _live_session(request)
+        if live is None:
             raise SignInRequired("Sign in to the console first; the session is missing or expired.")
+        session, identity = live
         if request.method not in _SAFE_METHODS:
             _check_state_change(request, session, request.headers.get("X-CSRF-Token"))
-        request[ACTOR] = _session_actor(session)
+        request[IDENTITY] = identity
         return await handler(request)
 
     return impl
@@ -126,11 +138,25 @@ def _read_static(name: str) -> str:
 
 
 def _sign_in_page(
-    *, error: str | None = None, status: int = 200, headers: Mapping[str, str] | None = None
+    request: web.Request,
+    *,
+    error: str | None = None,
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
 ) -> web.Response:
-    page = _read_static("sign-in.html").replace(
-        "{{error}}",
-        "" if error is None else f'<p class="error" role="alert">{html.escape(error)}</p>',
+    sso = (
+        f'<p><a class="button-link" href="{CONSOLE_PREFIX}/login">Sign in with single sign-on</a></p>'
+        if request.app.get(_OIDC) is not None
+        else ""
+    )
+    page = (
+        _read_static("sign-in.html")
+        .replace(
+            "{{error}}",
+            "" if error is None else f'<p class="error" role="alert">{html.escape(error)}</p>',
+        )
+        .replace("{{sso}}", sso)
+        .replace("{{token_hidden}}", "" if request.app[_TOKEN_SIGN_IN] else " hidden")
     )
     return web.Response(
         text=page,
@@ -153,25 +179,36 @@ _PAGE_HEADERS = {
 
 
 async def console_page(request: web.Request) -> web.Response:
-    session = await _live_session(request)
-    if session is None:
+    live = await _live_session(request)
+    if live is None:
         return _redirect(f"{CONSOLE_PREFIX}/sign-in")
-    page = _read_static("console.html").replace("{{csrf}}", csrf_token(session))
+    session, identity = live
+    page = (
+        _read_static("console.html")
+        .replace("{{csrf}}", csrf_token(session))
+        .replace("{{role}}", "admin" if identity.admin else "team")
+    )
     return web.Response(text=page, content_type="text/html", headers=_PAGE_HEADERS)
 
 
 async def sign_in_form(request: web.Request) -> web.Response:
-    return _sign_in_page()
+    return _sign_in_page(request)
 
 
 async def sign_in(request: web.Request) -> web.Response:
     if not _same_origin(request):
         raise CrossSiteRequest("This sign-in came from another site.")
+    if not request.app[_TOKEN_SIGN_IN]:
+        return _sign_in_page(
+            request, error="Sign-in with the admin token is off; use single sign-on.", status=403
+        )
     guard = request.app[_GUARD]
     try:
         guard.admit(request)
     except RateLimited as refused:
-        return _sign_in_page(error=refused.message, status=refused.status, headers=refused.headers)
+        return _sign_in_page(
+            request, error=refused.message, status=refused.status, headers=refused.headers
+        )
     form = await request.post()
     presented = form.get("token")
     expected: str = request.app[_ADMIN_TOKEN]
@@ -179,37 +216,138 @@ async def sign_in(request: web.Request) -> web.Response:
         presented.encode(), expected.encode()
     ):
         guard.failed(request)
-        return _sign_in_page(error="That is not the admin token.", status=401)
+        return _sign_in_page(request, error="That is not the admin token.", status=401)
+    return await _start_session(request, None)
+
+
+async def _start_session(request: web.Request, identity: Identity | None) -> web.Response:
+    """A new session (``identity``: a single sign-on's; None: the admin token's) and its cookie."""
     session = secrets.token_urlsafe(32)
-    expires = datetime.now(UTC) + SESSION_LIFETIME
+    lifetime: timedelta = request.app[_LIFETIME]
+    expires = datetime.now(UTC) + lifetime
     with database_errors():
         async with request.config_dict[app_keys.POOL].acquire() as connection:
             await console_sessions.create_session(
-                connection, session, expires, _admin_fingerprint(session, expected)
+                connection,
+                session,
+                expires,
+                _admin_fingerprint(session, request.app[_ADMIN_TOKEN]),
+                None if identity is None else identity.to_json(),
             )
-    response = _redirect(f"{CONSOLE_PREFIX}/")
+    if identity is None:
+        response = _redirect(f"{CONSOLE_PREFIX}/")
+    else:
+        # The provider's redirect here is a cross-site navigation, which would not carry the
+        # SameSite=Strict cookie on to the console: this page moves on from this site instead.
+        response = web.Response(
+            text=_ONWARD, content_type="text/html", headers={**_PAGE_HEADERS, "Refresh": "0"}
+        )
+        response.headers["Refresh"] = f"0;url={CONSOLE_PREFIX}/"
     response.set_cookie(
         COOKIE,
         session,
-        max_age=int(SESSION_LIFETIME.total_seconds()),
+        max_age=int(lifetime.total_seconds()),
         expires=expires.strftime("%a, %d %b %Y %H:%M:%S GMT"),
         path=CONSOLE_PREFIX,
         httponly=True,
         samesite="Strict",
-        secure=is_https(request, trust_forwarded=guard.trust_forwarded),
+        secure=is_https(request, trust_forwarded=request.app[_GUARD].trust_forwarded),
     )
     return response
 
 
+def _callback_url(request: web.Request, oidc: OidcClient) -> str:
+    if oidc.settings.redirect_url is not None:
+        return oidc.settings.redirect_url
+    trust = request.app[_GUARD].trust_forwarded
+    scheme = "https" if is_https(request, trust_forwarded=trust) else "http"
+    return f"{scheme}://{request.host}{CONSOLE_PREFIX}/oidc/callback"
+
+
+def _refused(request: web.Request, why: str, status: int = 400) -> web.Response:
+    """No session: a clear page, and a warning line (never a token or secret in either)."""
+    log.warning("console single sign-on refused: %s", why)
+    return _sign_in_page(request, error=why, status=status)
+
+
+async def oidc_login(request: web.Request) -> web.Response:
+    """Off to the identity provider, with a fresh state, nonce and PKCE verifier."""
+    oidc = request.app.get(_OIDC)
+    if oidc is None:
+        raise NotFound("Single sign-on is not configured (OIDC_ISSUER).")
+    redirect_uri = _callback_url(request, oidc)
+    try:
+        start = await oidc.start(redirect_uri)
+    except OidcError as exc:
+        return _refused(request, str(exc), status=502)
+    with database_errors():
+        async with request.config_dict[app_keys.POOL].acquire() as connection:
+            await console_sessions.save_sign_in(
+                connection,
+                start.state,
+                console_sessions.PendingSignIn(start.nonce, start.code_verifier, redirect_uri),
+                datetime.now(UTC) + _SIGN_IN_TIME,
+            )
+    return _redirect(start.url)
+
+
+async def oidc_callback(request: web.Request) -> web.Response:
+    oidc = request.app.get(_OIDC)
+    if oidc is None:
+        raise NotFound("Single sign-on is not configured (OIDC_ISSUER).")
+    query = request.query
+    if "error" in query:
+        return _refused(
+            request, f"The identity provider refused the sign-in ({query['error'][:80]})."
+        )
+    state, code = query.get("state", ""), query.get("code", "")
+    if not state or not code or len(state) > 200:
+        return _refused(request, "The sign-in answer lacks its code or state; sign in again.")
+    with database_errors():
+        async with request.config_dict[app_keys.POOL].acquire() as connection:
+            pending = await console_sessions.consume_sign_in(connection, state)
+    if pending is None:
+        return _refused(
+            request,
+            "This sign-in was already used, has expired or was never started; sign in again.",
+        )
+    try:
+        id_token = await oidc.exchange(code, pending.code_verifier, pending.redirect_uri)
+        claims = await oidc.verify(id_token, pending.nonce)
+    except OidcError as exc:
+        return _refused(request, str(exc))
+    who = claims.get("email") if isinstance(claims.get("email"), str) else claims["sub"]
+    with database_errors():
+        async with request.config_dict[app_keys.POOL].acquire() as connection:
+            teams = await connection.fetch("SELECT id, oidc_group, oidc_admin_group FROM teams")
+    identity = identity_from_groups(
+        f"user:{who}",
+        oidc.groups(claims),
+        oidc.settings.admin_groups,
+        [(row["id"], row["oidc_group"], row["oidc_admin_group"]) for row in teams],
+    )
+    if not identity.has_role:
+        return _refused(
+            request,
+            f"No access: {who} is in no group that gives a role in this console. Ask an "
+            "administrator to add you to a team's group.",
+            status=403,
+        )
+    log.info("console single sign-on: %s signed in", identity.actor)
+    return await _start_session(request, identity)
+
+
 async def sign_out(request: web.Request) -> web.Response:
     """This session ends; with ``scope=everywhere`` every console session does."""
-    session = await _live_session(request)
-    if session is not None:
+    live = await _live_session(request)
+    if live is not None:
+        session, identity = live
         form = await request.post()
         token = form.get("csrf")
         _check_state_change(request, session, token if isinstance(token, str) else None)
         if form.get("scope") == "everywhere":
-            request[ACTOR] = _session_actor(session)
+            authorize(identity, Action.SESSIONS_REVOKE)
+            request[IDENTITY] = identity
             await revoke_console_sessions(request)
         else:
             with database_errors():
@@ -234,13 +372,37 @@ async def asset(request: web.Request) -> web.Response:
 
 _ADMIN_TOKEN = web.AppKey("console_admin_token", str)
 _GUARD = web.AppKey("console_sign_in_guard", SignInGuard)
+_OIDC = web.AppKey("console_oidc", OidcClient)  # set only when single sign-on is configured
+_TOKEN_SIGN_IN = web.AppKey("console_token_sign_in", bool)
+_LIFETIME = web.AppKey("console_session_lifetime", timedelta)
+_ONWARD = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+    f'<meta http-equiv="refresh" content="0;url={CONSOLE_PREFIX}/"><title>Signed in</title></head>'
+    f'<body><p>Signed in. <a href="{CONSOLE_PREFIX}/">Open the console</a>.</p></body></html>'
+)
+# How long a person has to come back from the identity provider.
+_SIGN_IN_TIME = timedelta(minutes=10)
 
 
-def build_console_app(admin_token: str, guard: SignInGuard) -> web.Application:
-    """The console; failed sign-ins are throttled with the admin API's (``guard``)."""
+def build_console_app(
+    admin_token: str,
+    guard: SignInGuard,
+    *,
+    oidc: OidcClient | None = None,
+    token_sign_in: bool = True,
+    session_lifetime: timedelta = SESSION_LIFETIME,
+) -> web.Application:
+    """The console; failed sign-ins are throttled with the admin API's (``guard``); ``oidc``:
+    single sign-on, when configured."""
     console = web.Application()
     console[_ADMIN_TOKEN] = admin_token
     console[_GUARD] = guard
+    if oidc is not None:
+        console[_OIDC] = oidc
+    console[_TOKEN_SIGN_IN] = token_sign_in
+    console[_LIFETIME] = session_lifetime
+    console.router.add_get("/login", oidc_login)
+    console.router.add_get("/oidc/callback", oidc_callback)
     console.router.add_get("/", console_page)
     console.router.add_get("/sign-in", sign_in_form)
     console.router.add_post("/sign-in", sign_in)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from typing import Protocol
 
 from aiohttp import web
 
 from llmgw.accounting.prices import PriceTable, configured_prices, publishers
-from llmgw.api.models import ModelListCache
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
-from llmgw.providers.registry import ProviderRegistry, close_providers
+from llmgw.routing.registry import ProviderRegistry, close_providers
 
 __all__ = ["RELOADER", "ConfigReloader", "RequestGenerations"]
 
@@ -60,12 +60,19 @@ class RequestGenerations:
         return previous
 
 
+class Forgettable(Protocol):
+    """What a reload leaves stale: the /v1/models listing (``llmgw.api.models.ModelListCache``).
+    A protocol, not the class: lifecycle/ runs below the handlers it serves."""
+
+    def clear(self) -> None: ...
+
+
 class ConfigReloader:
     def __init__(
         self,
         registry: ProviderRegistry,
         build_registry: Callable[[Settings], Awaitable[ProviderRegistry]],
-        models_cache: ModelListCache,
+        models_cache: Forgettable,
         generations: RequestGenerations,
         prices: PriceTable | None = None,
     ) -> None:

@@ -25,7 +25,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import orjson
@@ -68,6 +68,7 @@ class CapHold:
         return Charge(self.lease_id, self.tokens_counter, float(tokens))
 
 
+@runtime_checkable
 class CapTaker(Protocol):
     """What routing counts a deployment's attempt on (a request's admission ticket)."""
 

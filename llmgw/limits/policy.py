@@ -48,7 +48,7 @@ from llmgw.accounting.estimate import estimate_input_tokens, worst_case_output_t
 from llmgw.accounting.price import Metered
 from llmgw.accounting.prices import PriceTable
 from llmgw.accounting.usage import UsageRecord
-from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.auth.authenticator import AuthenticatedKey, TeamLimits
 from llmgw.background import cancel_and_wait
 from llmgw.errors import ModelNotAllowed, PriceUnknown, RateLimited, ServiceUnavailable
 from llmgw.limits.caps import AccountCap, CapHold, ProviderCaps
@@ -70,6 +70,13 @@ log = logging.getLogger(__name__)
 _CONCURRENCY = "concurrency"
 _TOKENS = "tokens"
 _BUDGET = "budget"
+# A team's counters: a level of the same hierarchy, reserved in the same round trip as its key's.
+_TEAM_CONCURRENCY = "team-concurrency"
+_TEAM_TOKENS = "team-tokens"
+_TEAM_BUDGET = "team-budget"
+_TEAM_REQUESTS = "team-requests"  # the team's request window: a counter each request keeps 1 of
+_USES_TOKENS = frozenset({_TOKENS, _TEAM_TOKENS})
+_USES_COST = frozenset({_BUDGET, _TEAM_BUDGET})
 # Float sums in a store may land a hair above an exactly-fitting cap; this much is not an overshoot.
 _CAP_SLACK = 1e-9
 _MAX_QUEUED_CHARGES = 100_000
@@ -243,11 +250,27 @@ class LimitPolicy:
     @staticmethod
     def reserves(key: AuthenticatedKey) -> bool:
         """Whether the key's requests reserve anything (else: a window hit, as always)."""
+        team = key.team
         return (
             key.max_concurrent_requests is not None
             or key.tokens_per_minute is not None
             or (key.subject_id is not None and key.monthly_budget_usd is not None)
+            or (
+                team is not None
+                and (
+                    team.max_concurrent_requests is not None
+                    or team.tokens_per_minute is not None
+                    or team.monthly_budget_usd is not None
+                    or team.rate_limit_requests is not None
+                )
+            )
         )
+
+    @staticmethod
+    def _budgeted(key: AuthenticatedKey) -> bool:
+        """Whether a budget (the subject's or the team's) caps the key's spending."""
+        subject = key.subject_id is not None and key.monthly_budget_usd is not None
+        return subject or (key.team is not None and key.team.monthly_budget_usd is not None)
 
     @staticmethod
     def _window(key: AuthenticatedKey) -> Window:
@@ -287,12 +310,12 @@ class LimitPolicy:
         key = ticket.key
         if not key.allows_model(model):
             raise ModelNotAllowed(
-                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowed_models))}.",
+                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowlist)) or 'none'}.",
                 param="model",
             )
         if not self.reserves(key) or ticket.lease_id is not None:
             return
-        budgeted = key.subject_id is not None and key.monthly_budget_usd is not None
+        budgeted = self._budgeted(key)
         await self.prices.loaded()
         worst = self.worst_case(
             body,
@@ -462,9 +485,11 @@ class LimitPolicy:
                     keep_seconds=120,
                 )
             )
-        if worst.cost_usd is not None:
-            assert key.subject_id is not None
-            assert key.monthly_budget_usd is not None
+        if (
+            worst.cost_usd is not None
+            and key.subject_id is not None
+            and key.monthly_budget_usd is not None
+        ):
             cap = key.monthly_budget_usd
             reservations.append(
                 Reservation(
@@ -474,8 +499,47 @@ class LimitPolicy:
                     keep_seconds=_seconds_until_next_month(now) + 86400,
                 )
             )
+        if key.team is not None:
+            reservations.extend(self._team_reservations(key.team, worst, now))
         # One global locking order (by name) for every store, so concurrent calls never deadlock.
         return tuple(sorted(reservations, key=lambda r: r.counter))
+
+    def _team_reservations(
+        self, team: TeamLimits, worst: WorstCase, now: datetime
+    ) -> Iterator[Reservation]:
+        """The team's level of the hierarchy: counters over all its keys, on every replica."""
+        if team.rate_limit_requests is not None and team.rate_limit_window_seconds is not None:
+            seconds = team.rate_limit_window_seconds
+            start = math.floor(now.timestamp() / seconds) * seconds
+            yield Reservation(
+                f"{_TEAM_REQUESTS}:{team.id}:{seconds}:{start}",
+                team.rate_limit_requests,
+                1,
+                keep_seconds=seconds * 2 + self._lease_seconds,
+            )
+        if team.max_concurrent_requests is not None:
+            yield Reservation(
+                f"{_TEAM_CONCURRENCY}:{team.id}",
+                team.max_concurrent_requests,
+                1,
+                keep_seconds=self._lease_seconds * 2,
+            )
+        if team.tokens_per_minute is not None:
+            minute = math.floor(now.timestamp() / 60) * 60
+            yield Reservation(
+                f"{_TEAM_TOKENS}:{team.id}:{minute}",
+                team.tokens_per_minute,
+                worst.input_tokens + worst.output_tokens,
+                keep_seconds=120,
+            )
+        if team.monthly_budget_usd is not None and worst.cost_usd is not None:
+            cap = team.monthly_budget_usd
+            yield Reservation(
+                f"{_TEAM_BUDGET}:{team.id}:{_month(now).strftime('%Y-%m')}",
+                cap + cap * _CAP_SLACK,
+                worst.cost_usd,
+                keep_seconds=_seconds_until_next_month(now) + 86400,
+            )
 
     async def budget_reserved(self, subject_id: uuid.UUID) -> float:
         """USD the subject's requests in flight hold against this month's budget (their worst
@@ -486,6 +550,8 @@ class LimitPolicy:
 
     def _refusal(self, key: AuthenticatedKey, refused: Reservation, now: datetime) -> RateLimited:
         kind = refused.counter.split(":", 1)[0]
+        if kind.startswith("team-"):
+            return self._team_refusal(kind, refused, now)
         if kind == _CONCURRENCY:
             return RateLimited(
                 f"This key already has {key.max_concurrent_requests} requests in flight, its "
@@ -517,6 +583,41 @@ class LimitPolicy:
             headers={"Retry-After": str(max(1, math.ceil(_seconds_until_next_month(now))))},
         )
 
+    @staticmethod
+    def _team_refusal(kind: str, refused: Reservation, now: datetime) -> RateLimited:
+        """Which of the team's limits refused, by its own code (docs/teams.md)."""
+        if kind == _TEAM_REQUESTS:
+            seconds = int(refused.counter.split(":")[2])
+            wait = max(1, math.ceil(seconds - now.timestamp() % seconds))
+            return RateLimited(
+                f"The team's rate limit of {int(refused.cap)} requests per {seconds}s is reached; "
+                f"retry in {wait}s.",
+                code="team_rate_limited",
+                headers={"Retry-After": str(wait)},
+            )
+        if kind == _TEAM_CONCURRENCY:
+            return RateLimited(
+                f"The team already has {int(refused.cap)} requests in flight, its limit; retry "
+                "when one has finished.",
+                code="team_concurrency_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+        if kind == _TEAM_TOKENS:
+            wait = max(1, math.ceil(60 - now.timestamp() % 60))
+            return RateLimited(
+                f"The team's {int(refused.cap)} tokens per minute cannot cover this request's "
+                f"worst case of {int(refused.amount)} tokens now; retry in {wait}s.",
+                code="team_tokens_per_minute_exceeded",
+                headers={"Retry-After": str(wait)},
+            )
+        reset = (_month(now).replace(day=28) + timedelta(days=4)).replace(day=1)
+        return RateLimited(
+            f"The team's monthly budget cannot cover this request (worst case "
+            f"${refused.amount:.6f}); it resets on {reset.isoformat()} (UTC).",
+            code="team_budget_exceeded",
+            headers={"Retry-After": str(max(1, math.ceil(_seconds_until_next_month(now))))},
+        )
+
     # Settlement -------------------------------------------------------------------------------
 
     def _settle(self, ticket: Ticket, record: UsageRecord | None) -> None:
@@ -534,7 +635,15 @@ class LimitPolicy:
         charges = []
         for counter in ticket.counters:
             kind = counter.split(":", 1)[0]
-            actual = tokens if kind == _TOKENS else cost if kind == _BUDGET else 0.0
+            actual = (
+                tokens
+                if kind in _USES_TOKENS
+                else cost
+                if kind in _USES_COST
+                else 1.0
+                if kind == _TEAM_REQUESTS  # the request was made: it keeps its place in the window
+                else 0.0
+            )
             charges.append(Charge(ticket.lease_id, counter, actual))
         self.charge(charges)
 

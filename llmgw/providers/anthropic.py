@@ -36,7 +36,7 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
-from llmgw.streaming.sse import SSEScanner, event_data
+from llmgw.providers.sse import SSEScanner, event_data
 from llmgw.translation.anthropic import error_body
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.messages_to_chat import ChatChunks, chat_error_body, completion_from_message

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import attrs
 import orjson
 
 from llmgw.config.kinds import Capabilities
-from llmgw.providers.retry import Decision
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price
-    from llmgw.limits.caps import CapTaker  # the request's ticket, as routing uses it
 
 __all__ = [
     "REASONING_PARAMS",
+    "Action",
     "ChatStream",
+    "Decision",
     "Deployment",
+    "Failure",
     "Provider",
+    "Retries",
     "UpstreamCall",
     "UpstreamHTTPError",
     "UpstreamResponse",
@@ -28,6 +30,43 @@ __all__ = [
 
 # Chat parameters sent only to a deployment whose provider declares ``reasoning``.
 REASONING_PARAMS = ("reasoning_effort", "reasoning")
+
+Action = Literal["retry", "move_on", "stop"]
+
+
+@attrs.frozen
+class Failure:
+    """What one attempt on a deployment came back with instead of an answer to relay."""
+
+    status: int = 0  # the provider's error status; 0: no answer (see ``silent``)
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    body: bytes = b""
+    silent: bool = False  # nothing in time: no connection, or no first byte
+
+
+@attrs.frozen
+class Decision:
+    """What a route does after a failed attempt (``llmgw.routing.retry.decide``)."""
+
+    action: Action
+    reason: str  # for logs and spans: "silent", "overloaded", "rate_limited", ...
+    wait: float = 0.0  # seconds before the retry
+
+
+class Retries(Protocol):
+    """How often a deployment is asked again within one request: the route's policy
+    (``llmgw.routing.retry.RetryPolicy``), handed to an adapter in its ``ProviderSetup``; the
+    adapter's retry loop asks it after each failed attempt and does as it says."""
+
+    def decide(
+        self,
+        failure: Failure,
+        *,
+        retries: int,
+        remaining: float,
+        now: float,
+        max_retries: int | None = None,
+    ) -> Decision: ...
 
 
 @attrs.frozen(slots=True)
@@ -64,9 +103,11 @@ class UpstreamCall:
     # At most this many retries on one deployment (None: its provider's own): a route sets 0 when
     # another deployment is left to try, or for a probe of one that was down.
     max_retries: int | None = None
-    # The request's admission (its ticket): a deployment whose provider has account caps is
-    # counted on it before it is sent; None (no request behind the call): not counted.
-    admission: CapTaker | None = attrs.field(default=None, eq=False)
+    # The request's admission (its ticket), opaque to adapters: routing counts a deployment whose
+    # provider has account caps on it before it is sent (as a ``llmgw.limits.caps.CapTaker``:
+    # adapters sit below limits and never look at it); None (no request behind the call): not
+    # counted.
+    admission: object = attrs.field(default=None, eq=False)
 
     def for_deployment(self, deployment: Deployment) -> tuple[UpstreamCall, tuple[str, ...]]:
         """The call as ``deployment`` is sent it, and the parameters it was sent without.
@@ -109,7 +150,7 @@ class UpstreamResponse:
 class UpstreamHTTPError(Exception):
     """The provider answered with an error status; the client gets that status and body as they are.
 
-    ``decision`` says whether a route moves on to its next deployment (``retry.decide``).
+    ``decision`` says whether a route moves on to its next deployment (``Retries.decide``).
     """
 
     def __init__(self, response: UpstreamResponse, decision: Decision | None = None) -> None:

@@ -25,7 +25,7 @@ from llmgw.errors import InvalidRequest, UpstreamUnavailable
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamResponse, UpstreamStream
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
-from llmgw.streaming.sse import SSEScanner, event_data
+from llmgw.providers.sse import SSEScanner, event_data
 from llmgw.translation.gemini import (
     GeminiChunks,
     completion_from_gemini,

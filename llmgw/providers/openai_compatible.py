@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
-import attrs
 from aiohttp import hdrs
 from aiohttp.typedefs import StrOrURL
 
@@ -30,6 +29,8 @@ from llmgw.config.common import DEFAULT_MAX_CONNECTIONS
 from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import (
     ChatStream,
+    Failure,
+    Retries,
     UpstreamCall,
     UpstreamHTTPError,
     UpstreamResponse,
@@ -37,7 +38,6 @@ from llmgw.providers.base import (
 )
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin, ProviderSetup, Timeouts
 from llmgw.providers.pool import ConnectionPool, Slot
-from llmgw.providers.retry import Failure, RetryPolicy, decide
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price
@@ -235,7 +235,7 @@ class OpenAICompatibleProvider:
         base_url: str,
         api_key: str | None,
         session: aiohttp.ClientSession,
-        retry: RetryPolicy,
+        retry: Retries,
         timeouts: Timeouts,
         headers: Mapping[str, str] | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
@@ -306,7 +306,7 @@ class OpenAICompatibleProvider:
     async def _post(
         self, path: str, call: UpstreamCall, *, accept: str, streaming: bool
     ) -> tuple[aiohttp.ClientResponse, int, bytes]:
-        """POST until there is an answer to relay, retrying as ``retry.decide`` says.
+        """POST until there is an answer to relay, retrying as ``Retries.decide`` says.
 
         Returns the success left unread (but for a stream's first read, returned with it) and
         the retries it took. Raises the last failure: an error answer as UpstreamHTTPError with
@@ -316,9 +316,6 @@ class OpenAICompatibleProvider:
         url = self._url(path, call.model)
         headers = self._headers(call, accept)
         answer_by = call.deadline if call.answer_by is None else min(call.deadline, call.answer_by)
-        policy = self._retry
-        if call.max_retries is not None and call.max_retries < policy.max_retries:
-            policy = attrs.evolve(policy, max_retries=call.max_retries)
         retries = 0
         while True:
             error: UpstreamTimeout | UpstreamUnavailable | UpstreamHTTPError
@@ -339,12 +336,12 @@ class OpenAICompatibleProvider:
                         answer = await self._read_answer(response, retries)
                 failure = Failure(response.status, response.headers, answer.body)
                 error = UpstreamHTTPError(answer)
-            decision = decide(
+            decision = self._retry.decide(
                 failure,
                 retries=retries,
                 remaining=answer_by - loop.time(),
-                policy=policy,
                 now=time.time(),
+                max_retries=call.max_retries,
             )
             if decision.action != "retry":
                 if isinstance(error, UpstreamHTTPError):

@@ -20,10 +20,9 @@ import attrs
 
 from llmgw.config.kinds import Capabilities
 from llmgw.config.providers_file import Timeouts
-from llmgw.providers.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from llmgw.providers.base import Provider
+    from llmgw.providers.base import Provider, Retries
 
 __all__ = ["Capabilities", "NoOptions", "ProviderPlugin", "ProviderSetup", "Timeouts"]
 
@@ -47,7 +46,7 @@ class ProviderSetup(Generic[OptionsT]):
     options: OptionsT  # the kind's own keys, as its ``options`` spec
     capabilities: Capabilities  # the kind's defaults with the entry's overrides
     timeouts: Timeouts
-    retry: RetryPolicy
+    retry: Retries  # the route's retry policy (llmgw.routing.retry.RetryPolicy)
     max_connections: int  # calls in flight at once
     max_response_bytes: int  # largest answer to read (UPSTREAM_MAX_RESPONSE_BYTES)
 

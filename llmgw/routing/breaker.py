@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from llmgw.config.providers_file import MAX_COOLDOWN_SECONDS, Cooldown
+from llmgw.config.providers_file import Cooldown
 
-__all__ = ["FAILURES_TO_OPEN", "MAX_COOLDOWN_SECONDS", "Breaker", "Cooldown", "State"]
+__all__ = ["FAILURES_TO_OPEN", "Breaker", "State"]
 
 # Consecutive failed calls that open a closed breaker: one failure is noise, three in a row with
 # nothing in between is a deployment that is down.

@@ -29,15 +29,16 @@ from typing import Any
 import attrs
 
 from llmgw.background import cancel_and_wait
+from llmgw.config.providers_file import Cooldown, Strategy
 from llmgw.errors import ServiceUnavailable, UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
 from llmgw.limits.caps import AccountCap, ProviderCaps
 from llmgw.limits.store import Admission, LimitStore, Reservation
-from llmgw.providers.base import Deployment, UpstreamResponse
-from llmgw.providers.retry import ABOUT_THE_REQUEST, Decision, hinted_delay
-from llmgw.routing.breaker import FAILURES_TO_OPEN, Breaker, Cooldown, State
+from llmgw.providers.base import Decision, Deployment, UpstreamResponse
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Breaker, State
 from llmgw.routing.channel import HealthChange, HealthChannel, LoadReport, Message
 from llmgw.routing.load import REPORT_INTERVAL_SECONDS, SharedLoad
-from llmgw.routing.strategy import Strategy, first_choice
+from llmgw.routing.retry import ABOUT_THE_REQUEST, hinted_delay
+from llmgw.routing.strategy import first_choice
 
 __all__ = [
     "DEFAULT_COOLDOWN_SECONDS",

@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from llmgw.config.providers_file import ORDERED, STRATEGIES, Strategy, StrategyName
+from llmgw.config.providers_file import Strategy
 
-__all__ = ["EXPLORE_SHARE", "ORDERED", "STRATEGIES", "Strategy", "StrategyName", "first_choice"]
+__all__ = ["EXPLORE_SHARE", "first_choice"]
 
 # least-latency: the share of requests sent to a random deployment rather than the fastest.
 EXPLORE_SHARE = 0.1

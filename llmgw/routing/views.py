@@ -10,8 +10,8 @@ import attrs
 from opentelemetry import metrics
 
 from llmgw import __version__
-from llmgw.providers.registry import ProviderRegistry
 from llmgw.routing.breaker import State
+from llmgw.routing.registry import ProviderRegistry
 
 __all__ = ["observe_health", "routes_view"]
 

@@ -39,7 +39,7 @@ __all__ = [
 _COLUMNS = (
     "id, name, subject_id, prefix, rate_limit_requests, rate_limit_window_seconds, "
     "allowed_models, expires_at, tokens_per_minute, max_concurrent_requests, is_active, created_at, "
-    "last_used_at, revoked_at, replaced_by"
+    "last_used_at, revoked_at, replaced_by, team_id, owner"
 )
 
 
@@ -67,6 +67,8 @@ class KeySettings:
     expires_at: datetime | None = None
     tokens_per_minute: int | None = None
     max_concurrent_requests: int | None = None
+    team_id: uuid.UUID | None = None
+    owner: str | None = None  # who made the key (the audit log's actor)
 
 
 # What PATCH may change, and nothing else (subject and secrets are fixed for a key's life).
@@ -78,6 +80,7 @@ MUTABLE_FIELDS = (
     "expires_at",
     "tokens_per_minute",
     "max_concurrent_requests",
+    "team_id",
 )
 
 
@@ -98,6 +101,8 @@ class ApiKeyRecord:
     last_used_at: datetime | None
     revoked_at: datetime | None
     replaced_by: uuid.UUID | None  # rotated: the key that replaced this one
+    team_id: uuid.UUID | None
+    owner: str | None
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> ApiKeyRecord:
@@ -121,8 +126,9 @@ async def create_key(
             f"""
             INSERT INTO api_keys
                 (name, subject_id, prefix, key_hash, rate_limit_requests, rate_limit_window_seconds,
-                 allowed_models, expires_at, tokens_per_minute, max_concurrent_requests)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 allowed_models, expires_at, tokens_per_minute, max_concurrent_requests,
+                 team_id, owner)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
             RETURNING {_COLUMNS}
             """,
             settings.name,
@@ -135,6 +141,8 @@ async def create_key(
             settings.expires_at,
             settings.tokens_per_minute,
             settings.max_concurrent_requests,
+            settings.team_id,
+            settings.owner,
         )
     except asyncpg.UniqueViolationError as exc:
         raise DuplicateKeyPrefix(
@@ -158,20 +166,30 @@ async def list_keys(
     conn: asyncpg.Connection,
     *,
     subject_id: uuid.UUID | None = None,
+    team_id: uuid.UUID | None = None,
+    owner: str | None = None,
     state: str = "all",
     limit: int | None = None,
     offset: int = 0,
+    visible: tuple[list[uuid.UUID], str] | None = None,
 ) -> list[ApiKeyRecord]:
-    """Keys oldest first, optionally of one subject and in one state (see KEY_STATES)."""
+    """Keys oldest first, optionally of one subject, team or owner and in one state (KEY_STATES);
+    ``visible``: only keys in those teams or of that owner (what a console role may see)."""
     rows = await conn.fetch(
         f"""
         SELECT {_COLUMNS} FROM api_keys
-        WHERE ($1::uuid IS NULL OR subject_id = $1) AND {_STATE_CONDITIONS[state]}
+        WHERE ($1::uuid IS NULL OR subject_id = $1) AND ($4::uuid IS NULL OR team_id = $4)
+          AND ($5::text IS NULL OR owner = $5) AND {_STATE_CONDITIONS[state]}
+          AND ($6::uuid[] IS NULL OR team_id = ANY($6) OR owner = $7)
         ORDER BY created_at, id LIMIT $2 OFFSET $3
         """,
         subject_id,
         limit,
         offset,
+        team_id,
+        owner,
+        None if visible is None else visible[0],
+        None if visible is None else visible[1],
     )
     return [ApiKeyRecord.from_row(row) for row in rows]
 
@@ -251,6 +269,8 @@ async def rotate_key(
                 expires_at=old.expires_at,
                 tokens_per_minute=old.tokens_per_minute,
                 max_concurrent_requests=old.max_concurrent_requests,
+                team_id=old.team_id,
+                owner=old.owner,
             ),
         )
         if grace_seconds > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -45,14 +46,23 @@ class AuditEntry:
 
 
 async def list_audit(
-    conn: asyncpg.Connection, *, limit: int, before_id: int | None = None
+    conn: asyncpg.Connection,
+    *,
+    limit: int,
+    before_id: int | None = None,
+    teams: list[uuid.UUID] | None = None,
 ) -> list[AuditEntry]:
-    """Newest first; ``before_id`` continues from the last entry of the previous page."""
+    """Newest first; ``before_id`` continues from the last entry of the previous page; ``teams``:
+    only the entries about those teams and their keys."""
     rows = await conn.fetch(
         "SELECT id, occurred_at, actor, action, target, before::text, after::text FROM admin_audit "
-        "WHERE $1::bigint IS NULL OR id < $1 ORDER BY id DESC LIMIT $2",
+        "WHERE ($1::bigint IS NULL OR id < $1) AND ($3::uuid[] IS NULL "
+        "  OR target IN (SELECT id::text FROM api_keys WHERE team_id = ANY($3)) "
+        "  OR target = ANY($3::text[])) "
+        "ORDER BY id DESC LIMIT $2",
         before_id,
         limit,
+        teams,
     )
     return [
         AuditEntry(

@@ -151,6 +151,8 @@ REPORT_GROUPINGS = {
     "model": "model",
     "key": "api_key_id::text",
     "subject": "coalesce(subject_id::text, '')",
+    # The key's team now (a key moved between teams counts for its new one); '': no team.
+    "team": "coalesce((SELECT k.team_id FROM api_keys k WHERE k.id = usage_hourly.api_key_id)::text, '')",
 }
 # Longest range a report may cover: a bound on the rows one query reads.
 MAX_REPORT_DAYS = 400
@@ -163,6 +165,7 @@ class UsageReportQuery:
     end: date  # last day, exclusive (UTC)
     key_id: uuid.UUID | None = None
     subject_id: uuid.UUID | None = None
+    team_id: uuid.UUID | None = None
 
 
 async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> list[dict[str, Any]]:
@@ -178,12 +181,14 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
         FROM usage_hourly
         WHERE hour >= $1 AND hour < $2
           AND ($3::uuid IS NULL OR api_key_id = $3) AND ($4::uuid IS NULL OR subject_id = $4)
+          AND ($5::uuid IS NULL OR api_key_id IN (SELECT id FROM api_keys WHERE team_id = $5))
         GROUP BY grp ORDER BY grp
         """,
         _midnight(query.start),
         _midnight(query.end),
         query.key_id,
         query.subject_id,
+        query.team_id,
     )
     report = [
         {
@@ -201,7 +206,22 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
     ]
     if query.by == "key":
         await _name_keys(conn, report)
+    if query.by == "team":
+        await _name_teams(conn, report)
     return report
+
+
+async def _name_teams(conn: asyncpg.Connection, report: list[dict[str, Any]]) -> None:
+    """Add each team's name (None for no team, or a team since deleted)."""
+    found = {
+        str(row["id"]): row["name"]
+        for row in await conn.fetch(
+            "SELECT id, name FROM teams WHERE id = ANY($1::uuid[])",
+            [row["team"] for row in report if row["team"]],
+        )
+    }
+    for row in report:
+        row["name"] = found.get(row["team"] or "")
 
 
 async def _name_keys(conn: asyncpg.Connection, report: list[dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ __all__ = [
     "api_key_rate_limit_windows",
     "api_key_token_windows",
     "api_keys",
+    "console_oidc_logins",
     "console_sessions",
     "deployment_health",
     "limit_cancelled_leases",
@@ -20,6 +21,7 @@ __all__ = [
     "responses",
     "subject_monthly_spend",
     "subjects",
+    "teams",
     "usage_dead_letters",
     "usage_events",
     "usage_hourly",
@@ -36,6 +38,42 @@ metadata = sa.MetaData(
         "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
         "ix": "ix_%(table_name)s_%(column_0_name)s",
     }
+)
+
+# A team: a level of the limit hierarchy above its keys, and the identity-provider groups whose
+# members are its members and admins (docs/teams.md).
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column(
+        "id", UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")
+    ),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("monthly_budget_usd", sa.Numeric(18, 8), nullable=True),
+    sa.Column("rate_limit_requests", sa.Integer(), nullable=True),
+    sa.Column("rate_limit_window_seconds", sa.Integer(), nullable=True),
+    sa.Column("tokens_per_minute", sa.Integer(), nullable=True),
+    sa.Column("max_concurrent_requests", sa.Integer(), nullable=True),
+    sa.Column(
+        "allowed_models", ARRAY(sa.Text()), nullable=False, server_default=sa.text("'{}'::text[]")
+    ),
+    sa.Column("oidc_group", sa.Text(), nullable=True),
+    sa.Column("oidc_admin_group", sa.Text(), nullable=True),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
+    ),
+    sa.UniqueConstraint("name"),
+    sa.CheckConstraint("name <> ''", name="name_not_empty"),
+    sa.CheckConstraint(
+        "monthly_budget_usd IS NULL OR monthly_budget_usd >= 0", name="budget_non_negative"
+    ),
+    sa.CheckConstraint(
+        "(rate_limit_requests IS NULL) = (rate_limit_window_seconds IS NULL)", name="window_whole"
+    ),
+    sa.CheckConstraint(
+        "array_position(allowed_models, '') IS NULL AND array_position(allowed_models, NULL) IS NULL",
+        name="allowed_models_not_blank",
+    ),
 )
 
 api_keys = sa.Table(
@@ -71,6 +109,16 @@ api_keys = sa.Table(
         sa.ForeignKey("api_keys.id", ondelete="SET NULL"),
         nullable=True,
     ),
+    # The key's team: its limits apply on top of the key's own (a team with keys cannot be deleted).
+    sa.Column(
+        "team_id",
+        UUID(as_uuid=True),
+        sa.ForeignKey("teams.id", ondelete="RESTRICT"),
+        nullable=True,
+        index=True,
+    ),
+    # Who made the key ("user:<email or sub>" from a console session, the admin actor otherwise).
+    sa.Column("owner", sa.Text(), nullable=True),
     sa.UniqueConstraint("prefix"),
     sa.UniqueConstraint("key_hash"),
     sa.CheckConstraint("char_length(prefix) = 12", name="prefix_length"),
@@ -354,11 +402,25 @@ console_sessions = sa.Table(
     ),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("admin_token_fingerprint", BYTEA(), nullable=True),  # NULL: made before 0008
+    # Who signed in through single sign-on, and their role (llmgw.admin.identity); NULL: the
+    # admin token (an admin).
+    sa.Column("identity", JSONB(), nullable=True),
     sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
     sa.CheckConstraint("expires_at > created_at", name="expires_after_creation"),
     sa.CheckConstraint(
         "octet_length(admin_token_fingerprint) = 32", name="admin_token_fingerprint_length"
     ),
+)
+
+# Single sign-on attempts under way: each state is used once (a replayed one finds no row).
+console_oidc_logins = sa.Table(
+    "console_oidc_logins",
+    metadata,
+    sa.Column("state_hash", BYTEA(), primary_key=True),
+    sa.Column("nonce", sa.Text(), nullable=False),
+    sa.Column("code_verifier", sa.Text(), nullable=False),
+    sa.Column("redirect_uri", sa.Text(), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 # The Responses API's stored responses (migration 0006): what a previous_response_id continues.

@@ -177,6 +177,8 @@ GROUPINGS = {
     "model": "model",
     "deployment": "deployment",  # NULL: rows written before the column existed
     "key": "api_key_id::text",
+    # The key's team now (a key moved between teams counts for its new one); NULL: no team.
+    "team": "(SELECT k.team_id FROM api_keys k WHERE k.id = usage_events.api_key_id)::text",
     "day": "to_char(date_trunc('day', occurred_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
 }
 
@@ -185,6 +187,7 @@ GROUPINGS = {
 class UsageQuery:
     subject_id: uuid.UUID | None = None
     key_id: uuid.UUID | None = None
+    team_id: uuid.UUID | None = None
     start: datetime | None = None
     end: datetime | None = None
     group_by: str = "model"
@@ -204,12 +207,14 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
         WHERE ($1::uuid IS NULL OR subject_id = $1) AND ($2::uuid IS NULL OR api_key_id = $2)
           AND ($3::timestamptz IS NULL OR occurred_at >= $3)
           AND ($4::timestamptz IS NULL OR occurred_at < $4)
+          AND ($5::uuid IS NULL OR api_key_id IN (SELECT id FROM api_keys WHERE team_id = $5))
         GROUP BY grp ORDER BY grp
         """,
         query.subject_id,
         query.key_id,
         query.start,
         query.end,
+        query.team_id,
     )
     return [
         {

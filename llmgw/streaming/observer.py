@@ -16,7 +16,7 @@ import orjson
 from llmgw.accounting.estimate import argument_chars
 from llmgw.accounting.messages_usage import MessagesUsage
 from llmgw.accounting.usage import Usage, parse_usage
-from llmgw.streaming.sse import DONE, event_data
+from llmgw.providers.sse import DONE, event_data
 from llmgw.telemetry.genai import ChatObservation
 
 __all__ = ["StreamObserver"]

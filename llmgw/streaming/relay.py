@@ -38,6 +38,7 @@ from aiohttp import web
 from llmgw.accounting.estimate import estimate_output_tokens
 from llmgw.errors import GatewayError, InternalError, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import ChatStream, UpstreamHTTPError
+from llmgw.providers.sse import EventTooLarge, SSEScanner
 from llmgw.streaming.completion import completion_events
 from llmgw.streaming.continuation import (
     MODE_PREFILL,
@@ -47,7 +48,6 @@ from llmgw.streaming.continuation import (
     Transcript,
 )
 from llmgw.streaming.observer import StreamObserver
-from llmgw.streaming.sse import EventTooLarge, SSEScanner
 from llmgw.streaming.summary import (
     CLIENT_CLOSED_REQUEST,
     StreamAttempt,

@@ -11,8 +11,8 @@ import orjson
 from aiohttp import web
 
 from llmgw.errors import GatewayError
+from llmgw.providers.sse import event_data
 from llmgw.streaming.relay import STREAM_HEADERS, sse_error_event
-from llmgw.streaming.sse import event_data
 from llmgw.streaming.translate import StreamTranslator
 
 __all__ = ["replay_stream"]

@@ -10,7 +10,7 @@ import pytest
 from llmgw.api.models import ModelListCache
 from llmgw.errors import UpstreamTimeout
 from llmgw.providers.base import UpstreamResponse
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.routing.registry import ProviderRegistry
 from tests.processes import Clock, eventually
 
 TIMEOUT = 0.5

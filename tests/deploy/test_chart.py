@@ -41,6 +41,7 @@ api_key_env = "OPENAI_API_KEY"
 SECRET_VALUES = {
     "databaseUrl": "postgresql://llmgw:s3cret-db-password@postgres:5432/llmgw",
     "adminToken": "admin-token-9f2c41d7e3",
+    "oidcClientSecret": "oidc-client-secret-3a7d",
     "providerKeys": {"OPENAI_API_KEY": "sk-provider-key-5e1b7a", "VENICE_API_KEY": "vk-4c1d"},
 }
 REDIS = {"rateLimit": {"backend": "redis", "redisUrl": "redis://:redis-pass-77aa@redis:6379/0"}}
@@ -87,7 +88,13 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "providers-and-secrets": {
         "providersConfig": PROVIDERS_TOML,
         "secrets": SECRET_VALUES,
-        "config": {"LOG_LEVEL": "DEBUG", "LLMGW_WORKERS": 2, "TRUST_FORWARDED_HEADERS": True},
+        "config": {
+            "LOG_LEVEL": "DEBUG",
+            "LLMGW_WORKERS": 2,
+            "TRUST_FORWARDED_HEADERS": True,
+            "OIDC_ISSUER": "https://sso.example.com/realms/acme",
+            "OIDC_CLIENT_ID": "llmgw",
+        },
     },
     "no-service-account": {"serviceAccount": {"create": False}},
 }
@@ -469,6 +476,7 @@ def secret_values() -> list[str]:
     return [
         SECRET_VALUES["databaseUrl"],
         SECRET_VALUES["adminToken"],
+        SECRET_VALUES["oidcClientSecret"],
         *SECRET_VALUES["providerKeys"].values(),
         REDIS["rateLimit"]["redisUrl"],
     ]
@@ -505,6 +513,7 @@ def test_the_chart_made_secret_holds_the_secrets_and_nothing_else_does(
     assert secret["stringData"] == {
         "DATABASE_URL": SECRET_VALUES["databaseUrl"],
         "LLMGW_ADMIN_TOKEN": SECRET_VALUES["adminToken"],
+        "OIDC_CLIENT_SECRET": SECRET_VALUES["oidcClientSecret"],
         **SECRET_VALUES["providerKeys"],
     }
     others = [o for o in release.objects if o["kind"] != "Secret"]

@@ -13,7 +13,7 @@ from llmgw.accounting.prices import Price, PriceRule, PriceTable
 from llmgw.api.models import ModelListCache
 from llmgw.config import Settings
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
-from llmgw.providers.registry import ProviderRegistry
+from llmgw.routing.registry import ProviderRegistry
 
 
 class StubProvider:

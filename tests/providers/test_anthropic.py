@@ -13,7 +13,7 @@ from llmgw.config import ConfigError, load_settings
 from llmgw.providers.anthropic import AnthropicProvider
 from llmgw.providers.base import UpstreamCall
 from llmgw.providers.plugin import Capabilities
-from llmgw.providers.registry import build_registry
+from llmgw.routing.registry import build_registry
 from tests.fake_anthropic import FAKE_ANTHROPIC_KEY, FakeAnthropic
 
 CONFIG = """

@@ -16,7 +16,7 @@ from llmgw.providers.azure_openai import PLUGIN, AzureOpenAIProvider
 from llmgw.providers.base import UpstreamCall
 from llmgw.providers.openai_compatible import new_client_session
 from llmgw.providers.plugin import Timeouts
-from llmgw.providers.retry import RetryPolicy
+from llmgw.routing.retry import RetryPolicy
 
 KEY = "azure-secret-key"
 

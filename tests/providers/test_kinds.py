@@ -16,7 +16,7 @@ from llmgw.config.kinds import installed_kinds, load_kind
 from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
-from llmgw.providers.registry import ProviderRegistry, build_registry
+from llmgw.routing.registry import ProviderRegistry, build_registry
 from tests.lifecycle.test_reload import StubProvider
 from tests.providers.installed import install
 
@@ -25,7 +25,7 @@ REGIONAL = """
 import attrs
 from llmgw.config.converter import check
 from llmgw.providers.plugin import Capabilities, ProviderPlugin
-from llmgw.providers.registry import build_registry
+from llmgw.routing.registry import build_registry
 from tests.providers.installed import install
 
 @attrs.frozen

@@ -16,7 +16,7 @@ from llmgw.errors import UpstreamAuthFailed, UpstreamTimeout, UpstreamUnavailabl
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider, new_client_session
 from llmgw.providers.plugin import Timeouts
-from llmgw.providers.retry import RetryPolicy
+from llmgw.routing.retry import RetryPolicy
 
 LIMIT = 1024 * 1024
 BOMB_SIZE = 200 * 1024 * 1024  # decompressed; about 200 KB on the wire

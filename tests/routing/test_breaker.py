@@ -4,7 +4,8 @@ lets one probe through, closes on a success, and does not open for one caller's 
 
 from __future__ import annotations
 
-from llmgw.routing.breaker import FAILURES_TO_OPEN, MAX_COOLDOWN_SECONDS, Breaker, Cooldown, State
+from llmgw.config.providers_file import MAX_COOLDOWN_SECONDS, Cooldown
+from llmgw.routing.breaker import FAILURES_TO_OPEN, Breaker, State
 
 COOLDOWN = Cooldown(30.0, most=MAX_COOLDOWN_SECONDS, steady_probes=2)
 

@@ -13,14 +13,14 @@ import asyncpg
 import attrs
 import pytest
 
+from llmgw.config.providers_file import ORDERED, Cooldown, Strategy
 from llmgw.limits.store import LimitStore
 from llmgw.providers.base import Deployment
-from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
+from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.channel import CHANNEL, LOAD_CHANNEL, HealthChange, HealthChannel
 from llmgw.routing.memory import MemoryHealthChannel, MemoryHealthHub
 from llmgw.routing.policy import RoutingPolicy
 from llmgw.routing.postgres import PostgresHealthChannel
-from llmgw.routing.strategy import ORDERED, Strategy
 from tests.limits.test_store_contract import REDIS, REDIS_URL, started_store
 from tests.processes import Clock, eventually
 

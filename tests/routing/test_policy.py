@@ -8,11 +8,12 @@ from collections import Counter
 import attrs
 import pytest
 
+from llmgw.config.providers_file import ORDERED, Cooldown, Strategy
 from llmgw.providers.base import Deployment
-from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
+from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.channel import HealthChange, LoadReport
 from llmgw.routing.policy import RoutingPolicy
-from llmgw.routing.strategy import EXPLORE_SHARE, ORDERED, Strategy
+from llmgw.routing.strategy import EXPLORE_SHARE
 from tests.processes import Clock
 
 

@@ -320,7 +320,7 @@ const deploymentColumns = [
 // ---------------------------------------------------------------------------------------------
 // Keys
 
-const keyFilters = { state: "all", subject_id: "", offset: 0 };
+const keyFilters = { state: "all", subject_id: "", team_id: "", offset: 0 };
 
 function shownOnce(title, issued) {
   const copy = el("button", { type: "button", class: "secondary", onclick: async () => {
@@ -375,12 +375,14 @@ function numberOrNull(text) {
 async function keys() {
   const query = new URLSearchParams({ limit: "25", offset: String(keyFilters.offset), state: keyFilters.state });
   if (keyFilters.subject_id) query.set("subject_id", keyFilters.subject_id);
+  if (keyFilters.team_id) query.set("team_id", keyFilters.team_id);
   const listing = await api(`/keys?${query}`);
   const result = el("div", { id: "key-result" });
 
   const createForm = el("form", { class: "inline", "aria-label": "Create key" },
     field("Name", el("input", { name: "name", required: true, maxlength: 200 })),
     field("Subject ID (optional)", el("input", { name: "subject_id", placeholder: "UUID" })),
+    field("Team ID (optional)", el("input", { name: "team_id", placeholder: "UUID" })),
     field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: 60 })),
     field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: 60 })),
     field("Tokens per minute (optional)", el("input", { name: "tokens_per_minute", type: "number", min: 1 })),
@@ -397,6 +399,7 @@ async function keys() {
       rate_limit_window_seconds: Number(form.get("rate_limit_window_seconds")),
     };
     if (form.get("subject_id")) body.subject_id = form.get("subject_id");
+    if (form.get("team_id")) body.team_id = String(form.get("team_id")).trim();
     if (form.get("tokens_per_minute")) body.tokens_per_minute = Number(form.get("tokens_per_minute"));
     if (form.get("max_concurrent_requests")) body.max_concurrent_requests = Number(form.get("max_concurrent_requests"));
     const models = String(form.get("allowed_models") || "").split(",").map((m) => m.trim()).filter(Boolean);
@@ -416,11 +419,17 @@ async function keys() {
     field("State", el("select", { name: "state" },
       ["all", "active", "revoked", "expired"].map((s) => el("option", { value: s, selected: s === keyFilters.state }, s)))),
     field("Subject ID", el("input", { name: "subject_id", value: keyFilters.subject_id })),
+    field("Team ID", el("input", { name: "team_id", value: keyFilters.team_id })),
     el("button", { type: "submit", class: "secondary" }, "Filter"));
   filters.addEventListener("submit", (event) => {
     event.preventDefault();
     const form = new FormData(filters);
-    Object.assign(keyFilters, { state: form.get("state"), subject_id: String(form.get("subject_id")).trim(), offset: 0 });
+    Object.assign(keyFilters, {
+      state: form.get("state"),
+      subject_id: String(form.get("subject_id")).trim(),
+      team_id: String(form.get("team_id")).trim(),
+      offset: 0,
+    });
     render();
   });
 
@@ -484,6 +493,7 @@ async function keys() {
       { title: "Name", cell: (k) => k.name },
       { title: "Prefix", cell: (k) => el("code", {}, k.prefix) },
       { title: "Subject", cell: (k) => (k.subject_id ? el("code", { title: k.subject_id, "aria-label": k.subject_id }, k.subject_id.slice(0, 8) + "…") : "—") },
+      { title: "Team", cell: (k) => (k.team_id ? el("code", { title: k.team_id, "aria-label": k.team_id }, k.team_id.slice(0, 8) + "…") : "—") },
       { title: "Requests", cell: (k) => el("span", { class: "nowrap" }, `${num(k.rate_limit_requests)} / ${num(k.rate_limit_window_seconds)} s`) },
       { title: "Tokens per minute", num: true, cell: (k) => (k.tokens_per_minute ? num(k.tokens_per_minute) : "no limit") },
       { title: "Concurrency", num: true, cell: (k) => (k.max_concurrent_requests ? num(k.max_concurrent_requests) : "no limit") },
@@ -567,7 +577,7 @@ async function subjects() {
 // ---------------------------------------------------------------------------------------------
 // Usage
 
-const usageQuery = { by: "day", from: "", to: "" };
+const usageQuery = { by: "day", from: "", to: "", team_id: "" };
 
 function isoDay(date) {
   return date.toISOString().slice(0, 10);
@@ -576,6 +586,7 @@ function isoDay(date) {
 // A key by its name and prefix (the report adds them), a subject or model as it is.
 function groupName(by, row) {
   if (by === "key" && row.name) return `${row.name} (${row.prefix})`;
+  if (by === "team") return row.name ?? row.team ?? "no team";
   if (by === "hour") return PERIODS.hour.label(row.hour);
   return row[by] ?? "—";
 }
@@ -596,10 +607,12 @@ async function usage() {
     usageQuery.from = isoDay(new Date(tomorrow.getTime() - 30 * 86400000));
   }
   const query = new URLSearchParams(usageQuery);
+  if (!usageQuery.team_id) query.delete("team_id");
   const report = await api(`/usage/report?${query}`);
   const form = el("form", { class: "filters", "aria-label": "Usage range" },
     field("Group by", el("select", { name: "by" },
-      ["day", "hour", "model", "key", "subject"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
+      ["day", "hour", "model", "key", "subject", "team"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
+    field("Team ID (optional)", el("input", { name: "team_id", value: usageQuery.team_id, placeholder: "UUID" })),
     field("From (UTC day)", el("input", { name: "from", type: "date", value: usageQuery.from, required: true })),
     field("To (UTC day, exclusive)", el("input", { name: "to", type: "date", value: usageQuery.to, required: true })),
     el("button", { type: "submit" }, "Show usage"),
@@ -607,7 +620,9 @@ async function usage() {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const data = new FormData(form);
-    Object.assign(usageQuery, { by: data.get("by"), from: data.get("from"), to: data.get("to") });
+    Object.assign(usageQuery, {
+      by: data.get("by"), from: data.get("from"), to: data.get("to"), team_id: String(data.get("team_id") || "").trim(),
+    });
     render();
   });
   const points = usagePoints(report);
@@ -668,11 +683,21 @@ function describeChange(entry) {
 // ---------------------------------------------------------------------------------------------
 // Routing
 
-const pages = { overview, keys, subjects, usage, audit };
+// A team admin or member (single sign-on) sees their keys and usage; the rest is an admin's.
+const ROLE = document.querySelector('meta[name="console-role"]').content;
+const pages = ROLE === "admin" ? { overview, keys, subjects, usage, audit } : { keys, usage, audit };
+const FIRST = ROLE === "admin" ? "overview" : "keys";
+for (const link of document.querySelectorAll("nav a")) {
+  if (!(link.getAttribute("href").slice(1) in pages)) link.hidden = true;
+}
+if (ROLE !== "admin") {
+  for (const button of document.querySelectorAll('button[value="everywhere"]')) button.hidden = true;
+}
 
 async function render() {
-  const name = (window.location.hash || "#overview").slice(1);
-  const draw = pages[name] || overview;
+  const wanted = (window.location.hash || `#${FIRST}`).slice(1);
+  const name = wanted in pages ? wanted : FIRST;
+  const draw = pages[name];
   for (const link of document.querySelectorAll("nav a")) {
     if (link.getAttribute("href") === `#${name}`) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");

@@ -66,8 +66,8 @@ helm.sh/hook-delete-policy: before-hook-creation
 {{- if and (eq .Values.rateLimit.backend "redis") (not .Values.secrets.existingSecret) (not .Values.rateLimit.redisUrl) }}
 {{- fail "rateLimit.backend=redis needs rateLimit.redisUrl=redis://HOST:6379/0 (or secrets.existingSecret with the key REDIS_URL)" }}
 {{- end }}
-{{- if and .Values.secrets.existingSecret (or .Values.secrets.databaseUrl .Values.secrets.adminToken .Values.rateLimit.redisUrl .Values.secrets.providerKeys) }}
-{{- fail "with secrets.existingSecret, secret values stay in that Secret: unset secrets.databaseUrl, secrets.adminToken, rateLimit.redisUrl and secrets.providerKeys (list provider-key names in secrets.providerKeyNames)" }}
+{{- if and .Values.secrets.existingSecret (or .Values.secrets.databaseUrl .Values.secrets.adminToken .Values.secrets.oidcClientSecret .Values.rateLimit.redisUrl .Values.secrets.providerKeys) }}
+{{- fail "with secrets.existingSecret, secret values stay in that Secret: unset secrets.databaseUrl, secrets.adminToken, secrets.oidcClientSecret, rateLimit.redisUrl and secrets.providerKeys (list provider-key names in secrets.providerKeyNames)" }}
 {{- end }}
 {{- $grace := add (int .Values.shutdown.graceSeconds) (int .Values.shutdown.preStopSeconds) }}
 {{- if and .Values.shutdown.terminationGracePeriodSeconds (le (int .Values.shutdown.terminationGracePeriodSeconds) $grace) }}
@@ -153,6 +153,9 @@ which toString would write as 3.3554432e+07). */}}
 {{ include "llmgw.secretEnv" (dict "name" "DATABASE_URL" "secret" $secret) }}
 {{- if or $existing .Values.secrets.adminToken }}
 {{ include "llmgw.secretEnv" (dict "name" "LLMGW_ADMIN_TOKEN" "secret" $secret "optional" $existing) }}
+{{- end }}
+{{- if or $existing .Values.secrets.oidcClientSecret }}
+{{ include "llmgw.secretEnv" (dict "name" "OIDC_CLIENT_SECRET" "secret" $secret "optional" $existing) }}
 {{- end }}
 {{- if eq .Values.rateLimit.backend "redis" }}
 {{ include "llmgw.secretEnv" (dict "name" "REDIS_URL" "secret" $secret) }}

@@ -11,16 +11,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from llmgw.config import ConfigError, Settings
 from llmgw.config.kinds import KindError, load_kind
-from llmgw.config.providers_file import ModelAlias, ProviderSpec
+from llmgw.config.providers_file import Cooldown, ModelAlias, ProviderSpec
 from llmgw.limits.caps import AccountCap
 from llmgw.providers.base import Deployment, Provider
-from llmgw.providers.fallback import FallbackChain
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import ProviderSetup
 from llmgw.providers.pool import ConnectionPool
-from llmgw.providers.retry import RetryPolicy
-from llmgw.routing.breaker import Cooldown
+from llmgw.routing.fallback import FallbackChain
 from llmgw.routing.policy import RoutingPolicy
+from llmgw.routing.retry import RetryPolicy
 
 __all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry", "close_providers"]
 

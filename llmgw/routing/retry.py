@@ -26,10 +26,11 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Literal
 
 import attrs
 import orjson
+
+from llmgw.providers.base import Decision, Failure
 
 __all__ = [
     "ABOUT_THE_REQUEST",
@@ -37,15 +38,11 @@ __all__ = [
     "REQUEST_RATE_LIMITED",
     "REQUEST_TOO_LARGE",
     "SILENT",
-    "Action",
-    "Decision",
-    "Failure",
     "RetryPolicy",
     "decide",
     "hinted_delay",
 ]
 
-Action = Literal["retry", "move_on", "stop"]
 # The reasons a route acts on beyond moving on (fallback.FallbackChain skips what cannot answer).
 SILENT = "silent"
 CONTEXT_TOO_LONG = "context_length_exceeded"
@@ -155,22 +152,21 @@ class RetryPolicy:
         step = min(self.max_delay, self.base_delay * 2**retry_number)
         return self.jitter(step / 2, step)
 
-
-@attrs.frozen
-class Failure:
-    """What one attempt on a deployment came back with instead of an answer to relay."""
-
-    status: int = 0  # the provider's error status; 0: no answer (see ``silent``)
-    headers: Mapping[str, str] = attrs.field(factory=dict)
-    body: bytes = b""
-    silent: bool = False  # nothing in time: no connection, or no first byte
-
-
-@attrs.frozen
-class Decision:
-    action: Action
-    reason: str  # for logs and spans: "silent", "overloaded", "rate_limited", ...
-    wait: float = 0.0  # seconds before the retry
+    def decide(
+        self,
+        failure: Failure,
+        *,
+        retries: int,
+        remaining: float,
+        now: float,
+        max_retries: int | None = None,
+    ) -> Decision:
+        """:func:`decide` under this policy, with at most ``max_retries`` retries when given (a
+        route's limit for this call): what an adapter's retry loop asks (``providers.base.Retries``)."""
+        policy = self
+        if max_retries is not None and max_retries < self.max_retries:
+            policy = attrs.evolve(self, max_retries=max_retries)
+        return decide(failure, retries=retries, remaining=remaining, policy=policy, now=now)
 
 
 def decide(

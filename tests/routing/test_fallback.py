@@ -8,16 +8,23 @@ from collections.abc import Callable
 import attrs
 import pytest
 
+from llmgw.config.kinds import Capabilities
+from llmgw.config.providers_file import Cooldown
 from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
 from llmgw.limits.caps import AccountCap, CapHold, ProviderCaps
 from llmgw.limits.memory import MemoryLimitStore
-from llmgw.providers.base import Deployment, UpstreamCall, UpstreamHTTPError, UpstreamResponse
-from llmgw.providers.fallback import FallbackChain
-from llmgw.providers.plugin import Capabilities
-from llmgw.providers.retry import CONTEXT_TOO_LONG, Decision
-from llmgw.routing.breaker import FAILURES_TO_OPEN, Cooldown
+from llmgw.providers.base import (
+    Decision,
+    Deployment,
+    UpstreamCall,
+    UpstreamHTTPError,
+    UpstreamResponse,
+)
+from llmgw.routing.breaker import FAILURES_TO_OPEN
 from llmgw.routing.channel import HealthChange
+from llmgw.routing.fallback import FallbackChain
 from llmgw.routing.policy import RoutingPolicy
+from llmgw.routing.retry import CONTEXT_TOO_LONG
 
 OK = UpstreamResponse(200, b"{}", "application/json")
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llmgw.api.body_memory import BodyAllowance, BodyLimit, BodyMemory
+from llmgw.body_memory import BodyAllowance, BodyLimit, BodyMemory
 from llmgw.errors import PayloadTooLarge, ServiceUnavailable
 
 WAIT = 0.2

@@ -3,8 +3,8 @@ from (``response_model``), a continued stream's starting deployment (``started_d
 every upstream attempt with its deployment and how it ended (``attempt_log``, a JSON array; see
 ``llmgw.accounting.attempts``). Older rows: NULL, NULL and an empty array.
 
-Revision ID: 0020
-Revises: 0019
+Revision ID: 0021
+Revises: 0020
 Create Date: 2026-12-04
 """
 
@@ -15,8 +15,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from alembic import op
 
-revision = "0020"
-down_revision = "0019"
+revision = "0021"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.streaming.sse import EventTooLarge, SSEScanner, event_data
+from llmgw.providers.sse import EventTooLarge, SSEScanner, event_data
 from tests.streaming.relaying import parse_sse
 
 ENDINGS = st.sampled_from([b"\n", b"\r\n", b"\r"])

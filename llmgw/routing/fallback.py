@@ -27,8 +27,10 @@ from typing import Generic, TypeVar
 
 import attrs
 
+from llmgw.config.kinds import Capabilities
+from llmgw.config.providers_file import ORDERED, Strategy
 from llmgw.errors import GatewayError, RateLimited, UpstreamTimeout, UpstreamUnavailable
-from llmgw.limits.caps import CapHold
+from llmgw.limits.caps import CapHold, CapTaker
 from llmgw.providers.base import (
     ChatStream,
     Deployment,
@@ -38,10 +40,8 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
-from llmgw.providers.plugin import Capabilities
-from llmgw.providers.retry import CONTEXT_TOO_LONG, SILENT
 from llmgw.routing.policy import RoutingPolicy
-from llmgw.routing.strategy import ORDERED, Strategy
+from llmgw.routing.retry import CONTEXT_TOO_LONG, SILENT
 
 __all__ = ["Answer", "FallbackChain"]
 
@@ -125,9 +125,12 @@ class FallbackChain:
                 continue  # another replica is probing it
             cap = self.routing.caps.of(deployment.provider.name)
             hold = None
-            if cap is not None and call.admission is not None:
+            admission = call.admission
+            if cap is not None and admission is not None:
+                # What the pipeline hands in is the request's ticket; adapters never see its type.
+                assert isinstance(admission, CapTaker)
                 try:
-                    taken = await call.admission.take_cap(deployment.provider.name, cap, sent.body)
+                    taken = await admission.take_cap(deployment.provider.name, cap, sent.body)
                 except BaseException:
                     self.routing.not_sent(deployment)
                     raise

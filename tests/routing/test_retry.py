@@ -9,12 +9,11 @@ from email.utils import format_datetime
 import orjson
 import pytest
 
-from llmgw.providers.retry import (
+from llmgw.providers.base import Decision, Failure, Retries
+from llmgw.routing.retry import (
     ABOUT_THE_REQUEST,
     REQUEST_RATE_LIMITED,
     REQUEST_TOO_LARGE,
-    Decision,
-    Failure,
     RetryPolicy,
     decide,
 )
@@ -247,3 +246,17 @@ def test_any_other_4xx_stops(status: int) -> None:
 def test_an_error_body_that_is_not_json_is_read_as_text() -> None:
     failure = Failure(400, {}, b"<html>maximum context length exceeded</html>")
     assert after(failure).action == "move_on"
+
+
+def test_the_policy_an_adapter_asks_caps_retries_at_the_calls_limit() -> None:
+    # An adapter holds the policy as providers.base.Retries; a route's max_retries (0 when another
+    # deployment is left) lowers the policy's own, never raises it.
+    policy: Retries = HIGH
+    failure = answered(503)
+    assert policy.decide(failure, retries=0, remaining=60.0, now=NOW) == after(failure)
+    assert policy.decide(failure, retries=0, remaining=60.0, now=NOW, max_retries=0) == Decision(
+        "move_on", "overloaded"
+    )
+    assert policy.decide(failure, retries=2, remaining=60.0, now=NOW, max_retries=5) == Decision(
+        "move_on", "overloaded"
+    )
