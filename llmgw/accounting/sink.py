@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -24,15 +25,21 @@ BILLING_EVENT = "llmgw.billing"
 class UsageAccounting:
     ledger: UsageLedger
 
-    def __call__(
+    def settle(
         self,
         record: UsageRecord,
         ticket: Ticket,
         caps: Sequence[tuple[CapHold | None, int]] = (),
-    ) -> None:
-        """``caps``: each answering deployment's account-cap hold, and the tokens its attempt
-        used (see :meth:`Ticket.settle`)."""
-        fields = record.log_fields()  # made once, for the billing line and the ledger's spool
-        billing_log.info("billing record", extra={"event": BILLING_EVENT, **fields})
+    ) -> dict[str, Any]:
+        """Settle what the request reserved (``caps``: each answering deployment's account-cap
+        hold and the tokens its attempt used, see :meth:`Ticket.settle`) and queue its ledger
+        row; returns the row's fields, made once, for the spool and then the billing line
+        (:meth:`log`)."""
+        fields = record.log_fields()
         ticket.settle(record, caps)
         self.ledger.record(record, fields)
+        return fields
+
+    def log(self, fields: dict[str, Any]) -> None:
+        """The request's billing line: the last thing its end does."""
+        billing_log.info("billing record", extra={"event": BILLING_EVENT, **fields})

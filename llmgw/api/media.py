@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import time
 from typing import Any
 
 import aiohttp
@@ -130,7 +131,7 @@ async def _relay_audio(
     request: web.Request, upstream: UpstreamStream, exchange: Exchange
 ) -> web.StreamResponse:
     """The provider's audio, written to the client chunk by chunk as it arrives."""
-    observation = exchange.observation
+    observation, record = exchange.observation, exchange.record
     response = web.StreamResponse(
         status=200,
         headers={
@@ -144,6 +145,8 @@ async def _relay_audio(
         await response.prepare(request)
         async for data in upstream.chunks():
             observation.chunk_arrived()
+            if record.first_chunk_at is None:
+                record.first_chunk_at = time.perf_counter()
             await response.write(data)
         await response.write_eof()
         outcome, error_type, status = Outcome.COMPLETED, None, 200
@@ -154,7 +157,7 @@ async def _relay_audio(
             request.transport.abort()
     finally:
         await upstream.close()
-        exchange.finish(status=status, outcome=outcome, error_type=error_type)
+        exchange.end(status, outcome, error_type)
     return response
 
 
@@ -279,7 +282,6 @@ async def _transcribe(
     document = _json_object(result.body) if "json" in result.content_type else None
     if document is not None:
         exchange.metered = meter.answered(document) or exchange.metered
-    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     # JSON or text/plain (response_format=text), as the provider answered.
     return web.Response(
         status=result.status, body=result.body, headers={"Content-Type": result.content_type}

@@ -2,12 +2,13 @@
 through.
 
     read the body → validate (→ translate) → route the model → admit (limits) → open the
-    observation → call the route → answer (→ translate back) → finish the observation → one
-    usage record to accounting
+    record and the observation → call the route → answer (→ translate back) → end the request
 
-The pipeline owns the outcome: the provider call returns its answer (or a stream the relay
-summarises), and only here is the observation finished and the usage record made, exactly once,
-whatever happened. An :class:`Operation` says what differs between JSON operations; an operation
+The pipeline owns the outcome: each stage writes what it learns into the request's
+:class:`~llmgw.accounting.request_record.RequestRecord`, and every way a request can end (an
+answer, a provider's refusal, a stream however it ended, the caller leaving, a failure of the
+gateway's own) comes to :meth:`Exchange.end`, which ends it once: settle, ledger row (from the
+record), span and metrics, billing line. An :class:`Operation` says what differs between JSON operations; an operation
 whose body is not JSON (an upload) or whose answer is not (audio) reads its own body, starts with
 :func:`start_call` and calls the provider through :func:`observe_upstream`.
 """
@@ -19,7 +20,6 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import attrs
@@ -37,6 +37,7 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.metering import Meter
 from llmgw.accounting.price import Metered, Price
+from llmgw.accounting.request_record import RequestRecord
 from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
@@ -48,7 +49,6 @@ from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
 from llmgw.config import Settings
 from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
 from llmgw.limits.caps import CapHold
-from llmgw.limits.policy import Ticket
 from llmgw.providers.base import (
     REASONING_PARAMS,
     ChatStream,
@@ -70,7 +70,7 @@ from llmgw.streaming.replay import replay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.genai import ChatObservation, Finished, Outcome
+from llmgw.telemetry.genai import ChatObservation, Outcome
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -145,15 +145,14 @@ class Exchange:
     request: web.Request
     key: AuthenticatedKey
     body: dict[str, Any]
-    ticket: Ticket  # its admission: settled when it ends (with the usage record)
     observation: ChatObservation
+    record: RequestRecord  # what the ledger row is made of
     deployment: Deployment | None = None  # the one that answered
     provider_worked: bool = False  # a deployment accepted the request: it bills it
     output_chars: int = 0  # what the provider produced, for an estimate
     usage_final: bool = True  # see StreamSummary.usage_final
     # Streams that broke before the one that finished the answer: billed with it.
     earlier: tuple[StreamAttempt, ...] = ()
-    finished: bool = False
     release_deployment: Callable[[float | None], None] = lambda _: None  # see Answer.done
     answered_at: float = 0.0  # perf_counter, as the observation's chunk times
     # A media call's billed quantity: the request's (its worst case) until the answer says.
@@ -163,7 +162,6 @@ class Exchange:
     cap_holds: list[CapHold | None] = attrs.Factory(list)
     # Every deployment the request was sent to, in order, and how each ended.
     attempts: list[Attempt] = attrs.Factory(list)
-    response_model: str | None = None  # the model the answer's last bytes came from
     # Each of those holds with the tokens its attempt used, once the record is made.
     caps_used: list[tuple[CapHold | None, int]] = attrs.Factory(list)
     # The response cache's lookup whose answer this request fetches (a miss, or no-cache), and
@@ -176,17 +174,27 @@ class Exchange:
 
     def stream_ended(self, summary: StreamSummary) -> None:
         """The relay's one report of how the stream ended (possibly after a background drain)."""
-        self.observation.usage = summary.usage
+        record = self.record
+        record.usage = summary.usage
         self.output_chars = summary.output_chars
         self.usage_final = summary.usage_final
         self.earlier = summary.earlier
-        self.response_model = summary.response_model
-        self.finish(status=summary.status, outcome=summary.outcome, error_type=summary.error_type)
+        record.response_id, record.response_model = summary.response_id, summary.response_model
+        record.first_chunk_at = summary.first_chunk_at
+        self.end(summary.status, summary.outcome, summary.error_type)
+
+    def deployment_tried(self, deployment: Deployment, tried: int) -> None:
+        """The route is about to call its ``tried``-th deployment: it answers unless it fails too."""
+        record = self.record
+        provider = deployment.provider
+        record.provider, record.provider_reports_cost = provider.name, provider.reports_cost
+        record.deployment, record.deployments_tried = deployment.label, tried
+        self.observation.deployment_tried(deployment, tried)
 
     def attempt_started(self, deployment: Deployment, _tried: int = 0) -> None:
         """The route sends the request to ``deployment`` (``UpstreamCall.on_deployment``)."""
         self.attempts.append(Attempt(deployment.label, deployment.provider.name, deployment.model))
-        self.observation.deployment_tried(deployment, len(self.attempts))
+        self.deployment_tried(deployment, len(self.attempts))
 
     def attempt_failed(self, deployment: Deployment, error: str, status: int | None) -> None:
         """That attempt failed (``UpstreamCall.on_failure``)."""
@@ -230,49 +238,51 @@ class Exchange:
         prices.warm()  # a price from a listing not fetched yet is there for the next request
         return prices.price(provider, model)
 
-    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
-        """Finish the observation and hand accounting the request's one record, whatever fails:
-        a request that reached a provider is always in the ledger, and what it reserved is
-        always settled."""
-        if self.finished:
-            return
-        self.finished = True
-        self._release_deployment()
-        try:
-            record = self._record(status, outcome, error_type)
-        except Exception:
-            log.exception("the usage record of request %s could not be built", self._request_id)
-            record = self._bare_record(status, outcome, error_type)
-        self._settle_cache(record)
-        self.request.app[app_keys.USAGE](record, self.ticket, self.caps_used)
-
-    def finish_hit(
-        self,
-        entry: Entry,
-        *,
-        status: int = 200,
-        outcome: str = Outcome.COMPLETED,
-        error_type: str | None = None,
+    def end(
+        self, status: int, outcome: str, error_type: str | None = None, *, hit: Entry | None = None
     ) -> None:
-        """The request's one end when the cache answered: the stored answer's tokens, no
-        provider cost, and the cost it saved."""
-        if self.finished:
+        """End the request: the one place every way a request can end comes to, once.
+
+        In order, and from the record alone: settle what it reserved (its admission and its
+        provider caps), queue its ledger row, end its span and record its metrics, write its
+        billing line. Whatever fails on the way, a request that reached a provider is in the
+        ledger and what it reserved is settled. ``hit``: the cache answered, with that entry.
+        """
+        record = self.record
+        if record.ended:
             return
-        self.finished = True
-        usage = entry.usage
+        record.ended = True
+        record.status, record.outcome, record.error_type = status, outcome, error_type
+        self._release_deployment()
         observation = self.observation
-        observation.response_model = entry.response_model
-        finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
-        record = self._usage_record(
-            status,
-            outcome,
-            error_type,
+        try:
+            row = self._row() if hit is None else self._hit_row(hit)
+        except Exception:
+            log.exception("the usage record of request %s could not be built", record.request_id)
+            row = self._bare_row()
+        self._settle_cache(row)
+        accounting = self.request.app[app_keys.USAGE]
+        fields = accounting.settle(row, record.ticket, self.caps_used)
+        if RECORD_NOT_COMPUTED in row.flags:
+            observation.abandon()  # no figures to show
+        else:
+            try:
+                observation.finish(status=status, outcome=outcome, error_type=error_type)
+            except Exception:
+                log.exception("the span of request %s could not be finished", record.request_id)
+                observation.abandon()
+        accounting.log(fields)
+
+    def _hit_row(self, entry: Entry) -> UsageRecord:
+        """The row of a request the cache answered: the stored answer's tokens, no provider
+        cost, and the cost it saved."""
+        usage = entry.usage
+        self.record.response_model = self.observation.response_model = entry.response_model
+        return self.record.usage_row(
             attrs.evolve(usage, cost_usd=0.0, cost_diem=None),
-            finished,
             cache_hit=True,
             saved_cost_usd=usage.cost_usd,
         )
-        self.request.app[app_keys.USAGE](record, self.ticket, [])
 
     def _settle_cache(self, record: UsageRecord) -> None:
         """A complete answer with the provider's own usage is shared with the requests that
@@ -304,18 +314,13 @@ class Exchange:
             response_model=record.response_model,
         )
 
-    @property
-    def _request_id(self) -> str:
-        return self.request[app_keys.REQUEST_ID]
-
-    def _record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
-        observation = self.observation
+    def _row(self) -> UsageRecord:
+        record = self.record
         if self.earlier:
             charged, each = self._charge_attempts()
-            observation.usage = charged.usage
         else:
             charged = charge(
-                observation.usage,
+                record.usage,
                 provider_worked=self.provider_worked,
                 estimate=self._estimate,
                 price=self._price,
@@ -324,18 +329,20 @@ class Exchange:
             )
             each = [charged]
         self.caps_used = self._caps_used([c.usage for c in each])
-        self._log_answers(each, status, outcome, error_type)
-        if charged.source != REPORTED:
-            observation.usage = attrs.evolve(charged.usage, cost_usd=None)
-            observation.usage_source = charged.source
-        finished = observation.finish(status=status, outcome=outcome, error_type=error_type)
-        return self._usage_record(
-            status,
-            outcome,
-            error_type,
+        self._log_answers(each, record)
+        source = record.usage_source = charged.source
+        # What the span shows: the provider's figures, or the gateway's tokens without a cost.
+        shown = charged.usage if self.earlier else record.usage
+        self.observation.usage = (
+            shown if source == REPORTED else attrs.evolve(charged.usage, cost_usd=None)
+        )
+        self.observation.usage_source = source
+        return record.usage_row(
             charged.usage,
-            finished,
-            usage_source=charged.source,
+            usage_source=source,
+            attempts=max(1, len(self.attempts)),
+            started_deployment=self.earlier[0].deployment if self.earlier else None,
+            attempt_log=tuple(attempt.as_json() for attempt in self.attempts),
             cost_computed=charged.cost_computed,
             flags=charged.flags,
         )
@@ -344,9 +351,7 @@ class Exchange:
         """The attempts that answered, in order: the broken streams', then the last one's."""
         return [a for a in self.attempts if a.ended == ANSWERED]
 
-    def _log_answers(
-        self, each: list[Charged], status: int, outcome: str, error_type: str | None
-    ) -> None:
+    def _log_answers(self, each: list[Charged], record: RequestRecord) -> None:
         """How each attempt that answered ended, with what it produced (``each``, in order)."""
         answering = self._answering()
         for attempt, charged in zip(answering, each, strict=False):
@@ -356,8 +361,8 @@ class Exchange:
             attempt.response_model = broken.response_model
         if len(answering) > len(self.earlier):  # the last one ended the request
             last = answering[-1]
-            last.ended, last.status, last.error = outcome, status, error_type
-            last.response_model = self.response_model
+            last.ended, last.status, last.error = record.outcome, record.status, record.error_type
+            last.response_model = record.response_model
 
     def _caps_used(self, attempts: list[Usage]) -> list[tuple[CapHold | None, int]]:
         """Each answering deployment's account-cap hold with the tokens its attempt used
@@ -373,7 +378,7 @@ class Exchange:
         deployment's price (an attempt that reported nothing is estimated), and their sum."""
         input_estimate = estimate_input_tokens(self.body)
         parts = [(a.usage, a.output_chars, True) for a in self.earlier]
-        parts.append((self.observation.usage, self.output_chars, self.usage_final))
+        parts.append((self.record.usage, self.output_chars, self.usage_final))
         answering = self._answering()
         each: list[Charged] = []
         for index, (usage, output_chars, final) in enumerate(parts):
@@ -426,87 +431,15 @@ class Exchange:
         )
         return charged, each
 
-    def _bare_record(self, status: int, outcome: str, error_type: str | None) -> UsageRecord:
-        """The record from what is known without computing anything that could fail again: the
+    def _bare_row(self) -> UsageRecord:
+        """The row from what is known without computing anything that could fail again: the
         usage as far as it got (the provider's, or the estimate if that was made; none: no
         tokens), flagged so the row can be found."""
-        observation = self.observation
-        observation.abandon()
-        measured = Finished(
-            duration_s=time.perf_counter() - observation.started,
-            time_to_first_chunk_s=None,
-            trace_id=None,
-        )
-        return self._usage_record(
-            status,
-            outcome,
-            error_type,
-            observation.usage or Usage(),
-            measured,
-            usage_source=observation.usage_source,
+        record = self.record
+        return record.usage_row(
+            record.usage or Usage(),
+            usage_source=record.usage_source,
             flags=(RECORD_NOT_COMPUTED,),
-        )
-
-    def _usage_record(
-        self,
-        status: int,
-        outcome: str,
-        error_type: str | None,
-        usage: Usage,
-        finished: Finished,
-        *,
-        usage_source: str = "reported",
-        cost_computed: bool = False,
-        flags: tuple[str, ...] = (),
-        cache_hit: bool = False,
-        saved_cost_usd: float | None = None,
-    ) -> UsageRecord:
-        observation = self.observation
-        attributes = observation.metric_attributes
-        attempts = self.attempts
-        if self.deployment is not None:
-            deployment: str | None = self.deployment.label
-        else:  # none answered: the last one tried, if any
-            deployment = attempts[-1].deployment if attempts else None
-        return UsageRecord(
-            occurred_at=datetime.now(UTC),
-            api_key_id=self.key.id,
-            subject_id=self.key.subject_id,
-            request_id=self._request_id,
-            response_id=observation.response_id,
-            operation=attributes[sc.GEN_AI_OPERATION_NAME],
-            provider=attributes[sc.GEN_AI_PROVIDER_NAME],
-            deployment=deployment,
-            started_deployment=self.earlier[0].deployment if self.earlier else None,
-            model=attributes[sc.GEN_AI_REQUEST_MODEL],
-            # The model the last bytes came from: a continuation's own, never the start's.
-            response_model=self.response_model
-            if self.response_model is not None or self.earlier
-            else observation.response_model,
-            stream=observation.stream,
-            status=status,
-            outcome=outcome,
-            error_type=error_type,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
-            reasoning_output_tokens=usage.reasoning_output_tokens,
-            cost_usd=usage.cost_usd,
-            cost_diem=usage.cost_diem,
-            duration_ms=round(finished.duration_s * 1000, 3),
-            time_to_first_chunk_ms=None
-            if finished.time_to_first_chunk_s is None
-            else round(finished.time_to_first_chunk_s * 1000, 3),
-            trace_id=finished.trace_id,
-            usage_source=usage_source,
-            cost_computed=cost_computed,
-            flags=flags,
-            attempts=max(1, len(attempts)),
-            attempt_log=tuple(attempt.as_json() for attempt in attempts),
-            cache_hit=cache_hit,
-            saved_cost_usd=saved_cost_usd,
         )
 
 
@@ -608,9 +541,7 @@ async def _from_cache(
             controls=read_controls(request.headers),
         )
     except BaseException:
-        exchange.finish(
-            status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
-        )
+        exchange.end(CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
         raise
     headers = request.setdefault(app_keys.RESPONSE_HEADERS, {})
     headers[CACHE_HEADER] = lookup.result
@@ -641,9 +572,9 @@ async def _from_cache(
         if operation.codec is not None:
             body = await _translate(operation.codec, orjson.loads(body), caller_body, "the cache")
     except BaseException:
-        exchange.finish_hit(entry, status=500, outcome=Outcome.FAILED, error_type="internal_error")
+        exchange.end(500, Outcome.FAILED, "internal_error", hit=entry)
         raise
-    exchange.finish_hit(entry)
+    exchange.end(200, Outcome.COMPLETED, hit=entry)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -692,23 +623,20 @@ async def _replay(
         raise
     finally:
         entry = answer if isinstance(answer, Entry) else answer.entry
+        ending: tuple[int, str, str | None]
         if entry is None:  # the leader's stream broke: nothing was answered, nothing is billed
-            exchange.finish(
-                status=CLIENT_CLOSED_REQUEST if cancelled else 200,
-                outcome=Outcome.CANCELLED if cancelled else Outcome.FAILED,
-                error_type="cancelled" if cancelled else "upstream_stream_incomplete",
+            ending = (
+                (CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
+                if cancelled
+                else (200, Outcome.FAILED, "upstream_stream_incomplete")
             )
         elif cancelled:
-            exchange.finish_hit(
-                entry,
-                status=CLIENT_CLOSED_REQUEST,
-                outcome=Outcome.CANCELLED,
-                error_type="cancelled",
-            )
+            ending = (CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
         elif failed is not None:
-            exchange.finish_hit(entry, outcome=Outcome.FAILED, error_type=failed.error_kind)
+            ending = (200, Outcome.FAILED, failed.error_kind)
         else:
-            exchange.finish_hit(entry)
+            ending = (200, Outcome.COMPLETED, None)
+        exchange.end(*ending, hit=entry)
 
 
 @attrs.frozen
@@ -762,8 +690,22 @@ async def start_call(
             stream=upstream.stream,
             capture_content=telemetry.capture_content,
         )
+        context = observation.tracer_span.get_span_context()
+        record = RequestRecord(
+            ticket=ticket,
+            request_id=request[app_keys.REQUEST_ID],
+            api_key_id=key.id,
+            subject_id=key.subject_id,
+            operation=upstream.operation,
+            model=upstream.model,
+            stream=upstream.stream,
+            provider=route.name,
+            provider_reports_cost=route.reports_cost,
+            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
+            started=observation.started,
+        )
         exchange = Exchange(
-            request, key, upstream.fields, ticket, observation, metered=upstream.metered
+            request, key, upstream.fields, observation, record, metered=upstream.metered
         )
         call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
@@ -804,7 +746,7 @@ def _upstream_call(
         reasoning_params=upstream.reasoning_params,
         caller_headers=upstream.caller_headers,
         caller=str(exchange.key.id),
-        admission=exchange.ticket,  # routing counts provider account caps on it
+        admission=exchange.record.ticket,  # routing counts provider account caps on it
     )
 
 
@@ -848,9 +790,9 @@ async def _stream(
         exchange.observation,
         hide_usage_chunk=hide_usage_chunk,
         on_end=exchange.stream_ended,
+        tap=exchange.cache,
         translator=translator,
         continuation=continuation,
-        tap=exchange.cache,
         error_event=operation.stream_error_event,
     )
 
@@ -868,8 +810,7 @@ async def _resume(
     has not been sent to yet (see FallbackChain.after), with a deadline of its own."""
     broken = exchange.deployment
     assert broken is not None  # a stream was relayed, so a deployment answered
-    observation = exchange.observation
-    tried = observation.deployments_tried
+    tried = exchange.record.deployments_tried
     chain = route.after(broken, {attempt.deployment for attempt in exchange.attempts})
     if chain is None:
         raise UpstreamUnavailable(
@@ -886,7 +827,7 @@ async def _resume(
         )
     except BaseException:
         # Not finished: the request stays the broken deployment's, in the span and the ledger.
-        observation.deployment_tried(broken, tried)
+        exchange.deployment_tried(broken, tried)
         raise
     stream = exchange.answered(answer)
     return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
@@ -931,7 +872,7 @@ async def _complete(
     observation = exchange.observation
     result = exchange.answered(await route.first_answer(call, operation.complete))
     observation.retries = result.retries
-    answered_by = observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]
+    answered_by = exchange.record.provider
     try:
         document = orjson.loads(result.body)
     except orjson.JSONDecodeError:
@@ -945,19 +886,20 @@ async def _complete(
             code="upstream_invalid_response",
         )
     observation.note_document(document)
-    if isinstance(model := document.get("model"), str):
-        exchange.response_model = model
+    record = exchange.record
+    record.note_ids(document)
+    observation.response_id, observation.response_model = record.response_id, record.response_model
     usage = document.get("usage")
-    observation.usage = (
+    record.usage = (
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.
         anthropic_usage(usage)
         if document.get("type") == "message" and isinstance(usage, dict)
-        else parse_usage(document, with_cost=observation.provider_reports_cost)
+        else parse_usage(document, with_cost=record.provider_reports_cost)
     )
     exchange.output_chars = answer_output_chars(document)
     if operation.meter is not None:
         exchange.metered = operation.meter.answered(document) or exchange.metered
-    # Translated before the exchange finishes: an answer that cannot be translated is recorded as
+    # Translated before the request ends: an answer that cannot be translated is recorded as
     # the failure the caller gets (with the usage the provider reported), not as a success.
     if exchange.cache is not None and result.status == 200 and _finished(document):
         exchange.cache_body = result.body  # the provider's own bytes: a hit sends them as they are
@@ -966,9 +908,6 @@ async def _complete(
     else:
         body = await _translate(operation.codec, document, caller_body, answered_by)
         content_type = "application/json"
-    # A freed concurrency slot needs no turn of the loop before the answer: this replica's next
-    # admission carries the settlement to the store ahead of itself (LimitPolicy).
-    exchange.finish(status=result.status, outcome=Outcome.COMPLETED)
     return web.Response(status=result.status, body=body, headers={"Content-Type": content_type})
 
 
@@ -992,32 +931,40 @@ async def observe_upstream(
     *,
     translate_errors: bool,
 ) -> T | web.Response:
-    """Run ``call``; finish the exchange on any failure it raises (success finishes itself).
+    """Run ``call``, and end the request if it answered (a response, not a stream to relay) or
+    failed.
 
     A provider's error passes through as it is, or (``translate_errors``) as a ProviderError the
     error middleware renders in the route's own error shape.
     """
     try:
-        return await call()
-    except UpstreamHTTPError as exc:
-        exchange.observation.retries = exc.response.retries
-        exchange.finish(
-            status=exc.response.status, outcome=Outcome.FAILED, error_type=str(exc.response.status)
-        )
+        result = await call()
+    except BaseException as exc:
+        status, outcome, error_type = _how_it_failed(exc)
+        if isinstance(exc, UpstreamHTTPError):
+            exchange.observation.retries = exc.response.retries
+        exchange.end(status, outcome, error_type)
+        if not isinstance(exc, UpstreamHTTPError):
+            raise
         if translate_errors:
             response = exc.response
             raise ProviderError.from_answer(
                 response.status, response.body, retry_after=response.retry_after
             ) from None
         return forward_upstream_error(exc.response)
-    except GatewayError as exc:
-        exchange.finish(status=exc.status, outcome=Outcome.FAILED, error_type=exc.error_kind)
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        exchange.finish(
-            status=CLIENT_CLOSED_REQUEST, outcome=Outcome.CANCELLED, error_type="cancelled"
-        )
-        raise
-    except Exception:
-        exchange.finish(status=500, outcome=Outcome.FAILED, error_type="internal_error")
-        raise
+    if isinstance(result, web.Response):
+        # A freed concurrency slot needs no turn of the loop before the answer: this replica's
+        # next admission carries the settlement to the store ahead of itself (LimitPolicy).
+        exchange.end(result.status, Outcome.COMPLETED)
+    return result
+
+
+def _how_it_failed(exc: BaseException) -> tuple[int, str, str]:
+    """The status, outcome and error type of a request that ``exc`` ended."""
+    if isinstance(exc, UpstreamHTTPError):
+        return exc.response.status, Outcome.FAILED, str(exc.response.status)
+    if isinstance(exc, GatewayError):
+        return exc.status, Outcome.FAILED, exc.error_kind
+    if isinstance(exc, asyncio.CancelledError | ConnectionResetError):
+        return CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled"
+    return 500, Outcome.FAILED, "internal_error"

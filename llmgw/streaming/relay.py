@@ -78,6 +78,10 @@ def sse_error_event(error: GatewayError) -> bytes:
     return b"data: " + error.body_bytes() + b"\n\n"
 
 
+# How a stream ended: its outcome, error type and status.
+_Ending = tuple[str, str | None, int]
+
+
 class _Broke(Exception):
     """The upstream's stream failed while being read (cut off, stalled): ``error`` says how."""
 
@@ -132,7 +136,7 @@ class _Relay:
             observation, hide_usage_chunk=hide_usage_chunk and translator is None
         )
         self.scanner = SSEScanner(streams.max_event_bytes)
-        self._on_end: Callable[[StreamSummary], None] | None = on_end
+        self._on_end = on_end
         self.continuation: Continuation | None = None
         self.error_event: Callable[[GatewayError], bytes] = sse_error_event
         self.tap: StreamTap | None = None
@@ -150,7 +154,10 @@ class _Relay:
     async def run(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
         observer = self.observer
-        drain = False
+        # How the stream ended (outcome, error type, status), told once, in ``finally``; None:
+        # the caller left before the usage came, and the drain tells it.
+        ending: _Ending | None = (Outcome.FAILED, "internal_error", 200)
+        error: GatewayError | None = None  # the error event the caller gets after the end
         try:
             await response.prepare(request)
             if self.translator is not None:
@@ -163,12 +170,11 @@ class _Relay:
                 await response.write(_DONE_EVENT)
             if self.tap is not None:
                 self.tap.completed()
-            self._end(Outcome.COMPLETED)
-        except GatewayError as error:
-            self._end(Outcome.FAILED, error.error_kind)
-            await self._send_error(response, error)
+            ending = (Outcome.COMPLETED, None, 200)
+        except GatewayError as failure:
+            ending, error = (Outcome.FAILED, failure.error_kind, 200), failure
         except (ConnectionResetError, asyncio.CancelledError):
-            drain = self._caller_left()
+            ending = self._caller_left()
             raise
         except Exception:
             if not response.prepared:
@@ -176,16 +182,15 @@ class _Relay:
             # The gateway's own failure after the headers went out: the caller gets the API's
             # error event, never a second response written inside this one.
             log.exception("a relayed stream failed inside the gateway")
-            self._end(Outcome.FAILED, "internal_error")
-            await self._send_error(
-                response, InternalError("The gateway failed unexpectedly; see its logs.")
-            )
+            error = InternalError("The gateway failed unexpectedly; see its logs.")
         finally:
-            if drain:
+            if ending is None:
                 self.streams.drain(self._drain_usage())
             else:
+                self._end(*ending)
                 await self.upstream.close()
-                self._end(Outcome.FAILED, "internal_error")  # only if nothing above ended it
+        if error is not None:
+            await self._send_error(response, error)
         return response
 
     async def _relay_attempts(self, response: web.StreamResponse) -> None:
@@ -444,18 +449,17 @@ class _Relay:
             self.cut = _event_too_large(self.streams.max_event_bytes)
             return too_large.events
 
-    def _caller_left(self) -> bool:
-        """The caller hung up (or shutdown cut the handler): record it; True to drain for usage."""
+    def _caller_left(self) -> _Ending | None:
+        """The caller hung up (or shutdown cut the handler): how the stream ended, or None to
+        drain the rest for the usage (the answer was delivered, its usage not yet)."""
         observer = self.observer
         if self.streams.shutdown_cut():
-            self._end(Outcome.FAILED, gateway_shutting_down().error_kind)
-        elif observer.done or (observer.finished and observer.usage is not None):
-            self._end(Outcome.COMPLETED)
-        elif not observer.finished or observer.upstream_error:
-            self._end(Outcome.CANCELLED, "cancelled", status=CLIENT_CLOSED_REQUEST)
-        else:
-            return True  # the answer was delivered, its usage not yet
-        return False
+            return (Outcome.FAILED, gateway_shutting_down().error_kind, 200)
+        if observer.done or (observer.finished and observer.usage is not None):
+            return (Outcome.COMPLETED, None, 200)
+        if not observer.finished or observer.upstream_error:
+            return (Outcome.CANCELLED, "cancelled", CLIENT_CLOSED_REQUEST)
+        return None
 
     async def _drain_usage(self) -> None:
         """Read the rest of an answer its caller no longer reads, for the provider's usage."""
@@ -473,10 +477,8 @@ class _Relay:
             await self.upstream.close()
             self._end(Outcome.COMPLETED)
 
-    def _end(self, outcome: str, error_type: str | None = None, *, status: int = 200) -> None:
-        on_end, self._on_end = self._on_end, None
-        if on_end is None:
-            return
+    def _end(self, outcome: str, error_type: str | None = None, status: int = 200) -> None:
+        """Tell ``on_end`` how the stream ended: each path of :meth:`run` comes here once."""
         observer = self.observer
         if observer.malformed:
             observation = self.observer.observation
@@ -487,7 +489,7 @@ class _Relay:
                 observer.malformed,
                 {sc.GEN_AI_PROVIDER_NAME: observation.metric_attributes[sc.GEN_AI_PROVIDER_NAME]},
             )
-        on_end(
+        self._on_end(
             StreamSummary(
                 outcome=outcome,
                 status=status,
@@ -496,7 +498,10 @@ class _Relay:
                 output_chars=observer.output_chars,
                 earlier=tuple(self.earlier),
                 usage_final=observer.usage_final,
-                response_model=observer.response_model,
+                response_id=observer.observation.response_id,
+                # The last attempt's own model: a continuation's, never the start's.
+                response_model=observer.response_model or observer.observation.response_model,
+                first_chunk_at=observer.observation.first_chunk_at,
             )
         )
 

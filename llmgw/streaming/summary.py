@@ -38,7 +38,11 @@ class StreamSummary:
     # False when ``usage`` is not the final count: a Messages stream that ended (the caller
     # left, the gateway cut it) after message_start and before message_delta.
     usage_final: bool = True
-    response_model: str | None = None  # the model the last attempt's chunks named
+    # The answer's own id and model, as its events said them (None: they did not).
+    response_id: str | None = None
+    response_model: str | None = None  # the last attempt's (a continuation's, not the start's)
+    # When the first chunk arrived (perf_counter); not part of what a summary is equal to.
+    first_chunk_at: float | None = attrs.field(default=None, eq=False)
 
 
 class StreamTap(Protocol):

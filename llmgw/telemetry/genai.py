@@ -25,7 +25,7 @@ from llmgw.telemetry.model_names import metric_model_name, remember_answered
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment
 
-__all__ = ["ChatObservation", "Finished", "GatewayInstruments", "Outcome", "content_messages"]
+__all__ = ["ChatObservation", "GatewayInstruments", "Outcome", "content_messages"]
 
 # Request fields the conventions name, and the attribute each becomes.
 _REQUEST_PARAMETERS: Mapping[str, str] = {
@@ -136,15 +136,6 @@ def content_messages(messages: Any) -> str:
     return orjson.dumps(converted).decode()
 
 
-@attrs.frozen(slots=True)
-class Finished:
-    """What the observation measured, for the billing record."""
-
-    duration_s: float
-    time_to_first_chunk_s: float | None
-    trace_id: str | None
-
-
 @attrs.define(slots=True)
 class ChatObservation:
     tracer_span: trace.Span
@@ -250,8 +241,8 @@ class ChatObservation:
         self.last_chunk_at = now
 
     def note_document(self, document: dict[str, Any]) -> None:
-        """Read ids, finish reasons and (captured) content from a response or a stream chunk."""
-        self.note_ids(document)
+        """Read finish reasons and (captured) content from a response (its ids: the request's
+        record has them, see the pipeline)."""
         choices = document.get("choices")
         if not isinstance(choices, list):
             return
@@ -287,7 +278,7 @@ class ChatObservation:
             bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(self.response_model)
         return bounded
 
-    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> Finished:
+    def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
         assert not self.finished, "an observation finishes once"
         self.finished = True
         now = time.perf_counter()
@@ -348,12 +339,6 @@ class ChatObservation:
         if self.retries:
             self.instruments.upstream_retries.add(self.retries, metric_attributes)
         span.end()
-        context = span.get_span_context()
-        return Finished(
-            duration_s=duration,
-            time_to_first_chunk_s=ttfc,
-            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
-        )
 
     def abandon(self) -> None:
         """End the span of an observation whose finish failed part way (or never ran): an error,

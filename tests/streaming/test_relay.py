@@ -52,6 +52,7 @@ async def test_without_a_translator_events_are_forwarded_byte_for_byte() -> None
             error_type=None,
             usage=Usage(input_tokens=3, output_tokens=1),
             output_chars=2,
+            response_id="c",
         )
     ]
 
@@ -172,7 +173,12 @@ async def test_a_caller_leaving_mid_stream_is_cancelled_499_with_what_was_produc
     _, summaries = await relay(stream, hang_up_after=FIRST)
     assert summaries == [
         StreamSummary(
-            outcome="cancelled", status=499, error_type="cancelled", usage=None, output_chars=2
+            outcome="cancelled",
+            status=499,
+            error_type="cancelled",
+            usage=None,
+            output_chars=2,
+            response_id="c",
         )
     ]
     assert stream.closed
