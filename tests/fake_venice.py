@@ -506,6 +506,7 @@ class _Completion:
     reasoning: str | None = None  # reasoning_content before the answer, as qwen3 models send it
     billing_override: dict[str, Any] | None = None
     nameless: Literal["empty", "missing"] | None = None  # see Behaviour.nameless_tool_call
+    truncated: bool = False  # cut at the request's max_tokens: finish_reason "length"
     id: str = attrs.field(factory=lambda: "chatcmpl-" + os.urandom(16).hex())
     created: int = attrs.field(factory=lambda: int(time.time()))
 
@@ -515,6 +516,8 @@ class _Completion:
 
     @property
     def finish_reason(self) -> str:
+        if self.truncated:
+            return "length"
         return "stop" if self.tool_name is None else "tool_calls"
 
     def billing(self) -> dict[str, Any]:
@@ -978,6 +981,8 @@ class FakeVenice:
         self.tool_call: tuple[str, str] | None = None  # (name, JSON arguments) when offered tools
         # A trailing assistant message is continued (the reply's rest), not answered anew.
         self.continues_prefill = False
+        # A chunk is a token, and the answer stops at the request's max_(completion_)tokens.
+        self.honours_max_tokens = False
         self.chunks = chunks
         self.usage_placement: UsagePlacement = usage_placement
         self.usage_always = usage_always
@@ -1183,9 +1188,15 @@ class FakeVenice:
         prefill = _prefill(body["messages"]) if self.continues_prefill else None
         if prefill is not None and text.startswith(prefill):
             text = text[len(prefill) :]  # the model continues the assistant's message
+        pieces = split_reply(text, self.chunks)
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        truncated = self.honours_max_tokens and isinstance(limit, int) and len(pieces) > limit
+        if truncated:
+            pieces = pieces[:limit]
         return _Completion(
             model=body["model"],
-            pieces=split_reply(text, self.chunks),
+            pieces=pieces,
+            truncated=truncated,
             prompt_tokens=count_prompt_tokens(body["messages"]),
             tool_name=tool_name,
             include_cost=self.include_cost,

@@ -261,8 +261,16 @@ async def test_a_refused_prefill_is_not_shown_in_place_of_the_real_failure(
     assert len(chats(second)) == 1
     row = await ledger_row(routes)
     assert (row["provider"], row["error_type"]) == ("first", "upstream_stream_interrupted")
-    # Not finished: the row stays the broken deployment's, and its one attempt.
-    assert (row["deployment"], row["attempts"]) == (f"first:{MODEL}", 1)
+    # Not finished: the row stays the broken deployment's; both attempts are counted and listed.
+    assert (row["deployment"], row["attempts"]) == (f"first:{MODEL}", 2)
+    [broke, refused] = orjson.loads(row["attempt_log"])
+    assert (broke["deployment"], broke["ended"]) == (f"first:{MODEL}", "failed")
+    assert broke["error"] == "upstream_stream_interrupted"
+    assert (refused["deployment"], refused["ended"], refused["status"]) == (
+        f"prefill:{MODEL}",
+        "failed",
+        400,
+    )
 
 
 async def test_a_malformed_event_is_dropped_counted_and_the_stream_goes_on(
@@ -374,3 +382,97 @@ async def test_a_continued_stream_leaves_neither_deployment_counted_in_flight(
     assert busy == {f"first:{MODEL}": 0, f"prefill:{MODEL}": 0}
     # The broken stream's deployment answered first: it is timed by its own first chunk.
     assert routing.health(f"first:{MODEL}").latency_seconds is not None
+
+
+# A continuation spends what is left of the caller's output budget, and never goes back to a
+# deployment that broke in the request while another is left (issue 34, item 5).
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_a_prefill_continuation_is_sent_what_is_left_of_the_budget(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice, field: str
+) -> None:
+    fake_venice.honours_max_tokens = second.honours_max_tokens = True
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    events = await raw_stream(routes, key, "pre", **{field: 50})
+    spent = estimate_output_tokens(len(SENT))  # the 40 words the caller has: 40 tokens
+    assert second.received[-1].json[field] == 50 - spent
+    assert finishes(events) == ["length"]
+    assert events[-1] == b"[DONE]"
+    row = await ledger_row(routes)
+    assert row["output_tokens"] == 50, "no more than the caller asked for"
+
+
+async def test_a_messages_caller_s_max_tokens_bounds_the_continuation(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    second.honours_max_tokens = True
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    client = routes.anthropic_client(key)
+    async with client.messages.stream(model="pre", max_tokens=45, messages=MESSAGES) as stream:
+        message = await stream.get_final_message()
+    assert second.received[-1].json["max_completion_tokens"] == 5
+    assert message.stop_reason == "max_tokens"
+
+
+async def test_a_stream_broken_with_the_budget_spent_ends_at_length_without_continuing(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    events = await raw_stream(routes, key, "pre", max_tokens=40)
+    assert text_of(events) == SENT
+    assert finishes(events) == ["length"]
+    assert events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
+    assert chats(second) == [], "nothing is left to ask for"
+    row = await ledger_row(routes)
+    assert (row["status"], row["error_type"]) == (200, None)
+    assert (row["deployment"], row["attempts"]) == (f"first:{MODEL}", 1)
+
+
+async def test_a_messages_stream_broken_with_the_budget_spent_stops_at_max_tokens(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    client = routes.anthropic_client(key)
+    async with client.messages.stream(model="pre", max_tokens=40, messages=MESSAGES) as stream:
+        message = await stream.get_final_message()
+    assert [block.text for block in message.content if block.type == "text"] == [SENT]
+    assert message.stop_reason == "max_tokens"
+    assert chats(second) == []
+
+
+async def test_a_restart_is_sent_the_whole_budget_it_spends_again(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    await raw_stream(routes, key, "re", max_tokens=500)
+    assert second.received[-1].json["max_tokens"] == 500
+
+
+async def test_a_continuation_never_goes_back_to_the_deployment_that_broke(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    second.enqueue(Behaviour(drop_after_chunks=5))
+    events = await raw_stream(routes, key, "pre")
+    assert b"[DONE]" not in events
+    assert orjson.loads(events[-1])["error"]["code"] == "upstream_stream_interrupted"
+    assert len(chats(fake_venice)) == 1, "the first deployment broke: it is not asked again"
+    assert len(chats(second)) == 1
+    row = await ledger_row(routes)
+    assert row["attempts"] == 2
+
+
+async def test_a_responses_stream_broken_with_the_budget_spent_ends_incomplete(
+    routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    client = routes.client(key)
+    stream = await client.responses.create(
+        model="pre", input="count for me", stream=True, max_output_tokens=40
+    )
+    events = [event async for event in stream]
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].response.output_text == SENT
+    assert chats(second) == []

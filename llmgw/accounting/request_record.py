@@ -62,6 +62,8 @@ class RequestRecord:
         cost_computed: bool = False,
         flags: tuple[str, ...] = (),
         attempts: int = 1,
+        started_deployment: str | None = None,
+        attempt_log: tuple[dict[str, Any], ...] = (),
         cache_hit: bool = False,
         saved_cost_usd: float | None = None,
     ) -> UsageRecord:
@@ -98,6 +100,8 @@ class RequestRecord:
             cost_computed=cost_computed,
             flags=flags,
             attempts=attempts,
+            started_deployment=started_deployment,
+            attempt_log=attempt_log,
             cache_hit=cache_hit,
             saved_cost_usd=saved_cost_usd,
         )

@@ -44,7 +44,7 @@ _COUNT_FIELDS: Final = (
 )  # fmt: skip
 _TEXT_FIELDS: Final = (
     "request_id", "response_id", "operation", "provider", "deployment", "model",
-    "response_model", "outcome", "error_type", "trace_id",
+    "response_model", "outcome", "error_type", "trace_id", "started_deployment",
 )  # fmt: skip
 
 
@@ -218,6 +218,10 @@ class UsageRecord:
     # Deployment attempts whose tokens the row counts: more than 1 when a stream that broke
     # mid-answer was finished on another (``deployment`` names the one that finished it).
     attempts: int = 1
+    # A continued stream's deployment that began the answer (``deployment`` finished it).
+    started_deployment: str | None = None
+    # Every upstream attempt, in order, and how it ended (``accounting.attempts.Attempt.as_json``).
+    attempt_log: tuple[dict[str, Any], ...] = ()
     # Answered by the response cache: no provider was paid (cost 0), and ``saved_cost_usd`` is
     # what the stored answer cost when it was fetched.
     cache_hit: bool = False

@@ -52,7 +52,7 @@ from llmgw.routing.views import routes_view
 from llmgw.storage import api_keys, bounds, console_sessions, rollup, subjects, teams
 from llmgw.storage.audit import list_audit, write_audit
 from llmgw.storage.database import database_errors
-from llmgw.storage.usage import GROUPINGS, UsageQuery, summarize_usage
+from llmgw.storage.usage import GROUPINGS, UsageQuery, request_usage, summarize_usage
 
 __all__ = [
     "ADMIN_PREFIX",
@@ -477,6 +477,25 @@ async def usage(request: web.Request) -> web.Response:
     return _json({"object": "list", "group_by": group_by, "data": rows})
 
 
+async def usage_of_request(request: web.Request) -> web.Response:
+    """One request's rows: an admin's to read, or whoever may read the key that made it (a
+    request of a key the caller may not see is as unknown as one never made)."""
+    request_id = request.match_info["request_id"]
+    unknown = NotFound(f"No usage is recorded for request {request_id!r}.")
+    identity = _may(request, Action.USAGE_READ)
+    async with _transaction(request) as connection:
+        rows = await request_usage(connection, request_id)
+        if not identity.admin:
+            try:
+                for key_id in {row["api_key_id"] for row in rows}:
+                    await _find(request, connection, key_id, Action.KEY_READ)
+            except (NotFound, Forbidden):
+                raise unknown from None
+    if not rows:
+        raise unknown
+    return _json({"object": "list", "request_id": request_id, "data": rows})
+
+
 async def _may_read_usage(
     request: web.Request,
     connection: asyncpg.Connection,
@@ -812,6 +831,13 @@ def admin_routes() -> tuple[Route, ...]:
             "adminUsageReport",
             "Usage by day, model, key, subject or team, as JSON or CSV (format=csv).",
             content={**_OBJECT, "text/csv": {"type": "string"}},
+        ),
+        _admin(
+            "GET",
+            "/usage/requests/{request_id}",
+            usage_of_request,
+            "adminUsageOfRequest",
+            "One request's ledger row, with every upstream attempt and how it ended.",
         ),
         _admin(
             "DELETE",

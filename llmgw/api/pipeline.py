@@ -28,7 +28,8 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from llmgw import app_keys
-from llmgw.accounting.charges import ESTIMATED, REPORTED, charge
+from llmgw.accounting.attempts import ANSWERED, BROKE, Attempt
+from llmgw.accounting.charges import ESTIMATED, REPORTED, Charged, charge
 from llmgw.accounting.estimate import (
     answer_output_chars,
     estimate_input_tokens,
@@ -58,7 +59,12 @@ from llmgw.providers.base import (
     UpstreamResponse,
 )
 from llmgw.routing.fallback import Answer, FallbackChain
-from llmgw.streaming.continuation import Continuation, Resumed
+from llmgw.streaming.continuation import (
+    Continuation,
+    Resumed,
+    output_budget,
+    with_output_budget,
+)
 from llmgw.streaming.relay import relay_stream, sse_error_event
 from llmgw.streaming.replay import replay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
@@ -154,6 +160,8 @@ class Exchange:
     # Each answering deployment's hold on its provider's account caps (None: not capped), in the
     # order they answered: the broken streams' (``earlier``), then the one that finished.
     cap_holds: list[CapHold | None] = attrs.Factory(list)
+    # Every deployment the request was sent to, in order, and how each ended.
+    attempts: list[Attempt] = attrs.Factory(list)
     # Each of those holds with the tokens its attempt used, once the record is made.
     caps_used: list[tuple[CapHold | None, int]] = attrs.Factory(list)
     # The response cache's lookup whose answer this request fetches (a miss, or no-cache), and
@@ -183,8 +191,20 @@ class Exchange:
         record.deployment, record.deployments_tried = deployment.label, tried
         self.observation.deployment_tried(deployment, tried)
 
+    def attempt_started(self, deployment: Deployment, _tried: int = 0) -> None:
+        """The route sends the request to ``deployment`` (``UpstreamCall.on_deployment``)."""
+        self.attempts.append(Attempt(deployment.label, deployment.provider.name, deployment.model))
+        self.deployment_tried(deployment, len(self.attempts))
+
+    def attempt_failed(self, deployment: Deployment, error: str, status: int | None) -> None:
+        """That attempt failed (``UpstreamCall.on_failure``)."""
+        if self.attempts:
+            self.attempts[-1].failed(error, status)
+
     def answered(self, answer: Answer[T]) -> T:
         """The route answered: that deployment bills the request, whatever happens next."""
+        if self.attempts:  # (a call built without the exchange's hooks tells nothing)
+            self.attempts[-1].ended = ANSWERED
         self._release_deployment()  # a stream that broke off, when this one continues it
         self.deployment = answer.deployment
         self.cap_holds.append(answer.cap)
@@ -211,9 +231,12 @@ class Exchange:
     def _price(self) -> Price | None:
         if self.deployment is None:
             return None
+        return self._price_of(self.deployment.provider.name, self.deployment.model)
+
+    def _price_of(self, provider: str, model: str) -> Price | None:
         prices = self.request.app[app_keys.LIMITS].prices
         prices.warm()  # a price from a listing not fetched yet is there for the next request
-        return prices.price(self.deployment.provider.name, self.deployment.model)
+        return prices.price(provider, model)
 
     def end(
         self, status: int, outcome: str, error_type: str | None = None, *, hit: Entry | None = None
@@ -293,34 +316,53 @@ class Exchange:
 
     def _row(self) -> UsageRecord:
         record = self.record
-        usage = record.usage
-        estimated = False
-        attempts: list[Usage] = []
         if self.earlier:
-            usage, estimated, attempts = self._all_attempts()
-        charged = charge(
-            usage,
-            provider_worked=self.provider_worked,
-            estimate=self._estimate,
-            price=self._price,
-            metered=self.metered,
-            final=self.usage_final,
-        )
-        self.caps_used = self._caps_used(attempts or [charged.usage])
-        # Partly estimated (an attempt that broke before reporting) is estimated.
-        source = record.usage_source = ESTIMATED if estimated else charged.source
+            charged, each = self._charge_attempts()
+        else:
+            charged = charge(
+                record.usage,
+                provider_worked=self.provider_worked,
+                estimate=self._estimate,
+                price=self._price,
+                metered=self.metered,
+                final=self.usage_final,
+            )
+            each = [charged]
+        self.caps_used = self._caps_used([c.usage for c in each])
+        self._log_answers(each, record)
+        source = record.usage_source = charged.source
         # What the span shows: the provider's figures, or the gateway's tokens without a cost.
+        shown = charged.usage if self.earlier else record.usage
         self.observation.usage = (
-            usage if source == REPORTED else attrs.evolve(charged.usage, cost_usd=None)
+            shown if source == REPORTED else attrs.evolve(charged.usage, cost_usd=None)
         )
         self.observation.usage_source = source
         return record.usage_row(
             charged.usage,
             usage_source=source,
+            attempts=max(1, len(self.attempts)),
+            started_deployment=self.earlier[0].deployment if self.earlier else None,
+            attempt_log=tuple(attempt.as_json() for attempt in self.attempts),
             cost_computed=charged.cost_computed,
             flags=charged.flags,
-            attempts=1 + len(self.earlier),
         )
+
+    def _answering(self) -> list[Attempt]:
+        """The attempts that answered, in order: the broken streams', then the last one's."""
+        return [a for a in self.attempts if a.ended == ANSWERED]
+
+    def _log_answers(self, each: list[Charged], record: RequestRecord) -> None:
+        """How each attempt that answered ended, with what it produced (``each``, in order)."""
+        answering = self._answering()
+        for attempt, charged in zip(answering, each, strict=False):
+            attempt.usage, attempt.estimated = charged.usage, charged.source == ESTIMATED
+        for attempt, broken in zip(answering, self.earlier, strict=False):
+            attempt.ended, attempt.error = BROKE, broken.error
+            attempt.response_model = broken.response_model
+        if len(answering) > len(self.earlier):  # the last one ended the request
+            last = answering[-1]
+            last.ended, last.status, last.error = record.outcome, record.status, record.error_type
+            last.response_model = record.response_model
 
     def _caps_used(self, attempts: list[Usage]) -> list[tuple[CapHold | None, int]]:
         """Each answering deployment's account-cap hold with the tokens its attempt used
@@ -331,24 +373,30 @@ class Exchange:
             if hold is not None
         ]
 
-    def _all_attempts(self) -> tuple[Usage, bool, list[Usage]]:
-        """The usage of every stream attempt together (a continued answer's), whether any of it
-        is the gateway's estimate (an attempt that reported nothing is estimated), and each
-        attempt's."""
+    def _charge_attempts(self) -> tuple[Charged, list[Charged]]:
+        """A continued answer's charge: each stream attempt charged on its own, at its own
+        deployment's price (an attempt that reported nothing is estimated), and their sum."""
         input_estimate = estimate_input_tokens(self.body)
-        attempts = [(a.usage, a.output_chars) for a in self.earlier]
-        attempts.append((self.record.usage, self.output_chars))
+        parts = [(a.usage, a.output_chars, True) for a in self.earlier]
+        parts.append((self.record.usage, self.output_chars, self.usage_final))
+        answering = self._answering()
+        each: list[Charged] = []
+        for index, (usage, output_chars, final) in enumerate(parts):
+            attempt = answering[index] if index < len(answering) else None
+            price = (
+                self._price
+                if attempt is None
+                else functools.partial(self._price_of, attempt.provider, attempt.model)
+            )
+            estimate = functools.partial(
+                _tokens, input_estimate, estimate_output_tokens(output_chars)
+            )
+            each.append(
+                charge(usage, provider_worked=True, estimate=estimate, price=price, final=final)
+            )
         total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
-        estimated = False
-        each = []
-        for usage, output_chars in attempts:
-            if usage is None or (usage.input_tokens is None and usage.output_tokens is None):
-                estimated = True
-                usage = Usage(
-                    input_tokens=input_estimate,
-                    output_tokens=estimate_output_tokens(output_chars),
-                )
-            each.append(usage)
+        for charged in each:
+            usage = charged.usage
             total = Usage(
                 input_tokens=_plus(total.input_tokens, usage.input_tokens),
                 output_tokens=_plus(total.output_tokens, usage.output_tokens),
@@ -364,7 +412,7 @@ class Exchange:
                 reasoning_output_tokens=_plus(
                     total.reasoning_output_tokens, usage.reasoning_output_tokens
                 ),
-                # A cost only when every attempt reported one; else the price table's, for all.
+                # Known only when every attempt's cost is (reported or priced).
                 cost_usd=None
                 if total.cost_usd is None or usage.cost_usd is None
                 else total.cost_usd + usage.cost_usd,
@@ -372,7 +420,16 @@ class Exchange:
                 if total.cost_diem is None or usage.cost_diem is None
                 else total.cost_diem + usage.cost_diem,
             )
-        return total, estimated, each
+        # Partly estimated (an attempt that broke before reporting) is estimated.
+        estimated = any(c.source == ESTIMATED for c in each)
+        flags = tuple(dict.fromkeys(flag for c in each for flag in c.flags))
+        charged = Charged(
+            total,
+            ESTIMATED if estimated else REPORTED,
+            cost_computed=any(c.cost_computed for c in each),
+            flags=flags,
+        )
+        return charged, each
 
     def _bare_row(self) -> UsageRecord:
         """The row from what is known without computing anything that could fail again: the
@@ -657,6 +714,10 @@ async def start_call(
     return route, call, exchange
 
 
+def _tokens(input_tokens: int, output_tokens: int) -> tuple[int, int]:
+    return input_tokens, output_tokens
+
+
 def _plus(total: int | None, count: int | None) -> int | None:
     return total if count is None else (total or 0) + count
 
@@ -678,7 +739,8 @@ def _upstream_call(
         deadline=deadline,
         trace_headers=trace_headers,
         model=upstream.model,
-        on_deployment=exchange.deployment_tried,
+        on_deployment=exchange.attempt_started,
+        on_failure=exchange.attempt_failed,
         content_type=upstream.content_type,
         encode_for_model=upstream.encode_for_model,
         reasoning_params=upstream.reasoning_params,
@@ -719,6 +781,7 @@ async def _stream(
             resume=functools.partial(_resume, operation, route, call, exchange),
             deployment=exchange.deployment.label,
             left=len(route.deployments),
+            budget=output_budget(exchange.body),
         )
     # From here the relay tells how the stream ended, once, possibly after the caller left.
     return await relay_stream(
@@ -735,27 +798,36 @@ async def _stream(
 
 
 async def _resume(
-    operation: Operation, route: FallbackChain, call: UpstreamCall, exchange: Exchange, text: str
+    operation: Operation,
+    route: FallbackChain,
+    call: UpstreamCall,
+    exchange: Exchange,
+    text: str,
+    left: int | None,
 ) -> Resumed:
-    """A new stream for the rest of an answer whose stream broke after ``text`` was sent: from
-    the next deployment of the route on, with a deadline of its own."""
-    assert exchange.deployment is not None  # a stream was relayed, so a deployment answered
+    """A new stream for the rest of an answer whose stream broke after ``text`` was sent, with
+    ``left`` output tokens of the caller's budget: on the deployments of the route the request
+    has not been sent to yet (see FallbackChain.after), with a deadline of its own."""
+    broken = exchange.deployment
+    assert broken is not None  # a stream was relayed, so a deployment answered
     tried = exchange.record.deployments_tried
+    chain = route.after(broken, {attempt.deployment for attempt in exchange.attempts})
+    if chain is None:
+        raise UpstreamUnavailable(
+            "Every deployment of the route has failed in this request.",
+            code="upstream_stream_interrupted",
+        )
     settings = exchange.request.app[app_keys.SETTINGS]
     resumed_call = attrs.evolve(
-        call,
-        deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds,
-        on_deployment=lambda deployment, count: exchange.deployment_tried(
-            deployment, tried + count
-        ),
+        call, deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds
     )
     try:
-        answer = await route.after(exchange.deployment).first_answer(
-            resumed_call, functools.partial(_open_continuation, operation, text)
+        answer = await chain.first_answer(
+            resumed_call, functools.partial(_open_continuation, operation, text, left)
         )
     except BaseException:
         # Not finished: the request stays the broken deployment's, in the span and the ledger.
-        exchange.deployment_tried(exchange.deployment, tried)
+        exchange.deployment_tried(broken, tried)
         raise
     stream = exchange.answered(answer)
     return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
@@ -766,13 +838,16 @@ def _prefills(deployment: Deployment, text: str) -> bool:
 
 
 async def _open_continuation(
-    operation: Operation, text: str, provider: Provider, call: UpstreamCall
+    operation: Operation, text: str, left: int | None, provider: Provider, call: UpstreamCall
 ) -> ChatStream:
     """The stream that continues ``text``: the request plus ``text`` as the assistant's message
-    to continue, when the provider continues one; else the request again (a restart)."""
+    to continue, asking for the ``left`` output tokens of the caller's budget, when the provider
+    continues one; else the request again (a restart, which spends the whole budget again)."""
     if text and provider.capabilities.prefill:
         document = orjson.loads(call.body)
         document["messages"] = [*document["messages"], {"role": "assistant", "content": text}]
+        if left is not None:
+            document = with_output_budget(document, left)
         call = attrs.evolve(call, body=orjson.dumps(document))
     return await operation.open_stream(provider, call)
 

@@ -86,6 +86,11 @@ class UpstreamCall:
     model: str | None = None  # the body's "model", when known
     # Told before each deployment a route tries, with how many it has tried by then (1, 2, ...).
     on_deployment: Callable[[Deployment, int], None] | None = attrs.field(default=None, eq=False)
+    # Told when the deployment tried last failed (error type, and the status it answered with,
+    # if it answered): the request's record lists every attempt and how it ended.
+    on_failure: Callable[[Deployment, str, int | None], None] | None = attrs.field(
+        default=None, eq=False
+    )
     content_type: str = "application/json"
     # The body asking for another model, for bodies that are not JSON (a multipart upload).
     encode_for_model: Callable[[str], bytes] | None = attrs.field(default=None, eq=False)

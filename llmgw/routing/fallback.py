@@ -22,14 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Generic, TypeVar
 
 import attrs
 
 from llmgw.config.kinds import Capabilities
 from llmgw.config.providers_file import ORDERED, Strategy
-from llmgw.errors import RateLimited, UpstreamTimeout, UpstreamUnavailable
+from llmgw.errors import GatewayError, RateLimited, UpstreamTimeout, UpstreamUnavailable
 from llmgw.limits.caps import CapHold, CapTaker
 from llmgw.providers.base import (
     ChatStream,
@@ -91,13 +91,20 @@ class FallbackChain:
             d.provider.capabilities for d in self.deployments
         )
 
-    def after(self, deployment: Deployment) -> FallbackChain:
-        """The route from the deployment after ``deployment``, round to it last: where the answer
-        a stream of it broke off is finished (on it again only when no other will)."""
+    def after(self, deployment: Deployment, tried: Collection[str] = ()) -> FallbackChain | None:
+        """Where the answer a stream of ``deployment`` broke off is finished: the deployments
+        after it, round the route, that the request has not been sent to yet (``tried``: their
+        labels); ``deployment`` itself again only when it is the route's only one (issue 34,
+        item 5: never back to one that broke while another is left). None: none is left."""
         index = self.deployments.index(deployment) + 1
-        return FallbackChain(
-            self.deployments[index:] + self.deployments[:index], routing=self.routing
-        )
+        left = [
+            d
+            for d in self.deployments[index:] + self.deployments[:index]
+            if d is not deployment and d.label not in tried
+        ]
+        if len(self.deployments) == 1:
+            left = [deployment]
+        return FallbackChain(left, routing=self.routing) if left else None
 
     async def first_answer(
         self, call: UpstreamCall, attempt: Callable[[Provider, UpstreamCall], Awaitable[T]]
@@ -157,6 +164,8 @@ class FallbackChain:
             except UpstreamHTTPError as exc:
                 decision = exc.decision
                 outcome.refused(exc.response, decision)
+                if call.on_failure is not None:
+                    call.on_failure(deployment, str(exc.response.status), exc.response.status)
                 if decision is None or decision.action != "move_on":
                     raise
                 left = self._still_worth_trying(left, deployment, decision.reason)
@@ -165,13 +174,18 @@ class FallbackChain:
                 failure = exc
             except (UpstreamUnavailable, UpstreamTimeout) as exc:
                 outcome.unanswered(exc)
+                if call.on_failure is not None:
+                    call.on_failure(deployment, exc.error_kind, None)
                 reason = SILENT if isinstance(exc, UpstreamTimeout) else exc.code or "unavailable"
                 left = self._still_worth_trying(left, deployment, reason)
                 if not left:
                     raise
                 failure = exc
-            except BaseException:
+            except BaseException as exc:
                 outcome.abandoned()
+                if call.on_failure is not None:
+                    kind = exc.error_kind if isinstance(exc, GatewayError) else "abandoned"
+                    call.on_failure(deployment, kind, None)
                 raise
             else:
                 outcome.answered()

@@ -238,6 +238,11 @@ usage_events = sa.Table(
     # (UsageRecord.attempts). NULL deployment: older rows.
     sa.Column("deployment", sa.Text(), nullable=True),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("1")),
+    # The model the answer's last bytes came from; a continued stream's starting deployment; and
+    # every upstream attempt with how it ended (UsageRecord.attempt_log). Older rows: NULL, '[]'.
+    sa.Column("response_model", sa.Text(), nullable=True),
+    sa.Column("started_deployment", sa.Text(), nullable=True),
+    sa.Column("attempt_log", JSONB(), nullable=False, server_default=sa.text("'[]'::jsonb")),
     # Answered by the response cache (cost_usd 0), and what the answer cost when it was fetched.
     sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     sa.Column("saved_cost_usd", _COST, nullable=True),

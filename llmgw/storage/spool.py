@@ -66,6 +66,7 @@ def from_line(line: bytes) -> UsageRecord:
         if fields[name] is not None:
             fields[name] = uuid.UUID(fields[name])
     fields["flags"] = tuple(fields["flags"])
+    fields["attempt_log"] = tuple(fields.get("attempt_log", ()))
     return UsageRecord(**fields)
 
 

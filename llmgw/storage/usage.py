@@ -24,6 +24,7 @@ __all__ = [
     "month_start",
     "prune_usage",
     "read_dead_letters",
+    "request_usage",
     "set_aside",
     "summarize_usage",
     "write_batch",
@@ -35,9 +36,10 @@ INSERT INTO usage_events (
     stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
     time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id, cache_read_input_tokens,
     cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_output_tokens,
-    deployment, attempts, cache_hit, saved_cost_usd
+    deployment, attempts, cache_hit, saved_cost_usd, response_model, started_deployment,
+    attempt_log
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-          $21, $22, $23, $24, $25, $26, $27, $28, $29)
+          $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32::text::jsonb)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
@@ -91,7 +93,8 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
             r.cost_computed, r.event_id, r.cache_read_input_tokens,
             r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
             r.reasoning_output_tokens, r.deployment, r.attempts, r.cache_hit,
-            _decimal(r.saved_cost_usd),
+            _decimal(r.saved_cost_usd), r.response_model, r.started_deployment,
+            json.dumps(r.attempt_log, ensure_ascii=True, default=str),
         )
         for r in records
     ]  # fmt: skip
@@ -226,6 +229,30 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
         }
         for row in rows
     ]
+
+
+# A request's ledger row as the admin API shows it: what it was billed and every attempt it made.
+_REQUEST_ROWS = """
+SELECT request_id, occurred_at, api_key_id, subject_id, operation, provider, model, deployment,
+       started_deployment, response_model, response_id, stream, status, error_type,
+       input_tokens, output_tokens, cost_usd, usage_source, cost_computed, flags, attempts,
+       attempt_log::text AS attempt_log
+FROM usage_events WHERE request_id = $1 ORDER BY id
+"""
+
+
+async def request_usage(conn: asyncpg.Connection, request_id: str) -> list[dict[str, Any]]:
+    """The ledger rows of one request (one, unless rows were written before event ids), each with
+    its attempts: the deployment each was sent to and how it ended."""
+    found = []
+    for row in await conn.fetch(_REQUEST_ROWS, request_id):
+        shown = dict(row)
+        shown["occurred_at"] = row["occurred_at"].isoformat()
+        for name in ("api_key_id", "subject_id"):
+            shown[name] = None if row[name] is None else str(row[name])
+        shown["attempt_log"] = json.loads(row["attempt_log"])
+        found.append(shown)
+    return found
 
 
 async def prune_usage(conn: asyncpg.Connection, older_than: timedelta) -> int:

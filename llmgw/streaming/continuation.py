@@ -7,6 +7,11 @@ exactly the text sent; on any other, the request as it was. ``Splice`` turns the
 chunks into the continuation of the one the caller has: without a second ``role``, without a
 second reasoning block, and after a restart without the text the caller already has, which the
 restarted answer must begin with, or the answer cannot be finished (``ContinuationMismatch``).
+
+A prefill continues the caller's answer, so it is sent only what is left of the caller's output
+budget (``max_tokens`` / ``max_completion_tokens``, a Messages or Responses caller's limit too, as
+the chat body carries it); a restart spends the whole budget again on the same text. When nothing
+is left, the answer ends at ``length`` instead (issue 34, item 5).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ __all__ = [
     "Resumed",
     "Splice",
     "Transcript",
+    "output_budget",
+    "with_output_budget",
 ]
 
 MODE_PREFILL = "prefill"
@@ -62,18 +69,40 @@ class Resumed:
     prefilled: bool  # sent the text so far as an assistant message (else: restarted)
 
 
-# The text the caller has been sent -> a new stream for the rest (or a GatewayError,
-# UpstreamHTTPError when no deployment would take it).
-Resume = Callable[[str], Awaitable[Resumed]]
+# The text the caller has been sent, and the output tokens left of the caller's budget (None: no
+# budget) -> a new stream for the rest (or a GatewayError, UpstreamHTTPError when no deployment
+# would take it).
+Resume = Callable[[str, int | None], Awaitable[Resumed]]
+
+# The chat fields that bound an answer's output tokens (a Messages caller's ``max_tokens`` and a
+# Responses caller's ``max_output_tokens`` arrive as ``max_completion_tokens``).
+_BUDGET_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 @attrs.define(slots=True)
 class Continuation:
-    """How a relay may finish a broken stream: ``resume``, at most ``left`` more times."""
+    """How a relay may finish a broken stream: ``resume``, at most ``left`` more times, within
+    ``budget`` output tokens in all (None: the caller set none)."""
 
     resume: Resume
     deployment: str  # the deployment whose stream is relayed now
     left: int
+    budget: int | None = None
+
+
+def output_budget(body: dict[str, Any]) -> int | None:
+    """The most output tokens a chat body lets the answer have, or None when it sets no bound."""
+    limits = [
+        value
+        for value in (body.get(field) for field in _BUDGET_FIELDS)
+        if value.__class__ is int and value >= 0
+    ]
+    return min(limits) if limits else None
+
+
+def with_output_budget(body: dict[str, Any], left: int) -> dict[str, Any]:
+    """``body`` asking for at most ``left`` output tokens, in the fields it bounds them with."""
+    return {**body, **{field: left for field in _BUDGET_FIELDS if field in body}}
 
 
 class Transcript:

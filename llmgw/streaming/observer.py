@@ -45,6 +45,7 @@ class StreamObserver:
         "messages_usage",
         "observation",
         "output_chars",
+        "response_model",
         "upstream_error",
         "usage",
         "usage_final",
@@ -64,6 +65,9 @@ class StreamObserver:
         self.usage_final = True
         self.output_chars = 0
         self.messages_usage = MessagesUsage()  # a Messages stream's counts so far
+        # The model this attempt's chunks name (the ledger's, per attempt: a continuation may
+        # come from another deployment than the answer's start).
+        self.response_model: str | None = None
 
     def observe(self, event: bytes) -> bool:
         """Read one event; False when the caller must not see it."""
@@ -98,6 +102,8 @@ class StreamObserver:
             return True
         if observation.response_model is None or observation.response_id is None:
             observation.note_ids(document)
+        if self.response_model is None:
+            self._note_model(document.get("model"))
         choices = document.get("choices")
         if choices.__class__ is list:
             self._read_choices(choices)
@@ -119,6 +125,11 @@ class StreamObserver:
         self.usage_final = True
         self.output_chars = 0
         self.messages_usage = MessagesUsage()
+        self.response_model = None
+
+    def _note_model(self, model: Any) -> None:
+        if model.__class__ is str and model:
+            self.response_model = model
 
     def _read_messages_event(self, kind: str, document: dict[str, Any]) -> None:
         """One event of a Messages stream: usage from ``message_start`` and ``message_delta``
@@ -140,6 +151,7 @@ class StreamObserver:
             message = document.get("message")
             if message.__class__ is dict:
                 observation.note_ids(message)
+                self._note_model(message.get("model"))
                 self.messages_usage.merge(message.get("usage"))
                 self.usage_final = False
         elif kind == "message_delta":

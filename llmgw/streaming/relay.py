@@ -28,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from llmgw.accounting.estimate import estimate_output_tokens
 from llmgw.errors import GatewayError, InternalError, UpstreamTimeout, UpstreamUnavailable
 from llmgw.providers.base import ChatStream, UpstreamHTTPError
 from llmgw.providers.sse import EventTooLarge, SSEScanner
@@ -141,6 +143,9 @@ class _Relay:
         self.transcript = Transcript()
         self.splice: Splice | None = None  # set while a continuation is relayed
         self.earlier: list[StreamAttempt] = []
+        # Output tokens the caller had before the stream relayed now, which continues them (a
+        # prefill); a restart spends them again, within its own count.
+        self._spent_before = 0
         # A provider's error event, held back while the answer may still be finished elsewhere.
         self._held_error: bytes | None = None
         self.cut: GatewayError | None = None  # an event over the bound ended the stream
@@ -199,8 +204,55 @@ class _Relay:
                 broken = broke.error
             if broken is None:
                 return
+            if self._budget_spent():
+                await self._finish_at_length(response, broken)
+                return
             if not await self._continue(broken):
                 raise broken
+
+    def _spent(self) -> int:
+        """The output tokens of the caller's budget the answer has taken so far."""
+        usage = self.observer.usage
+        produced = (
+            usage.output_tokens
+            if usage is not None and usage.output_tokens is not None
+            else estimate_output_tokens(self.observer.output_chars)
+        )
+        return self._spent_before + produced
+
+    def _budget_spent(self) -> bool:
+        """The broken answer could be continued, but the caller's budget has nothing left for it."""
+        continuation = self.continuation
+        return (
+            continuation is not None
+            and continuation.budget is not None
+            and not self.observer.finished
+            and self.transcript.why_not() is None
+            and self._spent() >= continuation.budget
+        )
+
+    async def _finish_at_length(self, response: web.StreamResponse, broken: GatewayError) -> None:
+        """End the answer as the provider would have at the caller's limit: a ``length`` finish."""
+        await self.upstream.close()
+        if self.tap is not None:
+            self.tap.broken()  # its end is the gateway's, not the upstream's: not one to replay
+        log.info("a stream broke (%s) with the caller's budget spent: ended at length", broken)
+        self._note_continuation(broken, "budget spent", mode="none")
+        observation = self.observer.observation
+        chunk = {
+            "id": observation.response_id or "",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": observation.response_model or "",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+        }
+        event = b"data: " + orjson.dumps(chunk) + b"\n\n"
+        self.observer.observe(event)
+        self._held_error = None
+        if self.translator is not None:
+            await response.write(self.translator.feed(chunk))
+        else:
+            await response.write(event)
 
     def _incomplete(self) -> GatewayError | None:
         """Why the stream that ended is not a whole answer, or None when it is."""
@@ -292,9 +344,11 @@ class _Relay:
         text = self.transcript.text
         if self.tap is not None:
             self.tap.broken()  # spliced from two streams: not one answer to replay
+        spent = self._spent()
+        left = None if continuation.budget is None else continuation.budget - spent
         await self.upstream.close()
         try:
-            resumed = await continuation.resume(text)
+            resumed = await continuation.resume(text, left)
         except (GatewayError, UpstreamHTTPError) as error:
             # The failure the caller gets is the one that broke the stream, never this one (a
             # refused prefill, an unreachable fallback).
@@ -303,9 +357,16 @@ class _Relay:
             return False
         observer = self.observer
         self.earlier.append(
-            StreamAttempt(continuation.deployment, observer.usage, observer.output_chars)
+            StreamAttempt(
+                continuation.deployment,
+                observer.usage,
+                observer.output_chars,
+                error=broken.error_kind,
+                response_model=observer.response_model,
+            )
         )
         observer.next_attempt()
+        self._spent_before = spent if resumed.prefilled else 0
         mode = MODE_PREFILL if resumed.prefilled else MODE_RESTART
         log.info(
             "a stream broken after %d characters (%s) is continued on %s (%s)",
@@ -438,7 +499,8 @@ class _Relay:
                 earlier=tuple(self.earlier),
                 usage_final=observer.usage_final,
                 response_id=observer.observation.response_id,
-                response_model=observer.observation.response_model,
+                # The last attempt's own model: a continuation's, never the start's.
+                response_model=observer.response_model or observer.observation.response_model,
                 first_chunk_at=observer.observation.first_chunk_at,
             )
         )

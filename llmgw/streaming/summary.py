@@ -21,6 +21,8 @@ class StreamAttempt:
     deployment: str  # "provider:model"
     usage: Usage | None  # as the provider reported it (rarely, before breaking)
     output_chars: int  # what it produced, for an estimate when it reported nothing
+    error: str | None = None  # how it broke off (an error type)
+    response_model: str | None = None  # the model its chunks named
 
 
 @attrs.frozen(slots=True)
@@ -38,7 +40,7 @@ class StreamSummary:
     usage_final: bool = True
     # The answer's own id and model, as its events said them (None: they did not).
     response_id: str | None = None
-    response_model: str | None = None
+    response_model: str | None = None  # the last attempt's (a continuation's, not the start's)
     # When the first chunk arrived (perf_counter); not part of what a summary is equal to.
     first_chunk_at: float | None = attrs.field(default=None, eq=False)
 

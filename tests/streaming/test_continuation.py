@@ -16,7 +16,6 @@ from llmgw.streaming.continuation import (
     Splice,
     Transcript,
 )
-from llmgw.streaming.summary import StreamAttempt
 from tests.streaming.relaying import DONE, ScriptedStream, chunk, payloads, relay
 
 
@@ -111,9 +110,11 @@ class Resumer:
         self.stream = stream
         self.prefilled = prefilled
         self.asked: list[str] = []
+        self.budgets: list[int | None] = []
 
-    async def __call__(self, text: str) -> Resumed:
+    async def __call__(self, text: str, left: int | None) -> Resumed:
         self.asked.append(text)
+        self.budgets.append(left)
         if self.stream is None:
             raise UpstreamUnavailable("no deployment took it")
         return Resumed(self.stream, "b:m", prefilled=self.prefilled)
@@ -143,7 +144,12 @@ async def test_the_relay_finishes_a_broken_stream_with_one_end(broken: ScriptedS
     assert body.endswith(REST[-2] + DONE) and body.count(DONE) == 1
     [summary] = summaries
     assert (summary.outcome, summary.usage) == ("completed", Usage(input_tokens=3, output_tokens=1))
-    assert summary.earlier == (StreamAttempt("a:m", None, 3),)
+    assert [(a.deployment, a.usage, a.output_chars) for a in summary.earlier] == [("a:m", None, 3)]
+    assert summary.earlier[0].error in (
+        "upstream_stream_interrupted",
+        "upstream_stream_incomplete",
+        "upstream_stream_error",
+    )
 
 
 async def test_when_no_deployment_takes_the_rest_the_caller_gets_the_failure_that_broke_it() -> (
