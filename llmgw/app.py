@@ -12,7 +12,6 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.accounting.prices import PriceTable, configured_prices, publishers
-from llmgw.accounting.sink import UsageAccounting
 from llmgw.admin.api import ADMIN_PREFIX, admin_token_auth, build_admin_app
 from llmgw.admin.sign_in_guard import SignInGuard, SignInThrottle
 from llmgw.api import messages
@@ -52,6 +51,7 @@ from llmgw.telemetry.model_names import remember_listed
 from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
 from llmgw.telemetry.setup import build_providers
+from llmgw.usage_sink import UsageAccounting
 
 __all__ = ["create_app"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncpg
 from aiohttp import web
 
-from llmgw.accounting.sink import UsageAccounting
 from llmgw.auth.authenticator import AuthenticatedKey, Authenticator
 from llmgw.body_memory import BodyAllowance
 from llmgw.cache.policy import ResponseCache
@@ -16,6 +15,7 @@ from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.refusals import RefusalCounts
 from llmgw.telemetry.refusals import RefusalLog
 from llmgw.telemetry.runtime import Telemetry
+from llmgw.usage_sink import UsageAccounting
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)

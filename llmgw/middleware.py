@@ -26,7 +26,6 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw import app_keys
 from llmgw.auth.authenticator import AuthenticatedKey
-from llmgw.auth.keys import KEY_MARKER, PREFIX_LENGTH, key_prefix
 from llmgw.body_memory import BodyLimits
 from llmgw.errors import (
     AuthenticationFailed,
@@ -37,6 +36,7 @@ from llmgw.errors import (
     PayloadTooLarge,
     ProviderError,
 )
+from llmgw.key_format import KEY_MARKER, PREFIX_LENGTH, key_prefix
 from llmgw.lifecycle.open_files import open_files_refusal
 from llmgw.lifecycle.reload import RequestGenerations
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST

@@ -28,7 +28,7 @@ import aiohttp
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmgw.auth.keys import PREFIX_LENGTH
+from llmgw.key_format import PREFIX_LENGTH
 from llmgw.storage import api_keys
 from llmgw.telemetry.logs import JsonFormatter
 

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from llmgw import app_keys
-from llmgw.auth.keys import hash_key
+from llmgw.key_format import hash_key
 from tests.conftest import Gateway
 from tests.processes import eventually
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from llmgw.auth.keys import hash_key
+from llmgw.key_format import hash_key
 from llmgw.storage import migrations
 from tests.processes import clean_env, free_port, start_gateway, stop
 from tests.processes import run_llmgw as llmgw

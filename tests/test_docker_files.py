@@ -30,9 +30,9 @@ import yaml
 from alembic.config import CommandLine, Config
 from alembic.script import ScriptDirectory
 
-from llmgw.auth.keys import validate_key_text
 from llmgw.cli import build_parser
 from llmgw.config import ENVIRONMENT_VARIABLES, Settings, load_settings
+from llmgw.key_format import validate_key_text
 from tests.artifact.install import BUILD_INPUTS
 
 ROOT = Path(__file__).resolve().parents[1]

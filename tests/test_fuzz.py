@@ -37,8 +37,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from llmgw.api.openapi import build_document
 from llmgw.app import create_app
-from llmgw.auth.keys import PREFIX_LENGTH
 from llmgw.config import Settings
+from llmgw.key_format import PREFIX_LENGTH
 from llmgw.routes import PUBLIC_PATHS
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, gateway_env, spawn_gateway

@@ -16,7 +16,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from llmgw.auth.keys import hash_key
+from llmgw.key_format import hash_key
 from llmgw.storage import console_sessions, migrations, revisions
 from llmgw.storage.schema import metadata
 

@@ -5,7 +5,7 @@ through.
     record and the observation → call the route → answer (→ translate back) → end the request
 
 The pipeline owns the outcome: each stage writes what it learns into the request's
-:class:`~llmgw.accounting.request_record.RequestRecord`, and every way a request can end (an
+:class:`~llmgw.request_record.RequestRecord`, and every way a request can end (an
 answer, a provider's refusal, a stream however it ended, the caller leaving, a failure of the
 gateway's own) comes to :meth:`Exchange.end`, which ends it once: settle, ledger row (from the
 record), span and metrics, billing line. An :class:`Operation` says what differs between JSON operations; an operation
@@ -37,7 +37,6 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.metering import Meter
 from llmgw.accounting.price import Metered, Price
-from llmgw.accounting.request_record import RequestRecord
 from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_usage
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
@@ -58,6 +57,7 @@ from llmgw.providers.base import (
     UpstreamHTTPError,
     UpstreamResponse,
 )
+from llmgw.request_record import RequestRecord
 from llmgw.routing.fallback import Answer, FallbackChain
 from llmgw.streaming.continuation import (
     Continuation,

@@ -23,9 +23,9 @@ from collections.abc import Callable
 import asyncpg
 import attrs
 
-from llmgw.auth.keys import hash_key, is_plausible_key, key_prefix
 from llmgw.background import cancel_and_wait
 from llmgw.errors import AuthenticationFailed
+from llmgw.key_format import hash_key, is_plausible_key, key_prefix
 from llmgw.storage.database import (
     API_KEY_CHANGES_CHANNEL,
     DATABASE_DOWN_ERRORS,

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import attrs
 
-from llmgw.auth.keys import (
+from llmgw.key_format import (
     PREFIX_LENGTH,
     generate_key,
     hash_key,

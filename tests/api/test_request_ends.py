@@ -12,11 +12,11 @@ import aiohttp
 import attrs
 import pytest
 
-from llmgw.accounting.sink import BILLING_EVENT, UsageAccounting
 from llmgw.api import pipeline
 from llmgw.limits.policy import Ticket
 from llmgw.storage.ledger import UsageLedger
 from llmgw.telemetry.genai import ChatObservation
+from llmgw.usage_sink import BILLING_EVENT, UsageAccounting
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import eventually

@@ -13,9 +13,9 @@ import aiohttp
 import openai
 import pytest
 
-from llmgw.auth.keys import key_prefix
 from llmgw.clocks import Clocks
 from llmgw.config.providers_file import DeploymentSpec, ModelAlias
+from llmgw.key_format import key_prefix
 from llmgw.storage import api_keys
 from tests.conftest import Gateway
 from tests.fake_venice import Behaviour

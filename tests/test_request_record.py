@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, cast
 
-from llmgw.accounting.request_record import RequestRecord
 from llmgw.accounting.usage import Usage
+from llmgw.request_record import RequestRecord
 
 
 def _record() -> RequestRecord:
