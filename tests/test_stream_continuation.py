@@ -463,6 +463,62 @@ async def test_a_continuation_never_goes_back_to_the_deployment_that_broke(
     assert row["attempts"] == 2
 
 
+def tokens_reserved_now(gateway: Gateway, key_id: Any) -> Any:
+    limits = gateway.server.app[app_keys.LIMITS]
+    minute = int(limits._clock() // 60 * 60)
+    return limits.store.usage(f"tokens:{key_id}:{minute}")
+
+
+async def worst_case_of(gateway: Gateway, max_tokens: int) -> int:
+    limits = gateway.server.app[app_keys.LIMITS]
+    worst = limits.worst_case(
+        {"model": "re", "messages": MESSAGES, "max_tokens": max_tokens},
+        [],
+        produces_output=True,
+        priced=False,
+        model="re",
+    )
+    return int(worst.input_tokens + worst.output_tokens)
+
+
+# The admission covers what a continuation can add to the bill: the prompt sent again, and the
+# output it may still produce (issue 34, item 5).
+
+
+async def test_a_continuation_the_key_s_limit_cannot_cover_is_not_sent(
+    routes: Gateway, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    worst = await worst_case_of(routes, 500)
+    key = await routes.create_key(name="tight", tokens_per_minute=worst + 100)
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    events = await raw_stream(routes, key, "re", max_tokens=500)
+    assert text_of(events) == SENT
+    assert b"[DONE]" not in events
+    assert orjson.loads(events[-1])["error"]["code"] == "upstream_stream_interrupted"
+    assert chats(second) == [], "a restart of 500 more tokens does not fit the key's minute"
+    row = await ledger_row(routes)
+    assert row["attempts"] == 1
+    assert row["input_tokens"] + row["output_tokens"] <= worst + 100
+
+
+async def test_a_continuation_within_the_limit_is_reserved_and_given_back_at_the_end(
+    routes: Gateway, fake_venice: FakeVenice, second: FakeVenice
+) -> None:
+    worst = await worst_case_of(routes, 500)
+    key = await routes.create_key(name="roomy", tokens_per_minute=worst * 3)
+    key_id = (await routes.db.fetchrow("SELECT id FROM api_keys WHERE name = 'roomy'"))["id"]
+    fake_venice.enqueue(Behaviour(drop_after_chunks=40))
+    events = await raw_stream(routes, key, "re", max_tokens=500)
+    assert_whole(events)
+    assert len(chats(second)) == 1
+    row = await ledger_row(routes)
+    assert row["attempts"] == 2
+    assert await routes.server.app[app_keys.LIMITS].flush()
+    used, reserved = await tokens_reserved_now(routes, key_id)
+    assert reserved == 0, "what the continuation reserved is given back at the end"
+    assert used == row["input_tokens"] + row["output_tokens"]
+
+
 async def test_a_responses_stream_broken_with_the_budget_spent_ends_incomplete(
     routes: Gateway, key: str, fake_venice: FakeVenice, second: FakeVenice
 ) -> None:

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -817,6 +817,11 @@ async def _resume(
             "Every deployment of the route has failed in this request.",
             code="upstream_stream_interrupted",
         )
+    await exchange.record.ticket.reserve_more(
+        model=exchange.record.model,
+        body=_continued_at_worst(exchange.body, text, left, chain.deployments),
+        deployments=chain.deployments,
+    )
     settings = exchange.request.app[app_keys.SETTINGS]
     resumed_call = attrs.evolve(
         call, deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds
@@ -833,6 +838,26 @@ async def _resume(
     return Resumed(stream, answer.deployment.label, prefilled=_prefills(answer.deployment, text))
 
 
+def _continued_at_worst(
+    body: dict[str, Any], text: str, left: int | None, deployments: Sequence[Deployment]
+) -> dict[str, Any]:
+    """The most a continuation of ``text`` on one of ``deployments`` can be billed for, as a chat
+    body: the prompt again with the text so far, and what is left of the output budget, or the
+    whole of it when a deployment restarts the answer."""
+    messages = body.get("messages")
+    worst = {
+        **body,
+        "messages": [*(messages if isinstance(messages, list) else ()), _assistant(text)],
+    }
+    if left is not None and all(_prefills(d, text) for d in deployments):
+        worst = with_output_budget(worst, left)
+    return worst
+
+
+def _assistant(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
 def _prefills(deployment: Deployment, text: str) -> bool:
     return bool(text) and deployment.provider.capabilities.prefill
 
@@ -845,7 +870,7 @@ async def _open_continuation(
     continues one; else the request again (a restart, which spends the whole budget again)."""
     if text and provider.capabilities.prefill:
         document = orjson.loads(call.body)
-        document["messages"] = [*document["messages"], {"role": "assistant", "content": text}]
+        document["messages"] = [*document["messages"], _assistant(text)]
         if left is not None:
             document = with_output_budget(document, left)
         call = attrs.evolve(call, body=orjson.dumps(document))

@@ -140,6 +140,8 @@ class Ticket:
     lease_id: uuid.UUID | None = None
     counters: tuple[str, ...] = ()
     worst: WorstCase | None = None
+    # Reserved for further attempts (:meth:`reserve_more`): released at the one settlement.
+    more: list[tuple[uuid.UUID, tuple[str, ...]]] = attrs.field(factory=list)
     settled: bool = False
 
     async def reserve(
@@ -160,6 +162,16 @@ class Ticket:
             produces_output=produces_output,
             metered=metered,
         )
+
+    async def reserve_more(
+        self, *, model: str, body: dict[str, Any], deployments: Sequence[Deployment]
+    ) -> None:
+        """Reserve what one more attempt of the admitted request can add to its bill, or raise
+        the error a limit breaks: a broken stream's continuation is sent the prompt again, and
+        billed for it (issue 34, item 5). ``body``: that attempt's request at its worst;
+        ``deployments``: those that may take it. Tokens and budgets only: the request already
+        holds its place in every window and concurrency slot."""
+        await self.policy._reserve_more(self, model=model, body=body, deployments=deployments)
 
     async def take_cap(self, provider: str, cap: AccountCap, body: bytes) -> CapHold | float:
         """Count the attempt to send ``body`` to ``provider`` on its account caps (routing calls
@@ -327,21 +339,8 @@ class LimitPolicy:
         )
         now = datetime.fromtimestamp(self._clock(), UTC)
         reservations = self._reservations(key, worst, now)
-        lease_id = uuid.uuid4()
-        counters = tuple(r.counter for r in reservations)
-        admission = Admission(
-            lease_id=lease_id,
-            lease_seconds=self._lease_seconds,
-            window=self._window(key) if ticket.window_deferred else None,
-            reservations=reservations,
-        )
-        try:
-            result = await self._admit(admission)
-        except BaseException:
-            # Timed out, cut off or cancelled: the store may still run it, so take it back.
-            self._cancels.append((lease_id, counters))
-            self._queued()
-            raise
+        window = self._window(key) if ticket.window_deferred else None
+        lease_id, counters, result = await self._lease(reservations, window)
         if result.window is not None:
             ticket.window, ticket.window_deferred = result.window, False
             self._check_window(key, result.window)
@@ -352,6 +351,61 @@ class LimitPolicy:
             raise refusal
         self._live[lease_id] = counters
         ticket.lease_id, ticket.counters, ticket.worst = lease_id, counters, worst
+
+    async def _reserve_more(
+        self,
+        ticket: Ticket,
+        *,
+        model: str,
+        body: dict[str, Any],
+        deployments: Sequence[Deployment],
+    ) -> None:
+        """:meth:`Ticket.reserve_more`."""
+        if ticket.lease_id is None or ticket.settled:
+            return  # the key reserves nothing (or the request has ended)
+        key = ticket.key
+        worst = self.worst_case(
+            body,
+            deployments,
+            produces_output=True,
+            priced=self._budgeted(key),
+            model=model,
+        )
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        reservations = tuple(
+            r
+            for r in self._reservations(key, worst, now)
+            if r.counter.split(":", 1)[0] in _USES_TOKENS | _USES_COST
+        )
+        if not reservations:
+            return
+        lease_id, counters, result = await self._lease(reservations, None)
+        if result.refused is not None:
+            raise self._refusal(key, result.refused, now)
+        self._live[lease_id] = counters
+        ticket.more.append((lease_id, counters))
+
+    async def _lease(
+        self, reservations: tuple[Reservation, ...], window: Window | None
+    ) -> tuple[uuid.UUID, tuple[str, ...], AdmissionResult]:
+        """``reservations`` (and ``window``) taken under a new lease: its id, counters and the
+        store's answer."""
+        lease_id = uuid.uuid4()
+        counters = tuple(r.counter for r in reservations)
+        admission = Admission(
+            lease_id=lease_id,
+            lease_seconds=self._lease_seconds,
+            window=window,
+            reservations=reservations,
+        )
+        try:
+            result = await self._admit(admission)
+        except BaseException:
+            # Timed out, cut off or cancelled: the store may still run it, so take it back.
+            self._cancels.append((lease_id, counters))
+            self._queued()
+            raise
+        return lease_id, counters, result
 
     async def _admit(self, admission: Admission, *, again: bool = True) -> AdmissionResult:
         """One store admission carrying the oldest queued settlements; once more if it was refused
@@ -645,6 +699,10 @@ class LimitPolicy:
                 else 0.0
             )
             charges.append(Charge(ticket.lease_id, counter, actual))
+        # What further attempts reserved is given back: their use is in the figures above.
+        for lease_id, counters in ticket.more:
+            self._live.pop(lease_id, None)
+            charges.extend(Charge(lease_id, counter, 0.0) for counter in counters)
         self.charge(charges)
 
     def charge(self, charges: Iterable[Charge]) -> None:
