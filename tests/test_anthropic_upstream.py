@@ -243,6 +243,14 @@ async def test_count_tokens_asks_anthropic_and_models_lists_its_models(
     counted = await client.messages.count_tokens(model=CLAUDE, messages=HELLO)  # type: ignore[arg-type]
     (received,) = fake_anthropic.calls("/v1/messages/count_tokens")
     assert counted.input_tokens == input_tokens(received.json)
+    # It reached a provider: one ledger row, which bills nothing (counting is free).
+    (row,) = await ledger_rows(gateway, 1)
+    assert (row["operation"], row["status"], row["deployment"]) == (
+        "count_tokens",
+        200,
+        f"claude:{CLAUDE}",
+    )
+    assert (row["input_tokens"], row["output_tokens"], row["cost_usd"]) == (0, 0, 0)
     models = await gateway.client(await gateway.create_key(name="models")).models.list()
     assert {CLAUDE, "claude-haiku-4-5"} <= {m.id for m in models.data}
 
@@ -275,6 +283,10 @@ async def test_count_tokens_429s_do_not_open_the_messages_breaker(
             await client.messages.count_tokens(model="sonnet", messages=HELLO)  # type: ignore[arg-type]
     health = gateway.server.app[app_keys.PROVIDERS].routing.health(f"claude:{CLAUDE}")
     assert (health.state, health.consecutive_failures) == ("closed", 0)
+    rows = await ledger_rows(gateway, FAILURES_TO_OPEN + 1)
+    assert {(r["operation"], r["status"], r["error_type"]) for r in rows} == {
+        ("count_tokens", 429, "429")
+    }
     message = await client.messages.create(model="sonnet", max_tokens=64, messages=HELLO)  # type: ignore[arg-type]
     assert message.content[0].text == "Hello from fake Claude!"  # type: ignore[union-attr]
 

@@ -11,7 +11,7 @@ there no beta flag changes the translation, and unknown ones are ignored, not re
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from typing import Any
 
 import attrs
@@ -20,14 +20,23 @@ from aiohttp import web
 
 from llmgw import app_keys
 from llmgw.accounting.estimate import estimate_input_tokens
+from llmgw.accounting.usage import Usage
 from llmgw.api.body import read_json_object
-from llmgw.api.pipeline import Operation, forward_upstream_error, passed_headers, proxy
+from llmgw.api.pipeline import (
+    Exchange,
+    Operation,
+    UpstreamRequest,
+    observe_upstream,
+    passed_headers,
+    proxy,
+    start_call,
+)
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.cache.key import MESSAGES as MESSAGES_API
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
-from llmgw.routing.fallback import FallbackChain
+from llmgw.routing.fallback import Answer, FallbackChain
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.translation import anthropic
@@ -108,50 +117,57 @@ async def create_message(request: web.Request, key: AuthenticatedKey) -> web.Str
     return await proxy(request, key, NATIVE_MESSAGES if native else MESSAGES)
 
 
-async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.Response:
+async def count_tokens(request: web.Request, key: AuthenticatedKey) -> web.StreamResponse:
     """Asked of the route when its deployments speak Messages (Anthropic counts exactly); else
     the gateway's own estimate of the request's input tokens.
 
     Admitted as a message is (the key's models, its limits and requests in flight; the middleware
-    counted its window), and settled at nothing: counting costs no tokens. Its upstream errors
-    reach the caller but tell the breaker nothing, so that counting requests cannot take a
-    deployment away from anyone's messages."""
+    counted its window), and ended as every request is, with a ledger row that bills nothing:
+    counting costs no tokens. Its upstream errors reach the caller but tell the breaker nothing,
+    so that counting requests cannot take a deployment away from anyone's messages."""
     raw, body = await read_json_object(request)
     model = anthropic.validate_count_tokens_request(body)
-    route = request.app[app_keys.PROVIDERS].resolve(model)
-    ticket = request[app_keys.TICKET]  # the middleware's admission
-    await ticket.reserve(
-        model=model, body=body, deployments=route.deployments, produces_output=False
+    route, call, exchange = await start_call(
+        request,
+        key,
+        UpstreamRequest(
+            sc.OPERATION_COUNT_TOKENS,
+            model,
+            False,
+            body,
+            raw,
+            produces_output=False,
+            caller_headers=passed_headers(request, PASSED_HEADERS),
+        ),
     )
-    try:
-        if route.capabilities.native_messages:
-            return await _count_upstream(request, route, raw, model)
-    finally:
-        ticket.settle(None)
-    tokens = estimate_input_tokens(anthropic.messages_to_chat(body))
-    return web.Response(
-        body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
+    return await observe_upstream(
+        exchange,
+        functools.partial(_count, route, call, exchange, body),
+        translate_errors=False,
     )
 
 
-async def _count_upstream(
-    request: web.Request, route: FallbackChain, raw: bytes, model: str
+async def _count(
+    route: FallbackChain, call: UpstreamCall, exchange: Exchange, body: dict[str, Any]
 ) -> web.Response:
-    """The count of the route's first deployment that is not down, asked of it alone."""
+    exchange.record.usage = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0)
+    if not route.capabilities.native_messages:
+        tokens = estimate_input_tokens(anthropic.messages_to_chat(body))
+        return web.Response(
+            body=orjson.dumps({"input_tokens": tokens}), content_type="application/json"
+        )
+    # The route's first deployment that is not down, asked alone and without the breaker.
     routing = route.routing
     deployment = next(
         (d for d in route.deployments if routing.health(d.label).state == "closed"),
         route.deployments[0],
     )
-    timeout = request.app[app_keys.SETTINGS].request_timeout_seconds
-    call = UpstreamCall(
-        body=raw,
-        deadline=asyncio.get_running_loop().time() + timeout,
-        model=model,
-        caller_headers=passed_headers(request, PASSED_HEADERS),
-    ).with_model(deployment.model)
+    sent, _omitted = call.for_deployment(deployment)
+    exchange.attempt_started(deployment)
     try:
-        answer = await deployment.provider.forward("/messages/count_tokens", call)
+        answer = await deployment.provider.forward("/messages/count_tokens", sent)
     except UpstreamHTTPError as exc:
-        return forward_upstream_error(exc.response)
+        exchange.attempt_failed(deployment, str(exc.response.status), exc.response.status)
+        raise
+    exchange.answered(Answer(deployment, 1, answer))
     return web.Response(body=answer.body, content_type="application/json")

@@ -262,7 +262,7 @@ usage_events = sa.Table(
     ),
     sa.CheckConstraint(
         "operation IN ('chat', 'embeddings', 'image_generation', 'text_to_speech', "
-        "'speech_to_text')",
+        "'speech_to_text', 'count_tokens')",
         name="operation",
     ),
     sa.CheckConstraint("usage_source IN ('reported', 'estimated')", name="usage_source"),

@@ -75,6 +75,8 @@ OPERATION_EMBEDDINGS: Final = "embeddings"
 OPERATION_IMAGE_GENERATION: Final = "image_generation"
 OPERATION_TEXT_TO_SPEECH: Final = "text_to_speech"
 OPERATION_SPEECH_TO_TEXT: Final = "speech_to_text"
+# A Messages request's input counted (POST /v1/messages/count_tokens): billed nothing.
+OPERATION_COUNT_TOKENS: Final = "count_tokens"
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
 
