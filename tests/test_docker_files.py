@@ -635,7 +635,7 @@ def test_runtime_stage_installs_the_wheel_with_pinned_dependencies():
     extras = re.search(r"\[([\w,]+)\]", runs[0])
     assert extras is not None, runs[0]
     # uvloop for serve, and the client of RATE_LIMIT_BACKEND=redis (the Helm chart's option).
-    assert set(extras[1].split(",")) == {"speed", "redis"}, runs[0]
+    assert set(extras[1].split(",")) == {"speed", "redis", "bedrock", "vertex"}, runs[0]
     builder = [(sources, dest) for i, sources, dest in context_copies() if i.stage == 0]
     assert (["docker/constraints.txt"], "/wheels/constraints.txt") in builder
     for line in (ROOT / "docker" / "constraints.txt").read_text().splitlines():

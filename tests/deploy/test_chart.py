@@ -386,11 +386,11 @@ def test_pods_spread_across_nodes(rendered: dict[str, Rendered]) -> None:
     assert spread["labelSelector"]["matchLabels"] == labels
 
 
-def test_the_image_carries_the_redis_extra_and_runs_as_the_chart_user(
+def test_the_image_carries_the_redis_and_cloud_extras_and_runs_as_the_chart_user(
     rendered: dict[str, Rendered],
 ) -> None:
     runs = " ".join(i.args for i in final_stage() if i.keyword == "RUN")
-    assert "[speed,redis]" in runs
+    assert "[speed,redis,bedrock,vertex]" in runs
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["runAsUser"] == image_user()
     # The data directory the image makes (owned by its user) is the one the chart mounts writable.
