@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 import attrs
+import orjson
 
 from llmgw.accounting.usage import UsageRecord, cost_decimal, storable_text
 from llmgw.storage.rollup import add_to_rollup
@@ -94,7 +95,7 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
             r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
             r.reasoning_output_tokens, r.deployment, r.attempts, r.cache_hit,
             _decimal(r.saved_cost_usd), r.response_model, r.started_deployment,
-            json.dumps(r.attempt_log, ensure_ascii=True, default=str),
+            orjson.dumps(r.attempt_log, default=str).decode(),
         )
         for r in records
     ]  # fmt: skip
@@ -250,7 +251,7 @@ async def request_usage(conn: asyncpg.Connection, request_id: str) -> list[dict[
         shown["occurred_at"] = row["occurred_at"].isoformat()
         for name in ("api_key_id", "subject_id"):
             shown[name] = None if row[name] is None else str(row[name])
-        shown["attempt_log"] = json.loads(row["attempt_log"])
+        shown["attempt_log"] = orjson.loads(row["attempt_log"])
         found.append(shown)
     return found
 
