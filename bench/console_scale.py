@@ -23,7 +23,7 @@ import asyncpg
 from aiohttp.test_utils import TestServer
 
 from llmgw.app import create_app
-from llmgw.config import Settings
+from llmgw.config import Settings, venice_provider
 from llmgw.storage import migrations
 from llmgw.storage.embedded import start_embedded
 
@@ -63,7 +63,9 @@ async def _fill(url: str, rows: int) -> None:
 
 
 async def _time_console(url: str, repeat: int) -> list[tuple[str, float, float]]:
-    settings = Settings(database_url=url, venice_api_key="unused", admin_token=ADMIN_TOKEN)
+    settings = Settings(
+        database_url=url, environment_provider=venice_provider("unused"), admin_token=ADMIN_TOKEN
+    )
     server = TestServer(create_app(settings, database_url=url), host="127.0.0.1")
     await server.start_server()
     today = datetime.now(UTC).date()

@@ -33,7 +33,7 @@ def _record(index: int) -> UsageRecord:
         request_id=uuid.uuid4().hex, response_id=f"chatcmpl-{index}", operation="chat",
         provider="venice", deployment="venice", model="qwen3-5-9b", response_model="qwen3-5-9b",
         stream=True, status=200, outcome="completed", error_type=None, input_tokens=12,
-        output_tokens=20, cost_usd=0.00010471875, cost_diem=None, duration_ms=12.345,
+        output_tokens=20, cost_usd=0.00010471875, duration_ms=12.345,
         time_to_first_chunk_ms=3.21, trace_id="0af7651916cd43dd8448eb211c80319c",
     )  # fmt: skip
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from llmgw.accounting.usage import Usage, UsageRecord
+from llmgw.accounting.usage import CostReport, Usage, UsageRecord
 from llmgw.limits.policy import Ticket
 
 __all__ = ["RequestRecord"]
@@ -31,7 +31,7 @@ class RequestRecord:
     model: str  # as the caller asked for it
     stream: bool
     provider: str  # the route's provider until a deployment is tried, then that deployment's
-    provider_reports_cost: bool = False  # the provider's answers say what they cost
+    provider_cost_report: CostReport | None = None  # how the provider's answers say their cost
     trace_id: str | None = None
     started: float = attrs.field(factory=time.perf_counter)
     deployment: str | None = None  # "provider:model" of the deployment tried last
@@ -90,7 +90,7 @@ class RequestRecord:
             cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
             reasoning_output_tokens=usage.reasoning_output_tokens,
             cost_usd=usage.cost_usd,
-            cost_diem=usage.cost_diem,
+            provider_extras=usage.extras,
             duration_ms=round((time.perf_counter() - self.started) * 1000, 3),
             time_to_first_chunk_ms=None
             if self.first_chunk_at is None

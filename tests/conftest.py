@@ -38,7 +38,7 @@ from llmgw.app import create_app
 from llmgw.body_memory import BodyLimit, BodyLimits, BodyMemory
 from llmgw.cli import main
 from llmgw.clocks import SYSTEM_CLOCKS, Clocks
-from llmgw.config import Settings
+from llmgw.config import Settings, venice_provider
 from llmgw.lifecycle.reload import RequestGenerations
 from llmgw.middleware import gateway_middleware
 from llmgw.storage import api_keys, migrations
@@ -181,8 +181,7 @@ def make_settings(fake: FakeVenice, database_url: str, **overrides: Any) -> Sett
     values: dict[str, Any] = {
         "data_dir": fresh_data_dir(),
         "database_url": database_url,
-        "venice_api_key": FAKE_VENICE_KEY,
-        "venice_base_url": fake.base_url,
+        "environment_provider": venice_provider(FAKE_VENICE_KEY, fake.base_url),
         "request_timeout_seconds": 5.0,
         "upstream_max_retries": 2,
     }

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config import ConfigError, load_settings
+from llmgw.cli import serve
+from llmgw.config import ConfigError, load_settings, venice_provider
 from tests.processes import clean_env, run_llmgw
 
 BAD_VALUES = [
@@ -58,7 +59,9 @@ def test_defaults_match_the_reference_design() -> None:
     settings = load_settings({})
     assert (settings.bind_host, settings.bind_port) == ("0.0.0.0", 3000)
     assert settings.database_url is None and settings.uses_embedded_database
-    assert settings.venice_base_url == "https://api.venice.ai/api/v1"
+    assert settings.environment_provider == venice_provider()
+    assert settings.environment_provider.base_url == "https://api.venice.ai/api/v1"
+    assert settings.routed_providers == (settings.environment_provider,)
     assert settings.otel_service_name == "llm-gateway"
     assert settings.otel_exporter_otlp_endpoint is None
     assert settings.request_timeout_seconds == 120
@@ -159,6 +162,43 @@ def test_workers_flag_refuses_a_bad_count_with_exit_2(tmp_path: Path) -> None:
     result = run_llmgw("serve", "--workers", "0", env=base_env(tmp_path))
     assert result.returncode == 2
     assert "--workers" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_without_llmgw_config_the_environment_names_the_one_provider(tmp_path: Path) -> None:
+    settings = load_settings(
+        {
+            "VENICE_API_KEY": "sk-venice-secret",
+            "VENICE_BASE_URL": "http://127.0.0.1:9/api/v1",
+            "VENICE_MAX_CONNECTIONS": "7",
+        },
+        require_venice_key=True,
+    )
+    (spec,) = settings.routed_providers
+    assert spec is settings.environment_provider
+    assert (spec.name, spec.kind, spec.base_url) == (
+        "venice",
+        "venice",
+        "http://127.0.0.1:9/api/v1",
+    )
+    assert (spec.api_key, spec.api_key_env, spec.max_connections) == (
+        "sk-venice-secret",
+        "VENICE_API_KEY",
+        7,
+    )
+    assert "sk-venice-secret" not in repr(settings)
+    # With LLMGW_CONFIG its providers are routed to, and no key is required.
+    config = tmp_path / "llmgw.toml"
+    config.write_text(
+        '[[providers]]\nname = "local"\nkind = "openai-compatible"\n'
+        'base_url = "http://127.0.0.1:8/v1"\n'
+    )
+    configured = load_settings({"LLMGW_CONFIG": str(config)}, require_venice_key=True)
+    assert [spec.name for spec in configured.routed_providers] == ["local"]
+    with pytest.raises(ConfigError, match="VENICE_API_KEY"):
+        load_settings({}, require_venice_key=True)
+    # The environment's key is redacted from the logs whether or not it is routed to.
+    both = load_settings({"LLMGW_CONFIG": str(config), "VENICE_API_KEY": "sk-venice-secret"})
+    assert "sk-venice-secret" in serve._secrets(both)
 
 
 def test_the_retry_count_has_a_generic_name_and_the_deprecated_one_is_still_read() -> None:

@@ -529,7 +529,7 @@ def test_gateway_environment_is_a_valid_llmgw_configuration():
         assert settings.database_url is not None, f"{name}: use the compose PostgreSQL"
         assert not settings.auto_migrate, f"{name}: the migrate service owns the schema"
         assert settings.otel_exporter_otlp_endpoint is not None
-        assert settings.venice_api_key == OPERATOR_ENV["VENICE_API_KEY"]
+        assert settings.environment_provider.api_key == OPERATOR_ENV["VENICE_API_KEY"]
         assert settings.bind_host == "0.0.0.0", f"{name}: listen beyond the container's loopback"
 
 

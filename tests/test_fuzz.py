@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from llmgw.api.openapi import build_document
 from llmgw.app import create_app
-from llmgw.config import Settings
+from llmgw.config import Settings, venice_provider
 from llmgw.key_format import PREFIX_LENGTH
 from llmgw.routes import PUBLIC_PATHS
 from llmgw.storage import api_keys
@@ -197,7 +197,7 @@ def test_openapi_document_lists_every_route(target: Target, http: requests.Sessi
         for path, operations in document["paths"].items()
         for method in operations
     }
-    settings = Settings(venice_api_key="unused", admin_token=ADMIN_TOKEN)
+    settings = Settings(environment_provider=venice_provider("unused"), admin_token=ADMIN_TOKEN)
     app = create_app(settings, database_url="postgresql://unused")
     assert described == {(method, path) for method, path, _ in served_routes(app)}
     assert ("POST", "/admin/v1/keys") in described

@@ -114,9 +114,13 @@ async def test_a_continued_stream_s_row_names_the_deployment_and_model_that_fini
     assert broke["cost_usd"] == pytest.approx(priced), "at its own deployment's price"
     assert finished["cost_usd"] > 0, "as its provider reported it"
     assert float(row["cost_usd"]) == pytest.approx(broke["cost_usd"] + finished["cost_usd"])
+    # The providers' extras are what they reported: the broken attempt reported none.
+    extras = orjson.loads(row["provider_extras"])
+    assert extras == {"venice.cost.usd": finished["cost_usd"], "venice.cost.diem": 0}
     shown = await admin_view(gateway, request_id)
     [seen] = shown["data"]
     assert seen["attempt_log"] == [broke, finished]
+    assert seen["provider_extras"] == extras
     assert (seen["deployment"], seen["started_deployment"]) == (
         f"prefill:{OTHER}",
         f"first:{MODEL}",

@@ -41,7 +41,7 @@ async def test_span_and_ledger_row_like_a_chat_completion(
     assert attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] == 50
     assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 3
     assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
-    assert attributes[sc.VENICE_COST_USD] == pytest.approx(expected_cost_usd(3, 5))
+    assert attributes["venice.cost.usd"] == pytest.approx(expected_cost_usd(3, 5))
     assert attributes.get(sc.GEN_AI_REQUEST_STREAM, False) is stream
     server = gateway.telemetry.span("POST /v1/messages")
     assert span.parent.span_id == server.context.span_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -14,7 +15,7 @@ import pytest
 
 from llmgw import app_keys
 from tests.conftest import Gateway
-from tests.fake_venice import expected_cost_usd
+from tests.fake_venice import Behaviour, expected_cost_usd
 from tests.processes import clean_env
 
 MESSAGES = [{"role": "user", "content": "three words here"}]  # 3 prompt tokens at the fake
@@ -165,6 +166,28 @@ async def test_ledger_rows_carry_what_the_billing_record_says(gateway: Gateway) 
     assert failed["input_tokens"] is None
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_venices_diem_cost_is_a_provider_reported_extra_in_the_ledger_and_the_span(
+    gateway: Gateway, stream: bool
+) -> None:
+    billing = {
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+        "cost": {"usd": 0.00010471875, "diem": 1.25},
+    }
+    gateway.fake.enqueue(Behaviour(billing=billing))
+    key = await gateway.create_key()
+    async with aiohttp.ClientSession() as session:
+        assert (await chat(session, gateway, key, stream=stream))[0] == 200
+    await flush(gateway)
+    row = await gateway.db.fetchrow(
+        "SELECT cost_usd, provider_extras::text AS extras FROM usage_events"
+    )
+    assert row["cost_usd"] == Decimal("0.00010471875")
+    assert json.loads(row["extras"]) == {"venice.cost.usd": 0.00010471875, "venice.cost.diem": 1.25}
+    span = dict(gateway.telemetry.span("chat qwen3-5-9b").attributes)
+    assert (span["venice.cost.usd"], span["venice.cost.diem"]) == (0.00010471875, 1.25)
+
+
 async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> None:
     gateway = await start_gateway(admin_token="admin-token-for-tests-0123456789")
     key = await gateway.create_key()
@@ -192,9 +215,12 @@ async def test_usage_report_and_prune(start_gateway: Any, database_url: str) -> 
             "input_tokens": 9,
             "output_tokens": 15,
             "cost_usd": pytest.approx(3 * COST),
-            "cost_diem": 0,
             "cache_hits": 0,
             "saved_cost_usd": 0,
+            "provider_extras": {
+                "venice.cost.usd": pytest.approx(3 * COST),
+                "venice.cost.diem": 0,
+            },
         }
     ]
     await gateway.db.execute("UPDATE usage_events SET occurred_at = now() - interval '40 days'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -116,8 +117,17 @@ async def test_sdk_reaches_both_providers_by_model_name_and_models_lists_both(
     assert span[sc.SERVER_PORT] == fake_openai.port
     assert span[sc.LLMGW_DEPLOYMENT] == "openai:gpt-4o-mini"
     assert span[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
-    assert sc.VENICE_COST_USD not in span, "cost is never invented for a provider without one"
+    assert "venice.cost.usd" not in span, "cost is never invented for a provider without one"
     assert chat_span(gateway, "qwen3-5-9b")[sc.GEN_AI_PROVIDER_NAME] == "venice"
+    # An adapter that reports no extras has none in the ledger either.
+    assert await gateway.server.app[app_keys.LEDGER].flush()
+    rows = await gateway.db.fetch(
+        "SELECT provider, provider_extras::text AS extras FROM usage_events "
+        "WHERE operation = 'chat' ORDER BY id"
+    )
+    extras = {row["provider"]: json.loads(row["extras"]) for row in rows}
+    assert extras["openai"] == {}
+    assert set(extras["venice"]) == {"venice.cost.usd", "venice.cost.diem"}
 
 
 async def test_alias_sends_the_deployments_own_model_id(
@@ -178,7 +188,7 @@ async def test_alias_answers_from_the_second_deployment_when_the_first_returns_5
     assert span[sc.GEN_AI_PROVIDER_NAME] == "openai"
     assert span[sc.SERVER_PORT] == fake_openai.port
     assert span[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
-    assert sc.VENICE_COST_USD not in span
+    assert "venice.cost.usd" not in span
     assert sc.ERROR_TYPE not in span
     (record,) = [r for r in caplog.records if getattr(r, "event", None) == "llmgw.billing"]
     assert (record.provider, record.deployment, record.cost_usd) == (
@@ -202,7 +212,7 @@ async def test_alias_falls_back_when_the_first_provider_cannot_be_reached(
     span = chat_span(gateway, "sturdy")
     assert (span[sc.LLMGW_DEPLOYMENT], span[sc.LLMGW_DEPLOYMENTS_TRIED]) == ("venice:qwen3-5-9b", 2)
     assert span[sc.GEN_AI_PROVIDER_NAME] == "venice"
-    assert span[sc.VENICE_COST_USD] > 0, "Venice answered, and Venice reports its cost"
+    assert span["venice.cost.usd"] > 0, "Venice answered, and Venice reports its cost"
 
 
 async def test_a_provider_past_its_own_timeout_falls_back_within_the_request_timeout(

@@ -10,13 +10,15 @@ from aiohttp import web
 from llmgw.admin.api import ADMIN_PREFIX
 from llmgw.api.openapi import build_document
 from llmgw.app import create_app
-from llmgw.config import Settings
+from llmgw.config import Settings, venice_provider
 from llmgw.route_table import CONSOLE_PREFIX, DESCRIBED, Route, admitting
 from llmgw.routes import PUBLIC_PATHS, gateway_routes
 
 
 def _app() -> web.Application:
-    settings = Settings(venice_api_key="unused", admin_token="routes-admin-token")
+    settings = Settings(
+        environment_provider=venice_provider("unused"), admin_token="routes-admin-token"
+    )
     return create_app(settings, database_url="postgresql://unused")
 
 

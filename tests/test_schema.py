@@ -185,8 +185,8 @@ async def test_costs_keep_eighteen_decimal_places_and_status_may_be_dropped(
     db: asyncpg.Connection,
 ) -> None:
     cost = Decimal("0.000104718750000001")
-    row = await insert_usage(db, cost_usd=cost, cost_diem=cost, status=None)
-    assert (row["cost_usd"], row["cost_diem"], row["status"]) == (cost, cost, None)
+    row = await insert_usage(db, cost_usd=cost, saved_cost_usd=cost, status=None)
+    assert (row["cost_usd"], row["saved_cost_usd"], row["status"]) == (cost, cost, None)
     subject = uuid.uuid4()
     await db.execute(
         "INSERT INTO subject_monthly_spend (subject_id, month, spend_usd) VALUES ($1, $2, $3)",
@@ -207,6 +207,8 @@ async def test_costs_keep_eighteen_decimal_places_and_status_may_be_dropped(
         ({"flags": None}, asyncpg.NotNullViolationError),
         ({"status": 999}, asyncpg.CheckViolationError),
         ({"cost_usd": Decimal(10**12)}, asyncpg.NumericValueOutOfRangeError),
+        ({"provider_extras": "[1]"}, asyncpg.CheckViolationError),
+        ({"provider_extras": None}, asyncpg.NotNullViolationError),
     ],
 )
 async def test_impossible_usage_rows_are_rejected(
@@ -255,6 +257,55 @@ async def test_0004_keeps_the_ledger_rows_of_0003_and_back(empty_database: str) 
             (200, Decimal("0.00000001")),
             (502, Decimal("0.00010472")),  # 0003 keeps 8 places
         ]
+    finally:
+        await connection.close()
+
+
+async def test_0022_moves_the_diem_cost_into_provider_extras_and_back(empty_database: str) -> None:
+    await asyncio.to_thread(migrations.upgrade, empty_database, "0021")
+    connection = await asyncpg.connect(empty_database)
+    diem = Decimal("0.000104718750000001")
+    hourly = (
+        "INSERT INTO usage_hourly (hour, api_key_id, model, requests, errors, input_tokens, "
+        "output_tokens, cost_usd, cost_diem, duration_ms_sum, latency_buckets) "
+        "VALUES (date_trunc('hour', now()), $1, $2, 1, 0, 1, 1, 0, $3, 1, '{1}')"
+    )
+    try:
+        await insert_usage(connection, request_id="diem", cost_diem=diem)
+        await insert_usage(connection, request_id="none")
+        await connection.execute(hourly, uuid.uuid4(), "diem", diem)
+        await connection.execute(hourly, uuid.uuid4(), "none", 0)
+        await asyncio.to_thread(migrations.upgrade, empty_database, "0022")
+        rows = await connection.fetch(
+            "SELECT request_id, provider_extras::text AS extras FROM usage_events ORDER BY id"
+        )
+        moved = '{"venice.cost.diem": 0.000104718750000001}'
+        assert [(r["request_id"], r["extras"]) for r in rows] == [("diem", moved), ("none", "{}")]
+        rows = await connection.fetch(
+            "SELECT model, provider_extras::text AS extras FROM usage_hourly ORDER BY model"
+        )
+        assert [(r["model"], r["extras"]) for r in rows] == [
+            ("diem", '{"venice.cost.diem": 0.000104718750000001}'),
+            ("none", "{}"),
+        ]
+        # Summed by name, exactly; and a row of today's code with another provider's extras.
+        added = await connection.fetchval(
+            'SELECT llmgw_extras_add($1::jsonb, \'{"venice.cost.diem": 1, "p.x": 2}\')::text',
+            moved,
+        )
+        assert added == '{"p.x": 2, "venice.cost.diem": 1.000104718750000001}'
+        await insert_usage(connection, request_id="new", provider_extras='{"p.x": 1}')
+        await asyncio.to_thread(migrations.downgrade, empty_database, "0021")
+        rows = await connection.fetch("SELECT request_id, cost_diem FROM usage_events ORDER BY id")
+        assert [(r["request_id"], r["cost_diem"]) for r in rows] == [
+            ("diem", diem),
+            ("none", None),
+            ("new", None),
+        ]
+        rows = await connection.fetch("SELECT model, cost_diem FROM usage_hourly ORDER BY model")
+        assert [(r["model"], r["cost_diem"]) for r in rows] == [("diem", diem), ("none", 0)]
+        with pytest.raises(asyncpg.CheckViolationError):
+            await insert_usage(connection, cost_diem=Decimal(-1))
     finally:
         await connection.close()
 

@@ -45,8 +45,8 @@ async def test_plain_completion_span_has_the_genai_attributes(
     assert attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 3
     assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
-    assert attributes[sc.VENICE_COST_USD] == pytest.approx(expected_cost_usd(3, 5))
-    assert attributes[sc.VENICE_COST_DIEM] == 0
+    assert attributes["venice.cost.usd"] == pytest.approx(expected_cost_usd(3, 5))
+    assert attributes["venice.cost.diem"] == 0
     assert attributes[sc.LLMGW_RETRY_COUNT] == 0
     assert sc.GEN_AI_REQUEST_STREAM not in attributes
     assert sc.GEN_AI_INPUT_MESSAGES not in attributes
@@ -67,7 +67,7 @@ async def test_streamed_span_has_usage_cost_and_time_to_first_chunk_without_aski
     attributes = dict(gateway.telemetry.span("chat qwen3-5-9b").attributes)
     assert attributes[sc.GEN_AI_REQUEST_STREAM] is True
     assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
-    assert attributes[sc.VENICE_COST_USD] == pytest.approx(expected_cost_usd(3, 5))
+    assert attributes["venice.cost.usd"] == pytest.approx(expected_cost_usd(3, 5))
     assert attributes[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] > 0
     assert attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert attributes[sc.LLMGW_STREAM_OUTCOME] == "completed"

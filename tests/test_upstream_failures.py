@@ -9,8 +9,9 @@ import aiohttp
 import openai
 import pytest
 
+from llmgw.config import venice_provider
 from tests.conftest import Gateway, eventually, gateway_env
-from tests.fake_venice import Behaviour, FakeVenice
+from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -161,7 +162,8 @@ async def test_client_disconnect_cancels_the_upstream_stream(
 
 async def test_venice_unreachable_is_502(start_gateway, api_key_for) -> None:
     gateway = await start_gateway(
-        venice_base_url="http://127.0.0.1:9/api/v1", upstream_max_retries=1
+        environment_provider=venice_provider(FAKE_VENICE_KEY, "http://127.0.0.1:9/api/v1"),
+        upstream_max_retries=1,
     )
     key = await api_key_for(gateway)
     with pytest.raises(openai.APIStatusError) as caught:

@@ -40,7 +40,7 @@ UPSTREAM_POISON: dict[str, Behaviour] = {
 POISON_FLAGS = {
     "negative tokens": ["input_tokens:out_of_range", "output_tokens:out_of_range"],
     "tokens over 2^31": ["input_tokens:out_of_range", "output_tokens:out_of_range"],
-    "cost 1e10": ["cost_usd:out_of_range", "cost_diem:out_of_range"],
+    "cost 1e10": ["cost_usd:out_of_range", "provider_extras:out_of_range"],
     "status 999": ["status:out_of_range"],
     "NUL in the response id": ["response_id:control_characters"],
 }
@@ -177,8 +177,8 @@ async def test_venice_costs_are_summed_exactly(start_gateway: Any) -> None:
     await flush(gateway)
     exact = Decimal("0.00010471875") * 60
     row = await gateway.db.fetchrow(
-        "SELECT sum(cost_usd) AS usd, sum(cost_diem) AS diem, min(cost_usd) AS one "
-        "FROM usage_events"
+        "SELECT sum(cost_usd) AS usd, min(cost_usd) AS one, "
+        "sum((provider_extras ->> 'venice.cost.diem')::numeric) AS diem FROM usage_events"
     )
     assert (row["one"], row["usd"], row["diem"]) == (Decimal("0.00010471875"), exact, exact)
     assert await gateway.db.fetchval("SELECT spend_usd FROM subject_monthly_spend") == exact
@@ -191,6 +191,11 @@ async def test_venice_costs_are_summed_exactly(start_gateway: Any) -> None:
         report = await response.read()
     # The report's JSON number is the exact sum, digit for digit (summed as floats: 0.006283124999999991).
     assert b'"cost_usd":0.006283125,' in report
+    # So is each provider-reported extra's, summed by name.
+    assert (
+        b'"provider_extras":{"venice.cost.usd":0.006283125,"venice.cost.diem":0.006283125}'
+        in report
+    )
 
 
 async def test_a_refused_row_is_counted_and_shown_to_the_operator(

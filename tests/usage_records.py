@@ -16,7 +16,7 @@ def usage_record(**overrides: Any) -> UsageRecord:
         "request_id": "r", "response_id": None, "operation": "chat", "provider": "venice",
         "model": "m", "deployment": None, "response_model": None, "stream": False,
         "status": 200, "outcome": "completed", "error_type": None,
-        "input_tokens": 1, "output_tokens": 1, "cost_usd": None, "cost_diem": None,
+        "input_tokens": 1, "output_tokens": 1, "cost_usd": None,
         "duration_ms": 1.0, "time_to_first_chunk_ms": None, "trace_id": None,
     }  # fmt: skip
     values.update(overrides)

@@ -91,7 +91,8 @@ def _kept(usage: Usage) -> bool:
         return False
     if (reasoning or 0) > total_out:
         return False
-    return all(cost is None or _is_cost(cost) for cost in (usage.cost_usd, usage.cost_diem))
+    cost = usage.cost_usd
+    return (cost is None or _is_cost(cost)) and all(map(_is_cost, usage.extras.values()))
 
 
 def _usable(
@@ -111,18 +112,18 @@ def _usable(
             values[field] = None
             dropped.add(field)
             flags.append(f"{field}:out_of_range")
-    costs = {}
-    for field in ("cost_usd", "cost_diem"):
-        cost = getattr(usage, field)
-        if cost is not None and not _is_cost(cost):
-            cost = None
-            flags.append(f"{field}:out_of_range")
-        costs[field] = cost
+    cost = usage.cost_usd
+    if cost is not None and not _is_cost(cost):
+        cost = None
+        flags.append("cost_usd:out_of_range")
+    extras = {name: value for name, value in usage.extras.items() if _is_cost(value)}
+    if len(extras) != len(usage.extras):
+        flags.append("provider_extras:out_of_range")
     estimated = provider_worked and _estimate_totals(values, dropped, estimate, final)
     for total, parts in _PARTS:
         if (values[total] or 0) < sum(values[part] or 0 for part in parts):
             flags.append(f"{total}:parts_exceed_total")
-    return Usage(**values, **costs), estimated, tuple(flags)
+    return Usage(**values, cost_usd=cost, extras=extras), estimated, tuple(flags)
 
 
 def _estimate_totals(

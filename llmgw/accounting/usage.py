@@ -1,4 +1,5 @@
-"""Token usage and cost as providers report them (OpenAI ``usage``; Venice adds ``cost``)."""
+"""Token usage and cost as providers report them (OpenAI ``usage``; some add a ``cost`` object, read
+by the provider's :class:`CostReport`)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,25 @@ import math
 import operator
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
 
 __all__ = [
     "MAX_COST",
+    "MAX_EXTRAS",
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
+    "NO_EXTRAS",
     "USAGE_SOURCES",
+    "CostReport",
     "Usage",
     "UsageRecord",
+    "add_extras",
     "anthropic_usage",
     "cost_decimal",
     "parse_usage",
@@ -35,6 +42,11 @@ MAX_COST: Final = 1_000_000
 MAX_TEXT_CHARS: Final = 512
 MAX_ATTEMPTS: Final = MAX_TOKENS  # int4, at least 1
 USAGE_SOURCES: Final = ("reported", "estimated")
+# A provider's figures beyond the core ones (Usage.extras): at most this many per answer, each a
+# number within [0, MAX_COST] named by at most MAX_EXTRA_NAME_CHARS printable characters.
+MAX_EXTRAS: Final = 16
+MAX_EXTRA_NAME_CHARS: Final = 128
+NO_EXTRAS: Final[Mapping[str, float]] = MappingProxyType({})
 # Postgres text holds no NUL and UTF-8 no lone surrogate; the other control characters are
 # storable but never belong in a model name or an id, and would garble an operator's terminal.
 _UNSTORABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -53,7 +65,11 @@ class Usage:
     """Token counts in the OpenAI convention, whatever API reported them: ``input_tokens`` is all
     input, cache reads and writes included (subsets of it); ``output_tokens`` includes the
     reasoning tokens; ``cache_creation_1h_input_tokens`` is the part of the cache writes kept for
-    an hour (Anthropic's 1-hour cache, priced apart)."""
+    an hour (Anthropic's 1-hour cache, priced apart).
+
+    ``extras``: the figures the provider reported beyond these, by name (its :class:`CostReport`
+    names them: Venice's ``venice.cost.usd`` and ``venice.cost.diem``); the core knows none of them.
+    """
 
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -62,7 +78,44 @@ class Usage:
     reasoning_output_tokens: int | None = None
     cache_creation_1h_input_tokens: int | None = None
     cost_usd: float | None = None
-    cost_diem: float | None = None
+    extras: Mapping[str, float] = NO_EXTRAS
+
+
+@attrs.frozen(slots=True)
+class CostReport:
+    """How a provider's answers say what they cost: a ``cost`` object beside ``usage`` whose
+    ``usd`` is the answer's cost in US dollars (``Usage.cost_usd``). Every number in it, ``usd``
+    included, is also a provider-reported extra named ``{namespace}.{key}``, as reported: the
+    ledger keeps them (``provider_extras``) and the span shows them. A provider kind declares
+    one (``Provider.cost_report``); Venice's is ``CostReport("venice.cost")``."""
+
+    namespace: str
+
+    def read(self, document: dict[str, Any]) -> tuple[float | None, Mapping[str, float]]:
+        """The answer's cost in USD (None: not reported) and its extras (at most MAX_EXTRAS)."""
+        cost = _dict(document.get("cost"))
+        if not cost:
+            return None, NO_EXTRAS
+        extras: dict[str, float] = {}
+        for key, value in cost.items():
+            number = _number(value)
+            if number is not None and isinstance(key, str):
+                extras[f"{self.namespace}.{key}"] = number
+                if len(extras) == MAX_EXTRAS:
+                    break
+        return _number(cost.get("usd")), extras
+
+
+def add_extras(total: Mapping[str, float], more: Mapping[str, float]) -> Mapping[str, float]:
+    """Two sets of extras summed by name (a continued answer's attempts)."""
+    if not more:
+        return total
+    if not total:
+        return more
+    summed = dict(total)
+    for name, value in more.items():
+        summed[name] = summed.get(name, 0) + value
+    return summed
 
 
 _INT64 = 2**63
@@ -88,7 +141,7 @@ def reported_count(value: Any) -> int | None:
 def reported_usage(document: dict[str, Any]) -> Usage | None:
     """The usage of a response or chunk as a caller may be shown it: each count that is no count
     dropped as unreported (see reported_count), no cost; None when neither input nor output is."""
-    usage = parse_usage(document, with_cost=False)
+    usage = parse_usage(document, cost=None)
     if usage is None:
         return None
     shown = Usage(
@@ -112,9 +165,9 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
-    """Usage from a response, chunk or Responses event; None when it carries none. Cost only if
-    reported."""
+def parse_usage(document: dict[str, Any], *, cost: CostReport | None) -> Usage | None:
+    """Usage from a response, chunk or Responses event; None when it carries none. Its cost and
+    extras as ``cost`` reads them (None: the provider reports none)."""
     response = document.get("response")
     if "usage" not in document and isinstance(response, dict):
         document = response  # a Responses stream event: usage rides on its Response object
@@ -129,7 +182,7 @@ def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
     completion_details = _dict(
         usage.get("output_tokens_details" if responses else "completion_tokens_details")
     )
-    cost = _dict(document.get("cost")) if with_cost else {}
+    cost_usd, extras = (None, NO_EXTRAS) if cost is None else cost.read(document)
     cache_read = _int(prompt_details.get("cached_tokens"))
     if cache_read is None:
         cache_read = _int(usage.get("cache_read_input_tokens"))
@@ -149,8 +202,8 @@ def parse_usage(document: dict[str, Any], *, with_cost: bool) -> Usage | None:
         # An Anthropic answer translated to chat keeps its 1-hour cache writes there (llmgw's own
         # field: chat has none), so they are billed at their own price.
         cache_creation_1h_input_tokens=_int(prompt_details.get("cache_creation_1h_input_tokens")),
-        cost_usd=_number(cost.get("usd")),
-        cost_diem=_number(cost.get("diem")),
+        cost_usd=cost_usd,
+        extras=extras,
     )
 
 
@@ -204,7 +257,6 @@ class UsageRecord:
     input_tokens: int | None
     output_tokens: int | None
     cost_usd: float | None
-    cost_diem: float | None
     duration_ms: float
     time_to_first_chunk_ms: float | None
     trace_id: str | None
@@ -226,6 +278,9 @@ class UsageRecord:
     # what the stored answer cost when it was fetched.
     cache_hit: bool = False
     saved_cost_usd: float | None = None
+    # The figures the providers reported beyond the core ones, by name, summed over the attempts
+    # (``Usage.extras``; none on a cache hit: no provider was paid).
+    provider_extras: Mapping[str, float] = NO_EXTRAS
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
     # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
@@ -262,10 +317,18 @@ class UsageRecord:
             count = getattr(self, field)
             if count is not None and not _is_int_within(count, 0, MAX_TOKENS):
                 replace(field, None, "out_of_range")
-        for field in ("cost_usd", "cost_diem", "saved_cost_usd"):
+        for field in ("cost_usd", "saved_cost_usd"):
             cost = getattr(self, field)
             if cost is not None and not _is_number_within(cost, MAX_COST):
                 replace(field, None, "out_of_range")
+        extras = self.provider_extras
+        kept = {
+            name: value
+            for name, value in list(extras.items())[:MAX_EXTRAS]
+            if _is_extra_name(name) and _is_number_within(value, MAX_COST)
+        }
+        if len(kept) != len(extras):
+            replace("provider_extras", kept, "out_of_range")
         if self.status is not None and not _is_int_within(self.status, 100, 599):
             replace("status", None, "out_of_range")
         if not _is_number_within(self.duration_ms, math.inf):
@@ -288,6 +351,7 @@ class UsageRecord:
         fields["api_key_id"] = str(self.api_key_id)
         fields["subject_id"] = None if self.subject_id is None else str(self.subject_id)
         fields["event_id"] = str(self.event_id)
+        fields["provider_extras"] = dict(self.provider_extras)
         return fields
 
 
@@ -313,11 +377,14 @@ def _storable(record: UsageRecord) -> bool:
     for count in _count_values(record):
         if count is not None and (count.__class__ is not int or not 0 <= count <= MAX_TOKENS):
             return False
-    for cost in (record.cost_usd, record.cost_diem, record.saved_cost_usd):
+    for cost in (record.cost_usd, record.saved_cost_usd, *record.provider_extras.values()):
         if cost is not None and (
             (cost.__class__ is not float and cost.__class__ is not int) or not 0 <= cost <= MAX_COST
         ):
             return False
+    extras = record.provider_extras
+    if len(extras) > MAX_EXTRAS or not all(map(_is_extra_name, extras)):
+        return False
     status, duration, ttfc = record.status, record.duration_ms, record.time_to_first_chunk_ms
     return (
         (status is None or (status.__class__ is int and 100 <= status <= 599))
@@ -346,6 +413,15 @@ def cost_decimal(value: float) -> Decimal:
 def storable_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     """``text`` without what Postgres cannot (or should not) hold, at most ``limit`` long."""
     return _UNSTORABLE.sub("", text)[:limit]
+
+
+def _is_extra_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_EXTRA_NAME_CHARS
+        and name.isprintable()
+        and _UNSTORABLE.search(name) is None
+    )
 
 
 def _is_int_within(value: Any, low: int, high: int) -> bool:

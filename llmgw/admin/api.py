@@ -59,6 +59,7 @@ __all__ = [
     "REPORT_COLUMNS",
     "admin_token_auth",
     "build_admin_app",
+    "report_cell",
     "report_csv",
     "report_query",
     "revoke_console_sessions",
@@ -643,9 +644,9 @@ REPORT_COLUMNS = (
     "input_tokens",
     "output_tokens",
     "cost_usd",
-    "cost_diem",
     "cache_hits",
     "saved_cost_usd",
+    "provider_extras",
 )
 
 
@@ -660,13 +661,22 @@ def _spreadsheet_cell(value: object) -> object:
     return value
 
 
+def report_cell(value: object) -> object:
+    """A report's value as a CSV or table cell shows it: the provider extras as a JSON object."""
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return orjson.dumps(value).decode()
+    return value
+
+
 def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
     """The usage report as CSV, for the admin API and ``llmgw usage report --csv`` alike."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow((by, *REPORT_COLUMNS))
     for row in rows:
-        cells = (row[by] or "", *("" if row[c] is None else row[c] for c in REPORT_COLUMNS))
+        cells = (row[by] or "", *(report_cell(row[c]) for c in REPORT_COLUMNS))
         writer.writerow(_spreadsheet_cell(cell) for cell in cells)
     return out.getvalue()
 

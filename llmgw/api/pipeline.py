@@ -37,7 +37,14 @@ from llmgw.accounting.estimate import (
 )
 from llmgw.accounting.metering import Meter
 from llmgw.accounting.price import Metered, Price
-from llmgw.accounting.usage import Usage, UsageRecord, anthropic_usage, parse_usage
+from llmgw.accounting.usage import (
+    NO_EXTRAS,
+    Usage,
+    UsageRecord,
+    add_extras,
+    anthropic_usage,
+    parse_usage,
+)
 from llmgw.api.body import forget_raw_body, read_json_object, refuse_control_characters
 from llmgw.api.codec import ApiCodec
 from llmgw.auth.authenticator import AuthenticatedKey
@@ -187,7 +194,7 @@ class Exchange:
         """The route is about to call its ``tried``-th deployment: it answers unless it fails too."""
         record = self.record
         provider = deployment.provider
-        record.provider, record.provider_reports_cost = provider.name, provider.reports_cost
+        record.provider, record.provider_cost_report = provider.name, provider.cost_report
         record.deployment, record.deployments_tried = deployment.label, tried
         self.observation.deployment_tried(deployment, tried)
 
@@ -279,7 +286,7 @@ class Exchange:
         usage = entry.usage
         self.record.response_model = self.observation.response_model = entry.response_model
         return self.record.usage_row(
-            attrs.evolve(usage, cost_usd=0.0, cost_diem=None),
+            attrs.evolve(usage, cost_usd=0.0, extras=NO_EXTRAS),
             cache_hit=True,
             saved_cost_usd=usage.cost_usd,
         )
@@ -334,7 +341,9 @@ class Exchange:
         # What the span shows: the provider's figures, or the gateway's tokens without a cost.
         shown = charged.usage if self.earlier else record.usage
         self.observation.usage = (
-            shown if source == REPORTED else attrs.evolve(charged.usage, cost_usd=None)
+            shown
+            if source == REPORTED
+            else attrs.evolve(charged.usage, cost_usd=None, extras=NO_EXTRAS)
         )
         self.observation.usage_source = source
         return record.usage_row(
@@ -394,7 +403,7 @@ class Exchange:
             each.append(
                 charge(usage, provider_worked=True, estimate=estimate, price=price, final=final)
             )
-        total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0, cost_diem=0.0)
+        total = Usage(input_tokens=0, output_tokens=0, cost_usd=0.0)
         for charged in each:
             usage = charged.usage
             total = Usage(
@@ -416,9 +425,7 @@ class Exchange:
                 cost_usd=None
                 if total.cost_usd is None or usage.cost_usd is None
                 else total.cost_usd + usage.cost_usd,
-                cost_diem=None
-                if total.cost_diem is None or usage.cost_diem is None
-                else total.cost_diem + usage.cost_diem,
+                extras=add_extras(total.extras, usage.extras),
             )
         # Partly estimated (an attempt that broke before reporting) is estimated.
         estimated = any(c.source == ESTIMATED for c in each)
@@ -684,7 +691,7 @@ async def start_call(
             provider_name=route.name,
             server_address=route.server_address,
             server_port=route.server_port,
-            provider_reports_cost=route.reports_cost,
+            provider_cost_report=route.cost_report,
             body=upstream.fields,
             model=upstream.model,
             stream=upstream.stream,
@@ -700,7 +707,7 @@ async def start_call(
             model=upstream.model,
             stream=upstream.stream,
             provider=route.name,
-            provider_reports_cost=route.reports_cost,
+            provider_cost_report=route.cost_report,
             trace_id=format(context.trace_id, "032x") if context.is_valid else None,
             started=observation.started,
         )
@@ -919,7 +926,7 @@ async def _complete(
         # A Messages answer (a provider that speaks Messages itself) counts input its own way.
         anthropic_usage(usage)
         if document.get("type") == "message" and isinstance(usage, dict)
-        else parse_usage(document, with_cost=record.provider_reports_cost)
+        else parse_usage(document, cost=record.provider_cost_report)
     )
     exchange.output_chars = answer_output_chars(document)
     if operation.meter is not None:

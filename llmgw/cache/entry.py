@@ -56,7 +56,8 @@ def encode_entry(entry: Entry) -> bytes:
     document: dict[str, Any] = {
         "at": entry.stored_at,
         "ttl": entry.ttl,
-        "usage": attrs.asdict(entry.usage),
+        # No extras: a hit paid no provider (its row has none).
+        "usage": attrs.asdict(entry.usage, filter=attrs.filters.exclude("extras")),
         "model": entry.response_model,
     }
     if entry.body is not None:

@@ -86,16 +86,15 @@ def _bind(settings: Settings, *, listening: bool, shared: bool) -> socket.socket
 
 def _secrets(settings: Settings) -> list[str]:
     """The credentials this process holds, for the log to redact wherever they appear."""
-    held = [settings.venice_api_key, settings.admin_token]
+    held = [settings.environment_provider.api_key, settings.admin_token]
     held.extend(spec.api_key for spec in settings.providers)
     return [secret for secret in held if secret]
 
 
 def _upstreams(settings: Settings) -> str:
-    names = [f"{spec.name} at {shown_url(spec.base_url)}" for spec in settings.providers] or [
-        f"venice at {shown_url(settings.venice_base_url)}"
-    ]
-    return ", ".join(names)
+    return ", ".join(
+        f"{spec.name} at {shown_url(spec.base_url)}" for spec in settings.routed_providers
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from llmgw.admin.api import REPORT_COLUMNS, report_csv, report_query
+from llmgw.admin.api import REPORT_COLUMNS, report_cell, report_csv, report_query
 from llmgw.cli.common import (
     EXIT_CONFIG,
     CommandError,
@@ -122,9 +122,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _print_table(by: str, rows: list[dict[str, Any]]) -> None:
     header = (by, *REPORT_COLUMNS)
-    lines = [header] + [
-        tuple("" if row[column] is None else str(row[column]) for column in header) for row in rows
-    ]
+    lines = [header] + [tuple(str(report_cell(row[column])) for column in header) for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))

@@ -18,6 +18,7 @@ from llmgw.config.environment import (
     load_settings,
     parse_bool,
     parse_workers,
+    venice_provider,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "load_settings",
     "parse_bool",
     "parse_workers",
+    "venice_provider",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "load_settings",
     "parse_bool",
     "parse_workers",
+    "venice_provider",
 ]
 
 T = TypeVar("T")
@@ -244,6 +245,24 @@ ENVIRONMENT_VARIABLES: tuple[EnvVar, ...] = (
 )
 
 _BY_NAME = {var.name: var for var in ENVIRONMENT_VARIABLES}
+VENICE_BASE_URL = "https://api.venice.ai/api/v1"
+
+
+def venice_provider(
+    api_key: str | None = None,
+    base_url: str = VENICE_BASE_URL,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> ProviderSpec:
+    """The provider the environment names without LLMGW_CONFIG: ``venice``, of kind ``venice``,
+    from VENICE_API_KEY, VENICE_BASE_URL and VENICE_MAX_CONNECTIONS."""
+    return ProviderSpec(
+        name="venice",
+        kind="venice",
+        base_url=base_url,
+        api_key_env="VENICE_API_KEY",
+        api_key=api_key,
+        max_connections=max_connections,
+    )
 
 
 @attrs.frozen
@@ -253,10 +272,7 @@ class Settings:
     bind_host: str = "0.0.0.0"
     bind_port: int = 3000
     database_url: str | None = attrs.field(default=None, repr=False)
-    venice_api_key: str | None = attrs.field(default=None, repr=False)
-    venice_base_url: str = "https://api.venice.ai/api/v1"
     upstream_max_retries: int = 2
-    venice_max_connections: int = DEFAULT_MAX_CONNECTIONS
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
     messages_body_limit_bytes: int = 32 * 1024 * 1024
@@ -298,14 +314,22 @@ class Settings:
     oidc_admin_groups: tuple[str, ...] = ()
     console_token_sign_in: bool = True
     console_session_hours: float = 8.0
-    # From LLMGW_CONFIG; empty = the one provider "venice" built from the VENICE_* settings.
+    # From LLMGW_CONFIG; empty = environment_provider alone.
     providers: tuple[ProviderSpec, ...] = ()
+    # The provider the environment names (venice_provider; its key is redacted from the logs
+    # either way), routed to when LLMGW_CONFIG names none.
+    environment_provider: ProviderSpec = attrs.field(factory=venice_provider)
     model_aliases: tuple[ModelAlias, ...] = ()
     prices: tuple[PriceEntry, ...] = ()  # [[prices]]
 
     @property
     def uses_embedded_database(self) -> bool:
         return self.database_url is None
+
+    @property
+    def routed_providers(self) -> tuple[ProviderSpec, ...]:
+        """The providers the gateway routes to: LLMGW_CONFIG's, or the environment's one."""
+        return self.providers or (self.environment_provider,)
 
 
 def default_data_dir() -> Path:
@@ -360,14 +384,16 @@ def load_settings(
             parse_url("postgresql", "postgres"),
             "postgresql://user:password@host:5432/dbname",
         ),
-        venice_api_key=venice_key,
-        venice_base_url=reader.get("VENICE_BASE_URL", parse_url("http", "https"), "an http(s) URL"),
-        upstream_max_retries=_max_retries(reader),
-        venice_max_connections=reader.get(
-            "VENICE_MAX_CONNECTIONS",
-            _parse_int(1, MOST_CONNECTIONS),
-            f"an integer 1-{MOST_CONNECTIONS}",
+        environment_provider=venice_provider(
+            venice_key,
+            reader.get("VENICE_BASE_URL", parse_url("http", "https"), "an http(s) URL"),
+            reader.get(
+                "VENICE_MAX_CONNECTIONS",
+                _parse_int(1, MOST_CONNECTIONS),
+                f"an integer 1-{MOST_CONNECTIONS}",
+            ),
         ),
+        upstream_max_retries=_max_retries(reader),
         request_timeout_seconds=reader.get(
             "REQUEST_TIMEOUT_SECONDS", _parse_positive_float, "a positive number of seconds"
         ),

@@ -12,6 +12,7 @@ from llmgw.config.kinds import Capabilities
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price
+    from llmgw.accounting.usage import CostReport
 
 __all__ = [
     "REASONING_PARAMS",
@@ -182,7 +183,8 @@ class Provider(Protocol):
     name: str  # the [[providers]] entry's name
     server_address: str  # host and port, for telemetry (server.address, server.port)
     server_port: int
-    reports_cost: bool  # its answers' usage carries their cost (Venice's ``cost.usd``)
+    # How its answers say what they cost (Venice's ``cost`` object); None: the gateway prices them.
+    cost_report: CostReport | None
     publishes_prices: bool  # published_prices gives its models' prices
     capabilities: Capabilities  # what it accepts beyond plain chat (ProviderSetup.capabilities)
 

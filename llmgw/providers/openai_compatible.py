@@ -41,6 +41,7 @@ from llmgw.providers.pool import ConnectionPool, Slot
 
 if TYPE_CHECKING:
     from llmgw.accounting.price import Price
+    from llmgw.accounting.usage import CostReport
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -225,7 +226,7 @@ class _AiohttpChatStream:
 
 
 class OpenAICompatibleProvider:
-    reports_cost = False
+    cost_report: CostReport | None = None
     publishes_prices = False
 
     def __init__(

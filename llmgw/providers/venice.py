@@ -1,5 +1,6 @@
-"""Venice AI: an OpenAI-compatible API that also reports each request's cost (``cost.usd/diem``)
-and publishes its models' prices in its ``/models`` listing."""
+"""Venice AI: an OpenAI-compatible API that also reports each request's cost (``cost.usd/diem``:
+provider-reported extras ``venice.cost.usd`` and ``venice.cost.diem``) and publishes its models'
+prices in its ``/models`` listing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import orjson
 
 from llmgw.accounting.price import Price
 from llmgw.accounting.prices import parse_venice_models
+from llmgw.accounting.usage import CostReport
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
 
@@ -16,7 +18,7 @@ __all__ = ["PLUGIN", "VeniceProvider"]
 
 
 class VeniceProvider(OpenAICompatibleProvider):
-    reports_cost = True
+    cost_report: CostReport | None = CostReport("venice.cost")
     publishes_prices = True
 
     async def published_prices(self, deadline: float) -> Mapping[str, Price]:

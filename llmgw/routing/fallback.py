@@ -84,7 +84,7 @@ class FallbackChain:
         self.name = first.name
         self.server_address = first.server_address
         self.server_port = first.server_port
-        self.reports_cost = first.reports_cost
+        self.cost_report = first.cost_report
         # Each deployment is sent only what it accepts (``UpstreamCall.for_deployment``); native
         # Responses or Messages only when every deployment is: a fallback must take the same body.
         self.capabilities = Capabilities.common_to(

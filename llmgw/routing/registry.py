@@ -97,18 +97,6 @@ async def close_providers(providers: Iterable[Provider]) -> None:
         await provider.close()
 
 
-def _venice_from_environment(settings: Settings) -> ProviderSpec:
-    """Without LLMGW_CONFIG: one provider ``venice`` from the VENICE_* variables."""
-    return ProviderSpec(
-        name="venice",
-        kind="venice",
-        base_url=settings.venice_base_url,
-        api_key_env="VENICE_API_KEY",
-        api_key=settings.venice_api_key,
-        max_connections=settings.venice_max_connections,
-    )
-
-
 def _build_provider(spec: ProviderSpec, settings: Settings) -> Provider:
     """The provider of ``spec``, made by its kind's plugin (built in or installed)."""
     retries = settings.upstream_max_retries if spec.max_retries is None else spec.max_retries
@@ -152,7 +140,7 @@ async def build_registry(
     or on a reload that keeps the running configuration.
 
     ``routing``: the policy to route with (its clocks); a new one otherwise."""
-    specs = settings.providers or (_venice_from_environment(settings),)
+    specs = settings.routed_providers
     built: list[Provider] = []
     try:
         for spec in specs:

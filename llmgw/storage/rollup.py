@@ -9,8 +9,10 @@ from the raw rows.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -26,6 +28,8 @@ __all__ = [
     "REPORT_GROUPINGS",
     "UsageReportQuery",
     "add_to_rollup",
+    "exact_extras",
+    "extras_json",
     "hour_start",
     "overview",
     "percentile_from_buckets",
@@ -41,15 +45,15 @@ _BUCKET_COUNT = len(LATENCY_BUCKETS_MS) + 1
 _UPSERT = """
 INSERT INTO usage_hourly AS h (
     hour, api_key_id, model, subject_id, requests, errors, input_tokens, output_tokens,
-    cost_usd, cost_diem, duration_ms_sum, latency_buckets, cache_hits, saved_cost_usd
-) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+    cost_usd, duration_ms_sum, latency_buckets, cache_hits, saved_cost_usd, provider_extras
+) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::text::jsonb)
 ON CONFLICT (hour, api_key_id, model) DO UPDATE SET
     requests = h.requests + excluded.requests,
     errors = h.errors + excluded.errors,
     input_tokens = h.input_tokens + excluded.input_tokens,
     output_tokens = h.output_tokens + excluded.output_tokens,
     cost_usd = h.cost_usd + excluded.cost_usd,
-    cost_diem = h.cost_diem + excluded.cost_diem,
+    provider_extras = llmgw_extras_add(h.provider_extras, excluded.provider_extras),
     duration_ms_sum = h.duration_ms_sum + excluded.duration_ms_sum,
     cache_hits = h.cache_hits + excluded.cache_hits,
     saved_cost_usd = h.saved_cost_usd + excluded.saved_cost_usd,
@@ -79,15 +83,31 @@ class _Cell:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: Decimal = Decimal(0)
-    cost_diem: Decimal = Decimal(0)
     duration_ms_sum: float = 0.0
     latency: list[int] = attrs.field(factory=lambda: [0] * _BUCKET_COUNT)
     cache_hits: int = 0
     saved_cost_usd: Decimal = Decimal(0)
+    provider_extras: defaultdict[str, Decimal] = attrs.field(factory=lambda: defaultdict(Decimal))
 
 
 def _decimal(value: float | None) -> Decimal:
     return Decimal(0) if value is None else cost_decimal(value)
+
+
+def extras_json(extras: Mapping[str, float | Decimal]) -> str:
+    """Provider extras as the JSON object their columns hold, each number exactly as written."""
+    members = (
+        f"{json.dumps(name, ensure_ascii=True)}:"
+        f"{format(value if isinstance(value, Decimal) else cost_decimal(value), 'f')}"
+        for name, value in extras.items()
+    )
+    return "{" + ",".join(members) + "}"
+
+
+def exact_extras(text: str) -> dict[str, Decimal]:
+    """Provider extras read back from the database (a JSON object), each an exact decimal."""
+    extras: dict[str, Decimal] = json.loads(text, parse_float=Decimal, parse_int=Decimal)
+    return extras
 
 
 async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
@@ -103,7 +123,8 @@ async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]
         cell.input_tokens += r.input_tokens or 0
         cell.output_tokens += r.output_tokens or 0
         cell.cost_usd += _decimal(r.cost_usd)
-        cell.cost_diem += _decimal(r.cost_diem)
+        for name, value in r.provider_extras.items():
+            cell.provider_extras[name] += _decimal(value)
         cell.duration_ms_sum += r.duration_ms
         cell.latency[_bucket(r.duration_ms)] += 1
         if r.cache_hit:
@@ -115,8 +136,8 @@ async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]
         [
             (
                 hour, key_id, model, c.subject_id, c.requests, c.errors, c.input_tokens,
-                c.output_tokens, c.cost_usd, c.cost_diem, c.duration_ms_sum, c.latency,
-                c.cache_hits, c.saved_cost_usd,
+                c.output_tokens, c.cost_usd, c.duration_ms_sum, c.latency, c.cache_hits,
+                c.saved_cost_usd, extras_json(c.provider_extras),
             )
             for (hour, key_id, model), c in sorted(cells.items(), key=lambda item: item[0])
         ],
@@ -176,7 +197,8 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
                sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,
                sum(input_tokens)::bigint AS input_tokens,
                sum(output_tokens)::bigint AS output_tokens,
-               sum(cost_usd) AS cost_usd, sum(cost_diem) AS cost_diem,
+               sum(cost_usd) AS cost_usd,
+               llmgw_extras_sum(provider_extras)::text AS provider_extras,
                sum(cache_hits)::bigint AS cache_hits, sum(saved_cost_usd) AS saved_cost_usd
         FROM usage_hourly
         WHERE hour >= $1 AND hour < $2
@@ -198,7 +220,9 @@ async def usage_report(conn: asyncpg.Connection, query: UsageReportQuery) -> lis
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],
             "cost_usd": _usd(row["cost_usd"]),
-            "cost_diem": _usd(row["cost_diem"]),
+            "provider_extras": {
+                name: _usd(value) for name, value in exact_extras(row["provider_extras"]).items()
+            },
             "cache_hits": row["cache_hits"],
             "saved_cost_usd": _usd(row["saved_cost_usd"]),
         }

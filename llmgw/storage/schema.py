@@ -222,7 +222,6 @@ usage_events = sa.Table(
     sa.Column("input_tokens", sa.Integer(), nullable=True),
     sa.Column("output_tokens", sa.Integer(), nullable=True),
     sa.Column("cost_usd", _COST, nullable=True),
-    sa.Column("cost_diem", _COST, nullable=True),
     sa.Column("duration_ms", sa.Float(), nullable=False),
     sa.Column("time_to_first_chunk_ms", sa.Float(), nullable=True),
     sa.Column("usage_source", sa.Text(), nullable=False, server_default=sa.text("'reported'")),
@@ -246,6 +245,9 @@ usage_events = sa.Table(
     # Answered by the response cache (cost_usd 0), and what the answer cost when it was fetched.
     sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.text("false")),
     sa.Column("saved_cost_usd", _COST, nullable=True),
+    # The figures the providers reported beyond the core ones, by the names they gave them
+    # (UsageRecord.provider_extras: Venice's "venice.cost.diem"); migration 0022.
+    sa.Column("provider_extras", JSONB(), nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.UniqueConstraint("event_id"),
     sa.Index("ix_usage_events_occurred_at", "occurred_at"),
     sa.Index("ix_usage_events_api_key_id", "api_key_id", "occurred_at"),
@@ -255,7 +257,7 @@ usage_events = sa.Table(
     sa.CheckConstraint("output_tokens IS NULL OR output_tokens >= 0", name="output_tokens"),
     *(sa.CheckConstraint(f"{name} IS NULL OR {name} >= 0", name=name) for name in _PRICED_APART),
     sa.CheckConstraint("cost_usd IS NULL OR cost_usd >= 0", name="cost_usd"),
-    sa.CheckConstraint("cost_diem IS NULL OR cost_diem >= 0", name="cost_diem"),
+    sa.CheckConstraint("jsonb_typeof(provider_extras) = 'object'", name="provider_extras"),
     sa.CheckConstraint("duration_ms >= 0", name="duration"),
     sa.CheckConstraint(
         "time_to_first_chunk_ms IS NULL OR time_to_first_chunk_ms >= 0", name="time_to_first_chunk"
@@ -358,12 +360,13 @@ usage_hourly = sa.Table(
     sa.Column("input_tokens", sa.BigInteger(), nullable=False),
     sa.Column("output_tokens", sa.BigInteger(), nullable=False),
     sa.Column("cost_usd", sa.Numeric(38, 18), nullable=False),
-    sa.Column("cost_diem", sa.Numeric(38, 18), nullable=False),
     sa.Column("duration_ms_sum", sa.Float(), nullable=False),
     sa.Column("latency_buckets", ARRAY(sa.BigInteger()), nullable=False),
     # Requests the response cache answered, and what their answers cost when fetched.
     sa.Column("cache_hits", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
     sa.Column("saved_cost_usd", sa.Numeric(38, 18), nullable=False, server_default=sa.text("0")),
+    # The rows' provider_extras summed by name (llmgw_extras_add, migration 0022).
+    sa.Column("provider_extras", JSONB(), nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.PrimaryKeyConstraint("hour", "api_key_id", "model"),
     sa.Index("ix_usage_hourly_subject_id", "subject_id", "hour"),
     sa.Index("ix_usage_hourly_api_key_id", "api_key_id", "hour"),

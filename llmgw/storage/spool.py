@@ -67,6 +67,10 @@ def from_line(line: bytes) -> UsageRecord:
             fields[name] = uuid.UUID(fields[name])
     fields["flags"] = tuple(fields["flags"])
     fields["attempt_log"] = tuple(fields.get("attempt_log", ()))
+    # A line spooled before migration 0022 has Venice's diem cost in a field of its own.
+    diem = fields.pop("cost_diem", None)
+    if diem is not None:
+        fields["provider_extras"] = {"venice.cost.diem": diem}
     return UsageRecord(**fields)
 
 

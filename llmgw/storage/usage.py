@@ -16,7 +16,7 @@ import attrs
 import orjson
 
 from llmgw.accounting.usage import UsageRecord, cost_decimal, storable_text
-from llmgw.storage.rollup import add_to_rollup
+from llmgw.storage.rollup import add_to_rollup, exact_extras, extras_json
 
 __all__ = [
     "GROUPINGS",
@@ -34,13 +34,13 @@ __all__ = [
 _INSERT = """
 INSERT INTO usage_events (
     occurred_at, api_key_id, subject_id, request_id, response_id, operation, provider, model,
-    stream, status, error_type, input_tokens, output_tokens, cost_usd, cost_diem, duration_ms,
+    stream, status, error_type, input_tokens, output_tokens, cost_usd, duration_ms,
     time_to_first_chunk_ms, usage_source, flags, cost_computed, event_id, cache_read_input_tokens,
     cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_output_tokens,
     deployment, attempts, cache_hit, saved_cost_usd, response_model, started_deployment,
-    attempt_log
+    attempt_log, provider_extras
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-          $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32::text::jsonb)
+          $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31::text::jsonb, $32::text::jsonb)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
@@ -89,13 +89,13 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
         (
             r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
             r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
-            r.input_tokens, r.output_tokens, _decimal(r.cost_usd), _decimal(r.cost_diem),
-            r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
+            r.input_tokens, r.output_tokens, _decimal(r.cost_usd), r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
             r.cost_computed, r.event_id, r.cache_read_input_tokens,
             r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
             r.reasoning_output_tokens, r.deployment, r.attempts, r.cache_hit,
             _decimal(r.saved_cost_usd), r.response_model, r.started_deployment,
             orjson.dumps(r.attempt_log, default=str).decode(),
+            extras_json(r.provider_extras),
         )
         for r in records
     ]  # fmt: skip
@@ -201,7 +201,8 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
         SELECT {GROUPINGS[query.group_by]} AS grp, count(*) AS requests,
                coalesce(sum(input_tokens), 0) AS input_tokens,
                coalesce(sum(output_tokens), 0) AS output_tokens,
-               coalesce(sum(cost_usd), 0) AS cost_usd, coalesce(sum(cost_diem), 0) AS cost_diem,
+               coalesce(sum(cost_usd), 0) AS cost_usd,
+               llmgw_extras_sum(provider_extras)::text AS provider_extras,
                count(*) FILTER (WHERE cache_hit) AS cache_hits,
                coalesce(sum(saved_cost_usd), 0) AS saved_cost_usd
         FROM usage_events
@@ -224,7 +225,8 @@ async def summarize_usage(conn: asyncpg.Connection, query: UsageQuery) -> list[d
             "input_tokens": row["input_tokens"],
             "output_tokens": row["output_tokens"],
             "cost_usd": row["cost_usd"],  # Decimal: the exact sum of what providers reported
-            "cost_diem": row["cost_diem"],
+            # Each figure a provider reported beyond these, by name: the exact sum (Decimal).
+            "provider_extras": exact_extras(row["provider_extras"]),
             "cache_hits": row["cache_hits"],  # answered by the response cache, at no cost
             "saved_cost_usd": row["saved_cost_usd"],  # what those answers cost when fetched
         }
@@ -237,7 +239,7 @@ _REQUEST_ROWS = """
 SELECT request_id, occurred_at, api_key_id, subject_id, operation, provider, model, deployment,
        started_deployment, response_model, response_id, stream, status, error_type,
        input_tokens, output_tokens, cost_usd, usage_source, cost_computed, flags, attempts,
-       attempt_log::text AS attempt_log
+       attempt_log::text AS attempt_log, provider_extras::text AS provider_extras
 FROM usage_events WHERE request_id = $1 ORDER BY id
 """
 
@@ -252,6 +254,7 @@ async def request_usage(conn: asyncpg.Connection, request_id: str) -> list[dict[
         for name in ("api_key_id", "subject_id"):
             shown[name] = None if row[name] is None else str(row[name])
         shown["attempt_log"] = orjson.loads(row["attempt_log"])
+        shown["provider_extras"] = exact_extras(row["provider_extras"])
         found.append(shown)
     return found
 

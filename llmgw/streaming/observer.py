@@ -111,7 +111,7 @@ class StreamObserver:
             return True  # most chunks: no usage to look for
         if kind in _RESPONSES_ENDINGS:
             self.finished = True  # a provider's own Responses stream ends so, not with a reason
-        usage = parse_usage(document, with_cost=observation.provider_reports_cost)
+        usage = parse_usage(document, cost=observation.provider_cost_report)
         if usage is None:
             return True
         self.usage = usage

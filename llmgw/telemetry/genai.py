@@ -17,7 +17,7 @@ import orjson
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from llmgw.accounting.usage import Usage
+from llmgw.accounting.usage import CostReport, Usage
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.local_metrics import GapHistogram, LocalMeter
 from llmgw.telemetry.model_names import metric_model_name, remember_answered
@@ -141,7 +141,7 @@ class ChatObservation:
     tracer_span: trace.Span
     instruments: GatewayInstruments
     metric_attributes: dict[str, Any]
-    provider_reports_cost: bool
+    provider_cost_report: CostReport | None
     capture_content: bool
     stream: bool
     started: float = attrs.field(factory=time.perf_counter)
@@ -169,7 +169,7 @@ class ChatObservation:
         provider_name: str,
         server_address: str,
         server_port: int,
-        provider_reports_cost: bool,
+        provider_cost_report: CostReport | None,
         body: dict[str, Any],
         model: str,
         stream: bool,
@@ -208,7 +208,7 @@ class ChatObservation:
             tracer_span=span,
             instruments=instruments,
             metric_attributes=metric_attributes,
-            provider_reports_cost=provider_reports_cost,
+            provider_cost_report=provider_cost_report,
             capture_content=capture_content,
             stream=stream,
         )
@@ -218,7 +218,7 @@ class ChatObservation:
         provider = deployment.provider
         self.deployment = deployment.label
         self.deployments_tried = tried
-        self.provider_reports_cost = provider.reports_cost
+        self.provider_cost_report = provider.cost_report
         answering: dict[str, str | int] = {
             sc.GEN_AI_PROVIDER_NAME: provider.name,
             sc.SERVER_ADDRESS: provider.server_address,
@@ -359,12 +359,11 @@ class ChatObservation:
             (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cache_read_input_tokens),
             (sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, usage.cache_creation_input_tokens),
             (sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, usage.reasoning_output_tokens),
-            (sc.VENICE_COST_USD, usage.cost_usd),
-            (sc.VENICE_COST_DIEM, usage.cost_diem),
         )
         for attribute, value in optional:
             if value is not None:
                 span_attributes[attribute] = value
+        span_attributes.update(usage.extras)  # each under the name its provider gave it
         token_usage = self.instruments.token_usage
         if usage.input_tokens is not None:
             token_usage.record(

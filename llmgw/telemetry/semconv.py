@@ -43,9 +43,7 @@ HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 HTTP_ROUTE: Final = "http.route"
 URL_PATH: Final = "url.path"
 
-# Attributes: llmgw and Venice extensions
-VENICE_COST_USD: Final = "venice.cost.usd"
-VENICE_COST_DIEM: Final = "venice.cost.diem"
+# Attributes: llmgw extensions (a provider's reported extras are named by it: Usage.extras)
 LLMGW_RETRY_COUNT: Final = "llmgw.upstream.retry_count"
 LLMGW_STREAM_OUTCOME: Final = "llmgw.stream.outcome"
 LLMGW_REQUEST_ID: Final = "llmgw.request_id"

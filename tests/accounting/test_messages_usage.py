@@ -39,7 +39,7 @@ def test_nothing_reported_is_no_usage() -> None:
 
 def test_chat_usage_reads_back_as_the_same_usage() -> None:
     usage = MessagesUsage().merge(ANSWER_USAGE)
-    assert parse_usage({"usage": usage.chat_usage()}, with_cost=False) == usage.usage()
+    assert parse_usage({"usage": usage.chat_usage()}, cost=None) == usage.usage()
 
 
 def test_a_count_never_goes_down_but_a_value_that_is_no_count_is_taken() -> None:

@@ -63,7 +63,7 @@ def test_reasoning_priced_apart_is_taken_out_of_the_output() -> None:
                 "completion_tokens_details": {"reasoning_tokens": 600},
             }
         },
-        with_cost=False,
+        cost=None,
     )
     assert usage is not None
     by_hand = (

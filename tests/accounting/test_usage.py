@@ -21,11 +21,14 @@ from llmgw.accounting.charges import charge
 from llmgw.accounting.price import Price
 from llmgw.accounting.usage import (
     MAX_COST,
+    MAX_EXTRAS,
     MAX_TEXT_CHARS,
     MAX_TOKENS,
+    CostReport,
     Usage,
     UsageRecord,
     _storable,
+    add_extras,
     anthropic_usage,
     parse_usage,
 )
@@ -52,8 +55,11 @@ def test_an_ordinary_record_is_kept_as_given_and_unflagged() -> None:
         ({"output_tokens": True}, {"output_tokens": None}, ("output_tokens:out_of_range",)),
         ({"cost_usd": 1e10}, {"cost_usd": None}, ("cost_usd:out_of_range",)),
         ({"attempts": 0}, {"attempts": 1}, ("attempts:out_of_range",)),
-        ({"cost_usd": -0.01, "cost_diem": math.nan}, {"cost_usd": None, "cost_diem": None}, ("cost_usd:out_of_range", "cost_diem:out_of_range")),
-        ({"cost_diem": Decimal("sNaN")}, {"cost_diem": None}, ("cost_diem:out_of_range",)),
+        ({"cost_usd": -0.01, "provider_extras": {"p.a": math.nan, "p.b": 2}}, {"cost_usd": None, "provider_extras": {"p.b": 2}}, ("cost_usd:out_of_range", "provider_extras:out_of_range")),
+        ({"provider_extras": {"p.a": Decimal("sNaN")}}, {"provider_extras": {}}, ("provider_extras:out_of_range",)),
+        ({"provider_extras": {"p\x00": 1, "": 1, "p" * 129: 1, "p.ok": 1}}, {"provider_extras": {"p.ok": 1}}, ("provider_extras:out_of_range",)),
+        ({"provider_extras": {f"p.{n}": n for n in range(20)}}, {"provider_extras": {f"p.{n}": n for n in range(16)}}, ("provider_extras:out_of_range",)),
+        ({"provider_extras": {"venice.cost.diem": MAX_COST}}, {"provider_extras": {"venice.cost.diem": MAX_COST}}, ()),
         ({"cost_usd": 10**400}, {"cost_usd": None}, ("cost_usd:out_of_range",)),
         ({"status": 999}, {"status": None}, ("status:out_of_range",)),
         ({"status": 99}, {"status": None}, ("status:out_of_range",)),
@@ -90,21 +96,44 @@ def test_hostile_usage_from_a_provider_is_bounded() -> None:
         b'{"usage": {"prompt_tokens": -1, "completion_tokens": 4e9},'
         b' "cost": {"usd": 1e10, "diem": 1e300}}'
     )
-    usage = parse_usage(document, with_cost=True)
+    usage = parse_usage(document, cost=CostReport("venice.cost"))
     assert usage is not None
     record = usage_record(
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         cost_usd=usage.cost_usd,
-        cost_diem=usage.cost_diem,
+        provider_extras=usage.extras,
     )
-    assert (record.input_tokens, record.output_tokens, record.cost_usd, record.cost_diem) == (
-        None,
-        None,
-        None,
-        None,
-    )
+    assert (record.input_tokens, record.output_tokens, record.cost_usd) == (None, None, None)
+    assert record.provider_extras == {}
     assert len(record.flags) == 4
+
+
+def test_a_cost_report_reads_every_number_of_the_cost_object_as_a_named_extra() -> None:
+    venice = CostReport("venice.cost")
+    document = {
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+        "cost": {"usd": 0.25, "diem": 1.5, "note": "text", "credits": True},
+    }
+    assert parse_usage(document, cost=venice) == Usage(
+        3, 5, cost_usd=0.25, extras={"venice.cost.usd": 0.25, "venice.cost.diem": 1.5}
+    )
+    many = {"usage": document["usage"], "cost": {f"k{n}": n for n in range(40)}}
+    usage = parse_usage(many, cost=venice)
+    assert usage is not None and len(usage.extras) == MAX_EXTRAS and usage.cost_usd is None
+    # A provider that reports no cost: none read, whatever the answer carries.
+    assert parse_usage(document, cost=None) == Usage(3, 5)
+
+
+def test_extras_of_attempts_add_by_name() -> None:
+    first = {"venice.cost.usd": 0.25, "venice.cost.diem": 1.0}
+    assert add_extras(first, {"venice.cost.diem": 2.0, "other.x": 1}) == {
+        "venice.cost.usd": 0.25,
+        "venice.cost.diem": 3.0,
+        "other.x": 1,
+    }
+    assert add_extras({}, first) == first
+    assert add_extras(first, {}) == first
 
 
 _any_text = st.text(alphabet=st.characters(exclude_categories=()), max_size=700)  # NUL, surrogates
@@ -130,7 +159,7 @@ _HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "cache_creation_1h_input_tokens": st.none() | _any_int,
     "reasoning_output_tokens": st.none() | _any_int,
     "cost_usd": st.none() | _any_number,
-    "cost_diem": st.none() | _any_number,
+    "provider_extras": st.dictionaries(_any_text, _any_number, max_size=20),
     "duration_ms": st.floats(allow_nan=True, allow_infinity=True),
     "time_to_first_chunk_ms": st.none() | st.floats(allow_nan=True, allow_infinity=True),
     "usage_source": st.sampled_from(["reported", "estimated", "", "x\x00"]),
@@ -149,7 +178,7 @@ _TIMES = {"duration_ms": _any_number, "time_to_first_chunk_ms": st.none() | _any
 @given(values=st.fixed_dictionaries({}, optional={**_HOSTILE, **_TIMES}))
 @example({"duration_ms": math.inf})
 @example({"time_to_first_chunk_ms": math.nan})
-@example({"cost_usd": MAX_COST, "cost_diem": MAX_COST + 1})
+@example({"cost_usd": MAX_COST, "provider_extras": {"p.x": MAX_COST + 1}})
 @example({"status": 600})
 @example({"reasoning_output_tokens": MAX_TOKENS + 1})
 @example({"attempts": 0})
@@ -164,7 +193,11 @@ def test_a_record_is_bounded_as_checking_each_field_bounds_it(values: dict[str, 
 
 
 def test_the_usual_record_is_told_storable_without_checking_each_field() -> None:
-    assert _storable(usage_record(response_id="chatcmpl-1", cost_usd=0.0001, cost_diem=1))
+    assert _storable(
+        usage_record(
+            response_id="chatcmpl-1", cost_usd=0.0001, provider_extras={"venice.cost.diem": 1}
+        )
+    )
     assert _storable(usage_record(time_to_first_chunk_ms=3, cache_read_input_tokens=0))
 
 
@@ -198,11 +231,11 @@ def test_cache_writes_are_read_from_chat_and_responses_usage() -> None:
                       "prompt_tokens_details": {"cache_creation_input_tokens": 4}}}  # fmt: skip
     responses = {"usage": {"input_tokens": 10, "output_tokens": 1,
                            "input_tokens_details": {"cache_write_tokens": 6}}}  # fmt: skip
-    assert parse_usage(chat, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=4)
-    assert parse_usage(responses, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=6)
+    assert parse_usage(chat, cost=None) == Usage(10, 1, cache_creation_input_tokens=4)
+    assert parse_usage(responses, cost=None) == Usage(10, 1, cache_creation_input_tokens=6)
     beside = {"usage": {"prompt_tokens": 10, "completion_tokens": 1,
                         "cache_creation_input_tokens": 3}}  # fmt: skip
-    assert parse_usage(beside, with_cost=False) == Usage(10, 1, cache_creation_input_tokens=3)
+    assert parse_usage(beside, cost=None) == Usage(10, 1, cache_creation_input_tokens=3)
 
 
 def test_anthropic_usage_counts_cache_reads_and_writes_as_input() -> None:

@@ -23,7 +23,7 @@ class ListingProvider:
     name = "slow"
     server_address = "127.0.0.1"
     server_port = 1
-    reports_cost = False
+    cost_report = None
     publishes_prices = False
 
     def __init__(self) -> None:

@@ -9,12 +9,14 @@ from llmgw.admin.api import ADMIN_PREFIX
 from llmgw.admin.schemas import KeyCreate, Rotate
 from llmgw.api.openapi import attrs_schema, build_document
 from llmgw.app import create_app
-from llmgw.config import Settings
+from llmgw.config import Settings, venice_provider
 from llmgw.storage import api_keys
 
 
 def _document() -> dict[str, Any]:
-    settings = Settings(venice_api_key="unused", admin_token="openapi-admin-token")
+    settings = Settings(
+        environment_provider=venice_provider("unused"), admin_token="openapi-admin-token"
+    )
     return build_document(create_app(settings, database_url="postgresql://unused"))
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import attrs
 import pytest
 
+from llmgw.accounting.usage import CostReport
 from llmgw.config.kinds import Capabilities
 from llmgw.config.providers_file import Cooldown
 from llmgw.errors import RateLimited, UpstreamBusy, UpstreamUnavailable
@@ -40,7 +41,7 @@ class Stub:
     capabilities: Capabilities = attrs.field(factory=lambda: Capabilities(reasoning=True))
     server_address: str = "stub"
     server_port: int = 443
-    reports_cost: bool = False
+    cost_report: CostReport | None = None
     publishes_prices: bool = False
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:

@@ -12,7 +12,7 @@ import asyncpg
 import orjson
 import pytest
 
-from llmgw.accounting.usage import UsageRecord, parse_usage
+from llmgw.accounting.usage import CostReport, UsageRecord, parse_usage
 from llmgw.storage import ledger as ledger_module
 from llmgw.storage.ledger import UsageLedger
 from llmgw.storage.usage import write_batch
@@ -170,20 +170,28 @@ async def test_sums_over_the_ledger_equal_the_providers_costs_exactly(
         )
         text = f'{{"usage": {{"prompt_tokens": {prompt}, "completion_tokens": {completion}}}, "cost": {{"usd": {cost}, "diem": {cost}}}}}'
         written.append(str(cost))
-        usage = parse_usage(orjson.loads(text), with_cost=True)
+        usage = parse_usage(orjson.loads(text), cost=CostReport("venice.cost"))
         assert usage is not None
         ledger.record(
             usage_record(
                 request_id=f"r{index}",
                 subject_id=subject,
                 cost_usd=usage.cost_usd,
-                cost_diem=usage.cost_diem,
+                provider_extras=usage.extras,
             )
         )
     assert await ledger.flush() is True
     expected = sum(Decimal(cost) for cost in written)
     assert await db.fetchval("SELECT sum(cost_usd) FROM usage_events") == expected
-    assert await db.fetchval("SELECT sum(cost_diem) FROM usage_events") == expected
+    assert (
+        await db.fetchval(
+            "SELECT sum((provider_extras ->> 'venice.cost.diem')::numeric) FROM usage_events"
+        )
+        == expected
+    )
+    assert await db.fetchval(
+        "SELECT llmgw_extras_sum(provider_extras) ->> 'venice.cost.diem' FROM usage_events"
+    ) == str(expected)
     assert await db.fetchval("SELECT spend_usd FROM subject_monthly_spend") == expected
     assert await db.fetchval(
         "SELECT cost_usd FROM usage_events WHERE request_id = 'r0'"

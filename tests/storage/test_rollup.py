@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -11,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from llmgw.admin.api import report_csv
 from llmgw.storage import api_keys, migrations
 from llmgw.storage.rollup import (
     LATENCY_BUCKETS_MS,
@@ -19,7 +21,7 @@ from llmgw.storage.rollup import (
     percentile_from_buckets,
     usage_report,
 )
-from llmgw.storage.usage import write_batch
+from llmgw.storage.usage import UsageQuery, summarize_usage, write_batch
 from tests.usage_records import usage_record
 
 NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -141,6 +143,46 @@ async def test_reports_group_by_day_model_key_and_subject(db: asyncpg.Connection
     key_a = await api_keys.find_key(db, str(records[1].api_key_id))
     assert [(row["name"], row["prefix"]) for row in by_key] == [("a", key_a.prefix)]
     assert await usage_report(db, UsageReportQuery(by="day", start=date(2026, 1, 1), end=day)) == []
+
+
+async def test_provider_extras_are_summed_by_name_in_the_rollup_and_the_reports(
+    db: asyncpg.Connection,
+) -> None:
+    key = (await api_keys.create_key(db, api_keys.KeySettings(name="x"))).record.id
+    extras = [
+        {"venice.cost.diem": 0.00010471875, "venice.cost.usd": 0.1},
+        {"venice.cost.diem": 0.2},
+        {},
+        {"other.cost.credits": 3},
+    ]
+    records = [
+        usage_record(occurred_at=NOON, api_key_id=key, model="m", provider_extras=each)
+        for each in extras
+    ]
+    await write_batch(db, records[:2])
+    await write_batch(db, records[2:])  # upserted into the row the first batch made
+    rollup = await db.fetchval("SELECT provider_extras::text FROM usage_hourly")
+    assert json.loads(rollup, parse_float=Decimal) == {
+        "other.cost.credits": 3,
+        "venice.cost.usd": Decimal("0.1"),
+        "venice.cost.diem": Decimal("0.20010471875"),
+    }
+    day = NOON.date()
+    (row,) = await usage_report(db, UsageReportQuery(by="model", start=day, end=day + timedelta(1)))
+    assert row["provider_extras"] == {
+        "other.cost.credits": "3",
+        "venice.cost.usd": "0.1",
+        "venice.cost.diem": "0.20010471875",
+    }
+    assert "provider_extras" in report_csv("model", [row]).splitlines()[0]
+    (summed,) = await summarize_usage(db, UsageQuery(key_id=key))
+    assert summed["provider_extras"] == {
+        "other.cost.credits": 3,
+        "venice.cost.usd": Decimal("0.1"),
+        "venice.cost.diem": Decimal("0.20010471875"),
+    }
+    raw = await db.fetch("SELECT provider_extras::text AS extras FROM usage_events ORDER BY id")
+    assert [r["extras"] for r in raw][1:3] == ['{"venice.cost.diem": 0.2}', "{}"]
 
 
 @pytest.mark.parametrize("minutes_ago", [5, 59])

@@ -58,6 +58,17 @@ def test_a_record_reads_back_as_written() -> None:
     assert to_line(record, record.log_fields()) == to_line(record)
 
 
+def test_a_line_spooled_before_provider_extras_keeps_its_diem_cost() -> None:
+    record = usage_record(provider_extras={"venice.cost.diem": 0.5})
+    line = to_line(record).replace(
+        b'"provider_extras":{"venice.cost.diem":0.5}', b'"cost_diem":0.5'
+    )
+    assert b"provider_extras" not in line
+    assert from_line(line) == record
+    older = to_line(usage_record()).replace(b'"provider_extras":{}', b'"cost_diem":null')
+    assert from_line(older).provider_extras == {}
+
+
 async def test_the_rows_of_a_killed_process_are_written_once_by_the_next(
     tmp_path: Path, pool: asyncpg.Pool, db: asyncpg.Connection
 ) -> None:

@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from opentelemetry import trace
 
+from llmgw.accounting.usage import CostReport
 from llmgw.streaming import supervisor
 from llmgw.streaming.continuation import Continuation
 from llmgw.streaming.relay import relay_stream
@@ -69,7 +70,7 @@ def observation() -> ChatObservation:
         provider_name="fake",
         server_address="127.0.0.1",
         server_port=1,
-        provider_reports_cost=True,
+        provider_cost_report=CostReport("venice.cost"),
         body={},
         model="m",
         stream=True,

@@ -12,7 +12,12 @@ from llmgw.streaming.observer import StreamObserver
 from tests.streaming.relaying import observation
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-REPORTED = Usage(input_tokens=5, output_tokens=2, cost_usd=0.5, cost_diem=0.0)
+REPORTED = Usage(
+    input_tokens=5,
+    output_tokens=2,
+    cost_usd=0.5,
+    extras={"venice.cost.usd": 0.5, "venice.cost.diem": 0.0},
+)
 
 
 def event(document: dict[str, Any], *, spaced: bool = False) -> bytes:

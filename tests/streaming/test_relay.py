@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.accounting.usage import Usage, parse_usage
+from llmgw.accounting.usage import CostReport, Usage, parse_usage
 from llmgw.errors import GatewayError
 from llmgw.streaming.relay import USAGE_DRAIN_SECONDS
 from llmgw.streaming.summary import StreamSummary
@@ -247,7 +247,12 @@ async def test_a_json_completion_answering_a_stream_is_sent_as_a_stream(
         assert events[1]["choices"] == [] and events[1]["usage"]["prompt_tokens"] == 3
     (summary,) = summaries
     assert summary.outcome == "completed"
-    assert summary.usage == Usage(input_tokens=3, output_tokens=1, cost_usd=0.25, cost_diem=0.0)
+    assert summary.usage == Usage(
+        input_tokens=3,
+        output_tokens=1,
+        cost_usd=0.25,
+        extras={"venice.cost.usd": 0.25, "venice.cost.diem": 0.0},
+    )
     assert summary.output_chars == len("Hello") + len("{}")
 
 
@@ -338,7 +343,7 @@ def _caller_sees(event: bytes, hide_usage_chunk: bool) -> bool:
 
 def _reported_usage(source: bytes) -> Usage:
     (usage,) = [
-        parse_usage(document, with_cost=True)
+        parse_usage(document, cost=CostReport("venice.cost"))
         for data in parse_sse(source)
         if data != b"[DONE]" and (document := orjson.loads(data)).get("usage")
     ]

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from llmgw.accounting.price import Price
+from llmgw.accounting.usage import CostReport
 from llmgw.config.converter import check
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError, UpstreamResponse
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
@@ -64,7 +65,8 @@ class _EventStream:
 
 
 class EchoProvider:
-    reports_cost = False  # usage carries tokens, no cost: llmgw prices it from its price table
+    # Usage carries tokens, no cost: llmgw prices it from its price table.
+    cost_report: CostReport | None = None
     publishes_prices = False
 
     def __init__(self, setup: ProviderSetup[EchoOptions]) -> None:
