@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.cli import serve
 from llmgw.config import ConfigError, load_settings, venice_provider
 from tests.processes import clean_env, run_llmgw
 
@@ -198,7 +197,7 @@ def test_without_llmgw_config_the_environment_names_the_one_provider(tmp_path: P
         load_settings({}, require_venice_key=True)
     # The environment's key is redacted from the logs whether or not it is routed to.
     both = load_settings({"LLMGW_CONFIG": str(config), "VENICE_API_KEY": "sk-venice-secret"})
-    assert "sk-venice-secret" in serve._secrets(both)
+    assert "sk-venice-secret" in both.secrets()
 
 
 def test_the_retry_count_has_a_generic_name_and_the_deprecated_one_is_still_read() -> None:

@@ -84,13 +84,6 @@ def _bind(settings: Settings, *, listening: bool, shared: bool) -> socket.socket
         ) from None
 
 
-def _secrets(settings: Settings) -> list[str]:
-    """The credentials this process holds, for the log to redact wherever they appear."""
-    held = [settings.environment_provider.api_key, settings.admin_token]
-    held.extend(spec.api_key for spec in settings.providers)
-    return [secret for secret in held if secret]
-
-
 def _upstreams(settings: Settings) -> str:
     return ", ".join(
         f"{spec.name} at {shown_url(spec.base_url)}" for spec in settings.routed_providers
@@ -105,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_worker(settings, args.worker_id, args.ready_fd)
     if args.workers is not None:
         settings = attrs.evolve(settings, workers=args.workers)
-    configure_logging(settings.log_level, secrets=_secrets(settings))
+    configure_logging(settings.log_level, secrets=settings.secrets())
     single = settings.workers == 1
     # Bound before anything else, so a taken port is the first and only error.
     sock = _bind(settings, listening=single, shared=not single)
@@ -142,7 +135,7 @@ def _ready(number: int, ready_fd: int | None) -> None:
 
 
 def _serve_worker(settings: Settings, number: int, ready_fd: int | None) -> int:
-    configure_logging(settings.log_level, worker=number, secrets=_secrets(settings))
+    configure_logging(settings.log_level, worker=number, secrets=settings.secrets())
     if settings.database_url is None:
         raise ConfigError("DATABASE_URL", None, "the URL the supervisor passes to its workers")
     sock = _bind(settings, listening=True, shared=True)

@@ -331,6 +331,19 @@ class Settings:
         """The providers the gateway routes to: LLMGW_CONFIG's, or the environment's one."""
         return self.providers or (self.environment_provider,)
 
+    def secrets(self) -> tuple[str, ...]:
+        """The credentials these settings hold, for the log to redact wherever they appear:
+        provider keys and header values, the admin token, the OIDC client secret, and the
+        passwords of the database and Redis URLs."""
+        held = [self.admin_token, self.oidc_client_secret]
+        for spec in (self.environment_provider, *self.providers):
+            held.append(spec.api_key)
+            held.extend(spec.headers.values())
+        for url in (self.database_url, self.redis_url):
+            if url is not None:
+                held.append(urllib.parse.urlsplit(url).password)
+        return tuple(dict.fromkeys(secret for secret in held if secret))
+
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("llmgw", appauthor=False))

@@ -1,7 +1,8 @@
 """SIGHUP: read ``LLMGW_CONFIG`` again and route new requests with what it says now.
 
 Everything derived from the file is rebuilt by :meth:`ConfigReloader.reload` and nowhere else: the
-providers (each with a new session) and the model aliases. A file that does not load changes nothing
+providers (each with a new session) and the model aliases; and the log redacts the credentials the
+file brings from then on, as it does those of the start. A file that does not load changes nothing
 and is logged. Requests already running keep the providers they started with; those providers'
 sessions are closed once the last such request has finished.
 """
@@ -19,6 +20,7 @@ from llmgw.accounting.prices import PriceTable, configured_prices, publishers
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
 from llmgw.routing.registry import ProviderRegistry, close_providers
+from llmgw.telemetry.logs import redact_also
 
 __all__ = ["RELOADER", "ConfigReloader", "RequestGenerations"]
 
@@ -98,6 +100,7 @@ class ConfigReloader:
         except ConfigError as exc:
             log.error("configuration reload failed, the running configuration stays: %s", exc)
             return False
+        redact_also(settings.secrets())  # before anything could log a new credential
         retired = self._registry.replace_with(registry)
         self._models_cache.clear()
         if self._prices is not None:

@@ -55,6 +55,7 @@ __all__ = [
     "BatchingStreamHandler",
     "JsonFormatter",
     "configure_logging",
+    "redact_also",
 ]
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -87,9 +88,15 @@ class JsonFormatter(logging.Formatter):
         self._worker = worker
         # Redacted from exception messages. A value too short to be a secret (a placeholder
         # key such as "x") would only mangle messages.
-        self._secrets = tuple(secret for secret in secrets if len(secret) >= _MIN_SECRET_CHARS)
+        self._secrets: tuple[str, ...] = ()
+        self.redact_also(secrets)
         # (second, its date and time of day): one datetime per second instead of one per line.
         self._second: tuple[int, str] | None = None
+
+    def redact_also(self, secrets: Iterable[str]) -> None:
+        """Redact ``secrets`` too from now on (a reloaded configuration's credentials)."""
+        kept = (secret for secret in secrets if len(secret) >= _MIN_SECRET_CHARS)
+        self._secrets = tuple(dict.fromkeys((*self._secrets, *kept)))
 
     def format(self, record: logging.LogRecord) -> str:
         attributes = vars(record)
@@ -287,6 +294,15 @@ def _is_pipe(stream: TextIO) -> bool:
     except (OSError, ValueError):  # io.UnsupportedOperation (no file descriptor) is both
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def redact_also(secrets: Iterable[str]) -> None:
+    """Credentials a reloaded configuration brought (SIGHUP): the log redacts them too, as it
+    does those it was configured with."""
+    for handler in logging.getLogger().handlers:
+        formatter = handler.formatter
+        if isinstance(formatter, JsonFormatter):
+            formatter.redact_also(secrets)
 
 
 def configure_logging(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from llmgw.accounting.prices import Price, PriceRule, PriceTable
@@ -14,6 +16,7 @@ from llmgw.api.models import ModelListCache
 from llmgw.config import Settings
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from llmgw.routing.registry import ProviderRegistry
+from llmgw.telemetry.logs import JsonFormatter
 
 
 class StubProvider:
@@ -115,3 +118,36 @@ async def test_a_reload_brings_the_new_files_prices(
     assert prices.price("local", "any-model") == Price(0.5, 3.0)
     await reloader.close()
     await prices.close()
+
+
+async def test_a_reload_s_new_credentials_are_redacted_from_the_log(
+    environment: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = "reloaded-provider-key-4fG7hJ2kL9"
+    header = "reloaded-header-token-Zx81bQ0DW4"
+    monkeypatch.setenv("RELOADED_KEY", secret)
+    config = tmp_path / "llmgw.toml"
+    config.write_text(
+        "[[providers]]\n"
+        'name = "local"\n'
+        'kind = "openai-compatible"\n'
+        'base_url = "http://127.0.0.1:9/v1"\n'
+        'api_key_env = "RELOADED_KEY"\n'
+        f'headers = {{ "x-extra-auth" = "{header}" }}\n'
+    )
+    monkeypatch.setenv("LLMGW_CONFIG", str(config))
+    formatter = JsonFormatter(secrets=["started-with-admin-token-1"])
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    reloader = ConfigReloader(
+        registry_of("local"), builds("local"), ModelListCache(), RequestGenerations()
+    )
+    assert await reloader.reload() is True
+    try:
+        raise RuntimeError(f"refused {secret} with {header} (and started-with-admin-token-1)")
+    except RuntimeError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    line = orjson.loads(formatter.format(record))
+    assert line["exception_message"] == "refused [redacted] with [redacted] (and [redacted])"
