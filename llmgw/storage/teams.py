@@ -30,7 +30,6 @@ __all__ = [
     "delete_team",
     "find_team",
     "list_teams",
-    "team_allowed_models",
     "update_team",
 ]
 
@@ -231,11 +230,3 @@ async def carry_key_spend(
     for team_id, change in ((left, -spent), (joined, spent)):
         if team_id is not None:
             await conn.execute(_CARRY, team_id, change, month.date())
-
-
-async def team_allowed_models(conn: asyncpg.Connection, team_id: uuid.UUID) -> tuple[str, ...]:
-    """The team's model allowlist (empty: every model); TeamNotFound if there is no such team."""
-    models = await conn.fetchval("SELECT allowed_models FROM teams WHERE id = $1", team_id)
-    if models is None:
-        raise TeamNotFound(f"no team has id {team_id}")
-    return tuple(models)

@@ -5,7 +5,8 @@ signed in by single sign-on."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -128,13 +129,13 @@ async def setup(start_gateway: Any, provider: OidcProvider) -> dict[str, Any]:
 
 
 GROUPS = {"admin": ["platform"], "team admin": ["a-leads"], "member": ["a"]}
+Call = Callable[..., Awaitable[tuple[int, Any]]]
 
 
-@pytest.mark.parametrize("role", ["admin", "team admin", "member"])
-async def test_the_role_table_through_the_console(
-    role: str, setup: dict[str, Any], provider: OidcProvider
-) -> None:
-    gateway: Gateway = setup["gateway"]
+@asynccontextmanager
+async def signed_in(gateway: Gateway, provider: OidcProvider, role: str) -> AsyncIterator[Call]:
+    """Ada, signed in to the console by the provider with ``role``'s groups: a caller of the
+    console's API (``call(method, path, body)`` -> status, answer)."""
     provider.person = {"sub": "u-ada", "email": "ada@example.com", "groups": GROUPS[role]}
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         assert (await sign_in_through_provider(gateway, browser))[0] == 200
@@ -153,6 +154,15 @@ async def test_the_role_table_through_the_console(
             ) as response:
                 return response.status, await response.json(content_type=None)
 
+        yield call
+
+
+@pytest.mark.parametrize("role", ["admin", "team admin", "member"])
+async def test_the_role_table_through_the_console(
+    role: str, setup: dict[str, Any], provider: OidcProvider
+) -> None:
+    gateway: Gateway = setup["gateway"]
+    async with signed_in(gateway, provider, role) as call:
         status, mine = await call("POST", "/keys", {"name": "mine", "team_id": setup["team"]})
         assert status == 201
         assert mine["owner"] == "user:ada@example.com"
@@ -207,3 +217,60 @@ async def test_the_role_table_through_the_console(
         "SELECT DISTINCT actor FROM admin_audit WHERE actor LIKE 'user:%'"
     )
     assert "user:ada@example.com" in {row["actor"] for row in rows}
+
+
+TEAM_LIMITS = {
+    "tokens_per_minute": 1000,
+    "max_concurrent_requests": 4,
+    "rate_limit_requests": 100,
+    "rate_limit_window_seconds": 60,
+}
+
+
+@pytest.mark.parametrize("role", ["admin", "team admin", "member"])
+async def test_team_admins_and_members_set_key_limits_only_within_the_teams(
+    role: str, setup: dict[str, Any], provider: OidcProvider
+) -> None:
+    gateway: Gateway = setup["gateway"]
+    team = setup["team"]
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as session:
+        async with session.patch(
+            gateway.url(f"/admin/v1/teams/{team}"), json=TEAM_LIMITS
+        ) as response:
+            assert response.status == 200
+        # The admin token may give a key in the team more than the team's.
+        async with session.post(
+            gateway.url("/admin/v1/keys"),
+            json={"name": "wide", "team_id": team, "tokens_per_minute": 5000},
+        ) as response:
+            assert response.status == 201
+            wide = await response.json()
+    above = {  # each field alone, above the team's (a window the team's 100 per 60s cannot hold)
+        "tokens_per_minute": {"tokens_per_minute": 1001},
+        "max_concurrent_requests": {"max_concurrent_requests": 5},
+        "rate_limit_requests": {"rate_limit_requests": 101},
+        "rate_limit_window_seconds": {"rate_limit_window_seconds": 30},  # 60 (default) per 30s
+    }
+    async with signed_in(gateway, provider, role) as call:
+        got = {}
+        for field, limits in above.items():
+            status, answer = await call("POST", "/keys", {"name": "k", "team_id": team, **limits})
+            got[field] = (status, answer["error"]["param"] if status == 422 else None)
+        # Admins are not held to the team's limits; team admins and members are.
+        assert got == {field: (201, None) if role == "admin" else (422, field) for field in above}
+        within = {"name": "k", "team_id": team, **TEAM_LIMITS, "rate_limit_requests": 50,
+                  "rate_limit_window_seconds": 30}  # fmt: skip
+        status, key = await call("POST", "/keys", within)
+        assert status == 201, key
+        # Only an admin charges a key to a subject (and its budget).
+        status, _ = await call("POST", "/keys", {**within, "subject_id": str(uuid.uuid4())})
+        assert status == (201 if role == "admin" else 403)
+        if role != "team admin":
+            return  # only a team admin (or an admin) changes a key
+        status, answer = await call("PATCH", f"/keys/{key['id']}", {"tokens_per_minute": 2000})
+        assert (status, answer["error"]["param"]) == (422, "tokens_per_minute")
+        # A key the admin gave more than the team's: what the team admin changes is within it.
+        status, _ = await call("PATCH", f"/keys/{wide['id']}", {"max_concurrent_requests": 2})
+        assert status == 200
+        status, answer = await call("PATCH", f"/keys/{wide['id']}", {"tokens_per_minute": 4000})
+        assert (status, answer["error"]["param"]) == (422, "tokens_per_minute")
