@@ -28,12 +28,13 @@ ROLES = {
     "nobody": Identity(ME),
 }
 MINE, THEIRS, ELSEWHERE = Target(TEAM, ME), Target(TEAM, "user:bob"), Target(OTHER, ME)
-TEAM_ITSELF, OTHER_TEAM = Target(TEAM), Target(OTHER)
+TEAM_ITSELF, OTHER_TEAM, NO_TEAM = Target(TEAM), Target(OTHER), Target(None, ME)
 OK, NO, HIDDEN = 200, 403, 404
 # action, target: admin, team admin, member, nobody
 TABLE: list[tuple[Action, Target | None, tuple[int, int, int, int]]] = [
     (Action.KEY_CREATE, MINE, (OK, OK, OK, HIDDEN)),
     (Action.KEY_CREATE, ELSEWHERE, (OK, HIDDEN, HIDDEN, HIDDEN)),
+    (Action.KEY_CREATE, NO_TEAM, (OK, NO, NO, NO)),  # a key in no team is an admin's
     (Action.KEY_LIST, None, (OK, OK, OK, NO)),
     (Action.KEY_READ, MINE, (OK, OK, OK, HIDDEN)),
     (Action.KEY_READ, THEIRS, (OK, OK, HIDDEN, HIDDEN)),
@@ -168,6 +169,7 @@ async def test_the_role_table_through_the_console(
         assert mine["owner"] == "user:ada@example.com"
         expected = {  # path: admin, team admin, member
             ("POST", "/keys", "other"): (201, 404, 404),
+            ("POST", "/keys", "no team"): (201, 403, 403),
             ("GET", f"/keys/{setup['theirs']}", None): (200, 200, 404),
             ("GET", f"/keys/{setup['elsewhere']}", None): (200, 404, 404),
             ("PATCH", f"/keys/{mine['id']}", "rename"): (200, 200, 403),
@@ -193,6 +195,7 @@ async def test_the_role_table_through_the_console(
         bodies = {
             None: None,
             "other": {"name": "x", "team_id": setup["other"]},
+            "no team": {"name": "x"},
             "rename": {"name": "renamed"},
             "team": {"name": f"new-{role}"},
             "budget": {"monthly_budget_usd": 1000},
@@ -205,8 +208,8 @@ async def test_the_role_table_through_the_console(
                 _, in_other = await call("GET", f"/keys?team_id={setup['other']}")
                 for key in in_other["data"]:
                     await call("POST", f"/keys/{key['id']}/revoke")
-            got[(method, path)] = (await call(method, path, bodies[body]))[0]
-            wanted[(method, path)] = statuses[column]
+            got[(method, path, body)] = (await call(method, path, bodies[body]))[0]
+            wanted[(method, path, body)] = statuses[column]
         assert got == wanted
         _, listed = await call("GET", "/keys") if role != "admin" else (0, None)
         if role == "member":

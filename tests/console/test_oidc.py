@@ -159,6 +159,41 @@ async def test_a_person_with_no_role_gets_a_no_access_page_and_no_session(
     assert session_cookie(browser) is None
 
 
+async def test_roles_are_read_at_every_sign_in(
+    sso_gateway: Gateway, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    provider.person["groups"] = [ADMINS]
+    assert (await sign_in_through_provider(sso_gateway, browser))[0] == 200
+    # Removed from the group at the provider: their next sign-in has no role, and no session.
+    provider.person["groups"] = []
+    browser.cookie_jar.clear()
+    status, page, _ = await sign_in_through_provider(sso_gateway, browser)
+    assert (status, "No access" in page, session_cookie(browser)) == (403, True, None)
+
+
+async def test_a_session_lasts_at_most_console_session_hours(
+    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    gateway = await start_gateway(
+        admin_token=ADMIN_TOKEN,
+        oidc_issuer=provider.issuer,
+        oidc_client_id=CLIENT_ID,
+        oidc_client_secret=CLIENT_SECRET,
+        oidc_admin_groups=(ADMINS,),
+        console_session_hours=2.0,
+    )
+    provider.person["groups"] = [ADMINS]
+    assert (await sign_in_through_provider(gateway, browser))[0] == 200
+    left = await gateway.db.fetchval(
+        "SELECT extract(epoch FROM expires_at - now())::float8 FROM console_sessions"
+    )
+    assert 2 * 3600 - 60 < left <= 2 * 3600
+    # Once that is over, the session no longer signs anyone in.
+    await gateway.db.execute("UPDATE console_sessions SET expires_at = now()")
+    async with browser.get(gateway.url("/console/api/keys")) as response:
+        assert response.status == 401
+
+
 async def test_token_sign_in_can_be_turned_off(
     start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
