@@ -15,7 +15,7 @@ import pytest
 from llmgw.admin.identity import Action, Identity, Target, authorize
 from llmgw.errors import Forbidden, NotFound
 from tests.conftest import Gateway
-from tests.console.conftest import ADMIN_TOKEN
+from tests.console.conftest import ADMIN_TOKEN, console_csrf
 from tests.console.test_oidc import sign_in_through_provider
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
 
@@ -140,11 +140,7 @@ async def signed_in(gateway: Gateway, provider: OidcProvider, role: str) -> Asyn
     provider.person = {"sub": "u-ada", "email": "ada@example.com", "groups": GROUPS[role]}
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         assert (await sign_in_through_provider(gateway, browser))[0] == 200
-        async with browser.get(gateway.url("/console/")) as response:
-            page = await response.text()
-        marker = 'name="csrf-token" content="'
-        start = page.index(marker) + len(marker)
-        csrf = page[start : page.index('"', start)]
+        csrf = await console_csrf(gateway, browser)
 
         async def call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
             async with browser.request(

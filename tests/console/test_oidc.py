@@ -13,7 +13,7 @@ from joserfc.jwk import RSAKey
 
 from llmgw.config import ConfigError, load_settings
 from tests.conftest import Gateway
-from tests.console.conftest import ADMIN_TOKEN
+from tests.console.conftest import ADMIN_TOKEN, console_csrf
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
 
 ADMINS = "llm-platform"
@@ -192,6 +192,30 @@ async def test_a_session_lasts_at_most_console_session_hours(
     await gateway.db.execute("UPDATE console_sessions SET expires_at = now()")
     async with browser.get(gateway.url("/console/api/keys")) as response:
         assert response.status == 401
+
+
+async def test_groups_come_from_the_configured_claim_and_the_person_is_their_sub_without_email(
+    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    gateway = await start_gateway(
+        admin_token=ADMIN_TOKEN,
+        oidc_issuer=provider.issuer,
+        oidc_client_id=CLIENT_ID,
+        oidc_client_secret=CLIENT_SECRET,
+        oidc_admin_groups=(ADMINS,),
+        oidc_groups_claim="roles",
+    )
+    provider.person = {"sub": "u-2", "groups": [ADMINS]}  # not the claim this gateway reads
+    assert (await sign_in_through_provider(gateway, browser))[0] == 403
+    provider.person = {"sub": "u-2", "roles": [ADMINS]}
+    assert (await sign_in_through_provider(gateway, browser))[0] == 200
+    async with browser.post(
+        gateway.url("/console/api/keys"),
+        json={"name": "k"},
+        headers={"X-CSRF-Token": await console_csrf(gateway, browser)},
+    ) as response:
+        assert response.status == 201
+        assert (await response.json())["owner"] == "user:u-2"
 
 
 async def test_token_sign_in_can_be_turned_off(
