@@ -157,7 +157,7 @@ def _issued_json(issued: api_keys.IssuedKey) -> dict[str, Any]:
 
 
 async def _check_team(
-    connection: asyncpg.Connection, request: web.Request, wanted: KeyCreate, named: Iterable[str]
+    connection: asyncpg.Connection, identity: Identity, wanted: KeyCreate, named: Iterable[str]
 ) -> None:
     """A key's team exists and allows every model the key names (an empty list: the team's); a
     team admin or member sets the key's limits in ``named`` only within the team's."""
@@ -175,7 +175,7 @@ async def _check_team(
             f"{', '.join(team_models)}.",
             param="allowed_models",
         )
-    if not request[IDENTITY].admin:
+    if not identity.admin:
         _within_team_limits(team, wanted, frozenset(named))
 
 
@@ -221,7 +221,7 @@ async def create_key(request: web.Request) -> web.Response:
     if wanted.subject_id is not None:  # its spend counts against that subject's budget
         _may(request, Action.SUBJECT_UPDATE)
     async with _transaction(request) as connection:
-        await _check_team(connection, request, wanted, body)
+        await _check_team(connection, request[IDENTITY], wanted, body)
         issued = await api_keys.create_key(
             connection,
             api_keys.KeySettings(
@@ -313,7 +313,7 @@ async def patch_key(request: web.Request) -> web.Response:
         if wanted.team_id != current.team_id:  # moved: the caller must be able to put it there
             _may(request, Action.KEY_UPDATE, Target(wanted.team_id, current.owner))
             named |= set(api_keys.MUTABLE_FIELDS)  # and all its limits come under the team's
-        await _check_team(connection, request, wanted, named)
+        await _check_team(connection, request[IDENTITY], wanted, named)
         before, after = await api_keys.update_key(
             connection, key_id, {name: getattr(wanted, name) for name in changes}
         )

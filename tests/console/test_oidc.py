@@ -4,7 +4,7 @@ sign-in, and each attack refused with no session, a clear page and a warning lin
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -25,16 +25,32 @@ async def provider() -> AsyncIterator[OidcProvider]:
         yield found
 
 
+StartSso = Callable[..., Awaitable[Gateway]]
+
+
 @pytest.fixture
-async def sso_gateway(start_gateway: Any, provider: OidcProvider) -> Gateway:
-    gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=(ADMINS,),
-    )
-    return gateway
+def start_sso(start_gateway: Any, provider: OidcProvider) -> StartSso:
+    """Starts a gateway signing people in through ``provider`` (``overrides``: more settings)."""
+
+    async def start(**overrides: Any) -> Gateway:
+        gateway: Gateway = await start_gateway(
+            **{
+                "admin_token": ADMIN_TOKEN,
+                "oidc_issuer": provider.issuer,
+                "oidc_client_id": CLIENT_ID,
+                "oidc_client_secret": CLIENT_SECRET,
+                "oidc_admin_groups": (ADMINS,),
+                **overrides,
+            }
+        )
+        return gateway
+
+    return start
+
+
+@pytest.fixture
+async def sso_gateway(start_sso: StartSso) -> Gateway:
+    return await start_sso()
 
 
 @pytest.fixture
@@ -172,16 +188,9 @@ async def test_roles_are_read_at_every_sign_in(
 
 
 async def test_a_session_lasts_at_most_console_session_hours(
-    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
-    gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=(ADMINS,),
-        console_session_hours=2.0,
-    )
+    gateway = await start_sso(console_session_hours=2.0)
     provider.person["groups"] = [ADMINS]
     assert (await sign_in_through_provider(gateway, browser))[0] == 200
     left = await gateway.db.fetchval(
@@ -195,16 +204,9 @@ async def test_a_session_lasts_at_most_console_session_hours(
 
 
 async def test_groups_come_from_the_configured_claim_and_the_person_is_their_sub_without_email(
-    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
-    gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=(ADMINS,),
-        oidc_groups_claim="roles",
-    )
+    gateway = await start_sso(oidc_groups_claim="roles")
     provider.person = {"sub": "u-2", "groups": [ADMINS]}  # not the claim this gateway reads
     assert (await sign_in_through_provider(gateway, browser))[0] == 403
     provider.person = {"sub": "u-2", "roles": [ADMINS]}
@@ -219,15 +221,9 @@ async def test_groups_come_from_the_configured_claim_and_the_person_is_their_sub
 
 
 async def test_token_sign_in_can_be_turned_off(
-    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
-    gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        console_token_sign_in=False,
-    )
+    gateway = await start_sso(console_token_sign_in=False)
     async with browser.post(
         gateway.url("/console/sign-in"), data={"token": ADMIN_TOKEN}, allow_redirects=False
     ) as response:
@@ -274,16 +270,10 @@ def test_sign_in_settings_are_read() -> None:
 
 
 async def test_the_redirect_url_given_to_the_provider_can_be_set(
-    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
     behind_proxy = "https://llmgw.example.com/console/oidc/callback"
-    gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_redirect_url=behind_proxy,
-    )
+    gateway = await start_sso(oidc_redirect_url=behind_proxy)
     async with browser.get(gateway.url("/console/login"), allow_redirects=False) as response:
         to_provider = response.headers["Location"]
     async with browser.get(to_provider, allow_redirects=False) as response:
