@@ -16,6 +16,7 @@ from llmgw import app_keys
 from llmgw.clocks import Clocks
 from tests.processes import Clock, eventually
 from tests.test_admin_api import ADMIN_TOKEN, Admin
+from tests.test_exact_admission import ACTUAL_COST, BODY, WORST_COST
 
 MODEL = "qwen3-5-9b"
 
@@ -230,6 +231,61 @@ async def test_usage_by_team_in_the_api_report_and_csv(admin: Admin) -> None:
     assert lines[2].startswith(team["id"] + ",2,")
     _, spent = await admin.call("GET", f"/teams/{team['id']}")
     assert spent["spend_month_usd"] > 0
+
+
+async def _chat_code(admin: Admin, key: str) -> str | None:
+    """The refusal's code of a chat with ``BODY`` (None: admitted)."""
+    async with admin.session.post(
+        admin.gateway.url("/v1/chat/completions"),
+        json=BODY,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as response:
+        answer = await response.json()
+        return None if response.status == 200 else answer["error"]["code"]  # type: ignore[no-any-return]
+
+
+async def _admitted_within_a_second(admin: Admin, key: str) -> None:
+    async def admitted() -> bool:
+        return await _chat_code(admin, key) is None
+
+    await eventually(admitted, within=1.0, what="admitted")
+
+
+async def test_a_key_brings_its_spend_this_month_to_a_team_it_joins_and_takes_it_when_it_leaves(
+    admin: Admin,
+) -> None:
+    # The team's spend is the sum over the keys it has now, and its budget is enforced on that.
+    _, mover = await admin.call("POST", "/keys", {"name": "mover"})
+    assert await _chat_code(admin, mover["key"]) is None
+    assert await admin.gateway.server.app[app_keys.LEDGER].flush()
+    team = await _team(admin, monthly_budget_usd=WORST_COST)  # one worst case
+    _, member = await admin.call("POST", "/keys", {"name": "member", "team_id": team["id"]})
+
+    status, _ = await admin.call("PATCH", f"/keys/{mover['id']}", {"team_id": team["id"]})
+    assert status == 200
+    _, shown = await admin.call("GET", f"/teams/{team['id']}")
+    assert shown["spend_month_usd"] == pytest.approx(ACTUAL_COST)
+    # What the mover spent before it joined leaves less than a worst case of the budget.
+    assert await _chat_code(admin, member["key"]) == "team_budget_exceeded"
+
+    status, _ = await admin.call("PATCH", f"/keys/{mover['id']}", {"team_id": None})
+    assert status == 200
+    _, shown = await admin.call("GET", f"/teams/{team['id']}")
+    assert shown["spend_month_usd"] == 0
+
+    await _admitted_within_a_second(admin, member["key"])  # the team's change reaches its keys
+
+
+async def test_spend_made_in_a_team_leaves_with_the_key(admin: Admin) -> None:
+    team = await _team(admin, monthly_budget_usd=WORST_COST)
+    _, mover = await admin.call("POST", "/keys", {"name": "mover", "team_id": team["id"]})
+    _, member = await admin.call("POST", "/keys", {"name": "member", "team_id": team["id"]})
+    assert await _chat_code(admin, mover["key"]) is None
+    assert await admin.gateway.server.app[app_keys.LEDGER].flush()
+    assert await _chat_code(admin, member["key"]) == "team_budget_exceeded"
+    await admin.call("PATCH", f"/keys/{mover['id']}", {"team_id": None})
+
+    await _admitted_within_a_second(admin, member["key"])
 
 
 async def test_a_team_change_reaches_every_replica_within_a_second(

@@ -10,9 +10,10 @@ import csv
 import hashlib
 import hmac
 import io
+import math
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -156,14 +157,18 @@ def _issued_json(issued: api_keys.IssuedKey) -> dict[str, Any]:
     return {**to_json(issued.record), "key": issued.plaintext}
 
 
-async def _check_team(connection: asyncpg.Connection, wanted: KeyCreate) -> None:
-    """A key's team exists and allows every model the key names (an empty list: the team's)."""
+async def _check_team(
+    connection: asyncpg.Connection, identity: Identity, wanted: KeyCreate, named: Iterable[str]
+) -> None:
+    """A key's team exists and allows every model the key names (an empty list: the team's); a
+    team admin or member sets the key's limits in ``named`` only within the team's."""
     if wanted.team_id is None:
         return
     try:
-        team_models = await teams.team_allowed_models(connection, wanted.team_id)
+        team = await teams.find_team(connection, wanted.team_id)
     except teams.TeamNotFound:
         raise Unprocessable(f"No team has id {wanted.team_id}.", param="team_id") from None
+    team_models = team.allowed_models
     outside = sorted(set(wanted.allowed_models) - set(team_models)) if team_models else []
     if outside:
         raise Unprocessable(
@@ -171,6 +176,36 @@ async def _check_team(connection: asyncpg.Connection, wanted: KeyCreate) -> None
             f"{', '.join(team_models)}.",
             param="allowed_models",
         )
+    if not identity.admin:
+        _within_team_limits(team, wanted, frozenset(named))
+
+
+def _within_team_limits(team: teams.TeamRecord, wanted: KeyCreate, named: frozenset[str]) -> None:
+    """Refuse (422, naming the field) a limit in ``named`` that allows the key more than its team
+    allows all its keys together (admins are not held to this: docs/teams.md, "Roles")."""
+    for name in ("tokens_per_minute", "max_concurrent_requests"):
+        mine, theirs = getattr(wanted, name), getattr(team, name)
+        if name in named and mine is not None and theirs is not None and mine > theirs:
+            raise Unprocessable(
+                f"{name} {mine} is above the team's {theirs}; a key's limits are within its "
+                "team's.",
+                param=name,
+            )
+    windowed = {"rate_limit_requests", "rate_limit_window_seconds"} & named
+    if windowed and team.rate_limit_requests is not None:
+        team_window = team.rate_limit_window_seconds or 1
+        # The most the key's own window lets through within one of the team's windows.
+        most = wanted.rate_limit_requests * math.ceil(
+            team_window / wanted.rate_limit_window_seconds
+        )
+        if most > team.rate_limit_requests:
+            raise Unprocessable(
+                f"A rate limit of {wanted.rate_limit_requests} requests per "
+                f"{wanted.rate_limit_window_seconds}s lets the key make {most} requests in the "
+                f"team's window of {team_window}s, above the team's {team.rate_limit_requests}; "
+                "a key's limits are within its team's.",
+                param=min(windowed),
+            )
 
 
 def _may(request: web.Request, action: Action, target: Target | None = None) -> Identity:
@@ -181,10 +216,13 @@ def _may(request: web.Request, action: Action, target: Target | None = None) -> 
 
 
 async def create_key(request: web.Request) -> web.Response:
-    wanted = parse(await _json_body(request), KeyCreate)
+    body = await _json_body(request)
+    wanted = parse(body, KeyCreate)
     _may(request, Action.KEY_CREATE, Target(wanted.team_id))
+    if wanted.subject_id is not None:  # its spend counts against that subject's budget
+        _may(request, Action.SUBJECT_UPDATE)
     async with _transaction(request) as connection:
-        await _check_team(connection, wanted)
+        await _check_team(connection, request[IDENTITY], wanted, body)
         issued = await api_keys.create_key(
             connection,
             api_keys.KeySettings(
@@ -272,9 +310,11 @@ async def patch_key(request: web.Request) -> web.Response:
         if current.subject_id is not None:
             merged["subject_id"] = str(current.subject_id)
         wanted = parse(merged, KeyCreate)
+        named = set(changes)
         if wanted.team_id != current.team_id:  # moved: the caller must be able to put it there
             _may(request, Action.KEY_UPDATE, Target(wanted.team_id, current.owner))
-        await _check_team(connection, wanted)
+            named |= set(api_keys.MUTABLE_FIELDS)  # and all its limits come under the team's
+        await _check_team(connection, request[IDENTITY], wanted, named)
         before, after = await api_keys.update_key(
             connection, key_id, {name: getattr(wanted, name) for name in changes}
         )

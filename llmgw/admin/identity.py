@@ -124,6 +124,8 @@ def authorize(identity: Identity, action: Action, target: Target | None = None) 
         allowed = (_TEAM_ADMIN if identity.admin_teams else frozenset()) | (
             _MEMBER if identity.member_teams else frozenset()
         )
+    elif target.team_id is None and action is Action.KEY_CREATE:
+        raise Forbidden("Your role creates keys in a team of yours: name its team_id.")
     elif target.team_id in identity.admin_teams:
         allowed = _TEAM_ADMIN
     elif target.team_id in identity.member_teams:

@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from datetime import date
 
 import asyncpg
 import attrs
@@ -47,7 +48,9 @@ SELECT k.id, k.subject_id, k.key_hash, k.rate_limit_requests, k.rate_limit_windo
        t.tokens_per_minute AS team_tokens_per_minute,
        t.max_concurrent_requests AS team_max_concurrent_requests,
        t.monthly_budget_usd::float8 AS team_monthly_budget_usd,
-       t.allowed_models AS team_allowed_models
+       t.allowed_models AS team_allowed_models,
+       t.carried_spend_usd::float8 AS team_carried_spend_usd,
+       t.carried_month AS team_carried_month
 FROM api_keys k LEFT JOIN subjects s ON s.subject_id = k.subject_id
      LEFT JOIN teams t ON t.id = k.team_id
 WHERE k.prefix = $1 AND k.is_active AND k.revoked_at IS NULL
@@ -106,6 +109,10 @@ class TeamLimits:
     max_concurrent_requests: int | None = None
     monthly_budget_usd: float | None = None
     allowed_models: frozenset[str] = frozenset()  # empty: every model
+    # Spend this month of keys that joined the team, made before they joined (less that of keys
+    # that left, made while in it): it counts against the budget (llmgw.storage.teams).
+    carried_spend_usd: float = 0.0
+    carried_month: date | None = None  # the month it is for; in any other it is nothing
 
     def allows_model(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -156,6 +163,8 @@ def _team(row: asyncpg.Record) -> TeamLimits:
         max_concurrent_requests=row["team_max_concurrent_requests"],
         monthly_budget_usd=row["team_monthly_budget_usd"],
         allowed_models=frozenset(row["team_allowed_models"]),
+        carried_spend_usd=row["team_carried_spend_usd"],
+        carried_month=row["team_carried_month"],
     )
 
 

@@ -187,6 +187,7 @@ async def console_page(request: web.Request) -> web.Response:
         _read_static("console.html")
         .replace("{{csrf}}", csrf_token(session))
         .replace("{{role}}", "admin" if identity.admin else "team")
+        .replace("{{admin_teams}}", ",".join(sorted(str(team) for team in identity.admin_teams)))
     )
     return web.Response(text=page, content_type="text/html", headers=_PAGE_HEADERS)
 

@@ -588,9 +588,13 @@ class LimitPolicy:
             )
         if team.monthly_budget_usd is not None and worst.cost_usd is not None:
             cap = team.monthly_budget_usd
+            # The counter holds what keys spent in the team this month; what keys that joined it
+            # spent before (less what keys that left spent in it) counts too (docs/teams.md).
+            month = _month(now)
+            carried = team.carried_spend_usd if team.carried_month == month else 0.0
             yield Reservation(
-                f"{_TEAM_BUDGET}:{team.id}:{_month(now).strftime('%Y-%m')}",
-                cap + cap * _CAP_SLACK,
+                f"{_TEAM_BUDGET}:{team.id}:{month.strftime('%Y-%m')}",
+                max(0.0, cap + cap * _CAP_SLACK - carried),
                 worst.cost_usd,
                 keep_seconds=_seconds_until_next_month(now) + 86400,
             )

@@ -20,6 +20,7 @@ from llmgw.key_format import (
     key_prefix,
     validate_key_text,
 )
+from llmgw.storage.teams import carry_key_spend
 
 __all__ = [
     "DEFAULT_RATE_LIMIT_REQUESTS",
@@ -245,8 +246,11 @@ async def update_key(
             before.id,
             *values,
         )
-    assert row is not None
-    return before, ApiKeyRecord.from_row(row)
+        assert row is not None
+        after = ApiKeyRecord.from_row(row)
+        if after.team_id != before.team_id:
+            await carry_key_spend(conn, after.id, before.team_id, after.team_id)
+    return before, after
 
 
 async def rotate_key(

@@ -62,6 +62,10 @@ teams = sa.Table(
     sa.Column(
         "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
     ),
+    # What keys that joined (or left) the team this month had spent elsewhere (or in it): the
+    # budget counter admits against the budget less this (llmgw.storage.teams.carry_key_spend).
+    sa.Column("carried_spend_usd", _COST, nullable=False, server_default=sa.text("0")),
+    sa.Column("carried_month", sa.Date(), nullable=True),  # the month it is for (else 0)
     sa.UniqueConstraint("name"),
     sa.CheckConstraint("name <> ''", name="name_not_empty"),
     sa.CheckConstraint(

@@ -1,7 +1,9 @@
 """Teams: create, list, find, change and delete them, with their month-to-date spend.
 
-A team's spend is the sum over its keys' usage this month (UTC); its limits are enforced by
-llmgw.limits with the key's own, read with the key (llmgw.auth.authenticator).
+A team's spend is the sum over the keys it has now of their usage this month (UTC), wherever it
+was made; its limits are enforced by llmgw.limits with the key's own, read with the key
+(llmgw.auth.authenticator). The budget counter there holds what keys spent while in the team; a
+key that moves carries the rest (:func:`carry_key_spend`), so the two agree.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ __all__ = [
     "TeamNotFound",
     "TeamRecord",
     "TeamSettings",
+    "carry_key_spend",
     "create_team",
     "delete_team",
     "find_team",
     "list_teams",
-    "team_allowed_models",
     "update_team",
 ]
 
@@ -194,9 +196,37 @@ async def delete_team(conn: asyncpg.Connection, team_id: uuid.UUID) -> TeamRecor
     return before
 
 
-async def team_allowed_models(conn: asyncpg.Connection, team_id: uuid.UUID) -> tuple[str, ...]:
-    """The team's model allowlist (empty: every model); TeamNotFound if there is no such team."""
-    models = await conn.fetchval("SELECT allowed_models FROM teams WHERE id = $1", team_id)
-    if models is None:
-        raise TeamNotFound(f"no team has id {team_id}")
-    return tuple(models)
+# The carried amount is for one month: a move in a later month starts from nothing.
+_CARRY = """
+UPDATE teams
+SET carried_spend_usd = CASE WHEN carried_month = $3 THEN carried_spend_usd ELSE 0 END + $2,
+    carried_month = $3
+WHERE id = $1
+"""
+
+
+async def carry_key_spend(
+    conn: asyncpg.Connection,
+    key_id: uuid.UUID,
+    left: uuid.UUID | None,
+    joined: uuid.UUID | None,
+) -> None:
+    """A key moved from team ``left`` to team ``joined`` (either None: no team): its spend this
+    month now counts for ``joined`` and no longer for ``left``.
+
+    Spend still on its way to the ledger at the move stays with the team it was made in.
+    """
+    month = _month()
+    spent = await conn.fetchval(
+        """
+        SELECT coalesce(sum(cost_usd), 0) FROM usage_events
+        WHERE api_key_id = $1 AND occurred_at >= $2
+        """,
+        key_id,
+        month,
+    )
+    if not spent:
+        return
+    for team_id, change in ((left, -spent), (joined, spent)):
+        if team_id is not None:
+            await conn.execute(_CARRY, team_id, change, month.date())

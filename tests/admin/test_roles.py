@@ -5,7 +5,8 @@ signed in by single sign-on."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,7 @@ import pytest
 from llmgw.admin.identity import Action, Identity, Target, authorize
 from llmgw.errors import Forbidden, NotFound
 from tests.conftest import Gateway
-from tests.console.conftest import ADMIN_TOKEN
+from tests.console.conftest import ADMIN_TOKEN, console_csrf
 from tests.console.test_oidc import sign_in_through_provider
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
 
@@ -27,12 +28,13 @@ ROLES = {
     "nobody": Identity(ME),
 }
 MINE, THEIRS, ELSEWHERE = Target(TEAM, ME), Target(TEAM, "user:bob"), Target(OTHER, ME)
-TEAM_ITSELF, OTHER_TEAM = Target(TEAM), Target(OTHER)
+TEAM_ITSELF, OTHER_TEAM, NO_TEAM = Target(TEAM), Target(OTHER), Target(None, ME)
 OK, NO, HIDDEN = 200, 403, 404
 # action, target: admin, team admin, member, nobody
 TABLE: list[tuple[Action, Target | None, tuple[int, int, int, int]]] = [
     (Action.KEY_CREATE, MINE, (OK, OK, OK, HIDDEN)),
     (Action.KEY_CREATE, ELSEWHERE, (OK, HIDDEN, HIDDEN, HIDDEN)),
+    (Action.KEY_CREATE, NO_TEAM, (OK, NO, NO, NO)),  # a key in no team is an admin's
     (Action.KEY_LIST, None, (OK, OK, OK, NO)),
     (Action.KEY_READ, MINE, (OK, OK, OK, HIDDEN)),
     (Action.KEY_READ, THEIRS, (OK, OK, HIDDEN, HIDDEN)),
@@ -128,21 +130,17 @@ async def setup(start_gateway: Any, provider: OidcProvider) -> dict[str, Any]:
 
 
 GROUPS = {"admin": ["platform"], "team admin": ["a-leads"], "member": ["a"]}
+Call = Callable[..., Awaitable[tuple[int, Any]]]
 
 
-@pytest.mark.parametrize("role", ["admin", "team admin", "member"])
-async def test_the_role_table_through_the_console(
-    role: str, setup: dict[str, Any], provider: OidcProvider
-) -> None:
-    gateway: Gateway = setup["gateway"]
+@asynccontextmanager
+async def signed_in(gateway: Gateway, provider: OidcProvider, role: str) -> AsyncIterator[Call]:
+    """Ada, signed in to the console by the provider with ``role``'s groups: a caller of the
+    console's API (``call(method, path, body)`` -> status, answer)."""
     provider.person = {"sub": "u-ada", "email": "ada@example.com", "groups": GROUPS[role]}
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         assert (await sign_in_through_provider(gateway, browser))[0] == 200
-        async with browser.get(gateway.url("/console/")) as response:
-            page = await response.text()
-        marker = 'name="csrf-token" content="'
-        start = page.index(marker) + len(marker)
-        csrf = page[start : page.index('"', start)]
+        csrf = await console_csrf(gateway, browser)
 
         async def call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
             async with browser.request(
@@ -153,11 +151,21 @@ async def test_the_role_table_through_the_console(
             ) as response:
                 return response.status, await response.json(content_type=None)
 
+        yield call
+
+
+@pytest.mark.parametrize("role", ["admin", "team admin", "member"])
+async def test_the_role_table_through_the_console(
+    role: str, setup: dict[str, Any], provider: OidcProvider
+) -> None:
+    gateway: Gateway = setup["gateway"]
+    async with signed_in(gateway, provider, role) as call:
         status, mine = await call("POST", "/keys", {"name": "mine", "team_id": setup["team"]})
         assert status == 201
         assert mine["owner"] == "user:ada@example.com"
         expected = {  # path: admin, team admin, member
             ("POST", "/keys", "other"): (201, 404, 404),
+            ("POST", "/keys", "no team"): (201, 403, 403),
             ("GET", f"/keys/{setup['theirs']}", None): (200, 200, 404),
             ("GET", f"/keys/{setup['elsewhere']}", None): (200, 404, 404),
             ("PATCH", f"/keys/{mine['id']}", "rename"): (200, 200, 403),
@@ -183,6 +191,7 @@ async def test_the_role_table_through_the_console(
         bodies = {
             None: None,
             "other": {"name": "x", "team_id": setup["other"]},
+            "no team": {"name": "x"},
             "rename": {"name": "renamed"},
             "team": {"name": f"new-{role}"},
             "budget": {"monthly_budget_usd": 1000},
@@ -195,8 +204,8 @@ async def test_the_role_table_through_the_console(
                 _, in_other = await call("GET", f"/keys?team_id={setup['other']}")
                 for key in in_other["data"]:
                     await call("POST", f"/keys/{key['id']}/revoke")
-            got[(method, path)] = (await call(method, path, bodies[body]))[0]
-            wanted[(method, path)] = statuses[column]
+            got[(method, path, body)] = (await call(method, path, bodies[body]))[0]
+            wanted[(method, path, body)] = statuses[column]
         assert got == wanted
         _, listed = await call("GET", "/keys") if role != "admin" else (0, None)
         if role == "member":
@@ -207,3 +216,60 @@ async def test_the_role_table_through_the_console(
         "SELECT DISTINCT actor FROM admin_audit WHERE actor LIKE 'user:%'"
     )
     assert "user:ada@example.com" in {row["actor"] for row in rows}
+
+
+TEAM_LIMITS = {
+    "tokens_per_minute": 1000,
+    "max_concurrent_requests": 4,
+    "rate_limit_requests": 100,
+    "rate_limit_window_seconds": 60,
+}
+
+
+@pytest.mark.parametrize("role", ["admin", "team admin", "member"])
+async def test_team_admins_and_members_set_key_limits_only_within_the_teams(
+    role: str, setup: dict[str, Any], provider: OidcProvider
+) -> None:
+    gateway: Gateway = setup["gateway"]
+    team = setup["team"]
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as session:
+        async with session.patch(
+            gateway.url(f"/admin/v1/teams/{team}"), json=TEAM_LIMITS
+        ) as response:
+            assert response.status == 200
+        # The admin token may give a key in the team more than the team's.
+        async with session.post(
+            gateway.url("/admin/v1/keys"),
+            json={"name": "wide", "team_id": team, "tokens_per_minute": 5000},
+        ) as response:
+            assert response.status == 201
+            wide = await response.json()
+    above = {  # each field alone, above the team's (a window the team's 100 per 60s cannot hold)
+        "tokens_per_minute": {"tokens_per_minute": 1001},
+        "max_concurrent_requests": {"max_concurrent_requests": 5},
+        "rate_limit_requests": {"rate_limit_requests": 101},
+        "rate_limit_window_seconds": {"rate_limit_window_seconds": 30},  # 60 (default) per 30s
+    }
+    async with signed_in(gateway, provider, role) as call:
+        got = {}
+        for field, limits in above.items():
+            status, answer = await call("POST", "/keys", {"name": "k", "team_id": team, **limits})
+            got[field] = (status, answer["error"]["param"] if status == 422 else None)
+        # Admins are not held to the team's limits; team admins and members are.
+        assert got == {field: (201, None) if role == "admin" else (422, field) for field in above}
+        within = {"name": "k", "team_id": team, **TEAM_LIMITS, "rate_limit_requests": 50,
+                  "rate_limit_window_seconds": 30}  # fmt: skip
+        status, key = await call("POST", "/keys", within)
+        assert status == 201, key
+        # Only an admin charges a key to a subject (and its budget).
+        status, _ = await call("POST", "/keys", {**within, "subject_id": str(uuid.uuid4())})
+        assert status == (201 if role == "admin" else 403)
+        if role != "team admin":
+            return  # only a team admin (or an admin) changes a key
+        status, answer = await call("PATCH", f"/keys/{key['id']}", {"tokens_per_minute": 2000})
+        assert (status, answer["error"]["param"]) == (422, "tokens_per_minute")
+        # A key the admin gave more than the team's: what the team admin changes is within it.
+        status, _ = await call("PATCH", f"/keys/{wide['id']}", {"max_concurrent_requests": 2})
+        assert status == 200
+        status, answer = await call("PATCH", f"/keys/{wide['id']}", {"tokens_per_minute": 4000})
+        assert (status, answer["error"]["param"]) == (422, "tokens_per_minute")

@@ -34,6 +34,11 @@ async def sign_in(gateway: Gateway, session: aiohttp.ClientSession) -> str:
         gateway.url("/console/sign-in"), data={"token": ADMIN_TOKEN}, allow_redirects=False
     ) as response:
         assert response.status == 303, await response.text()
+    return await console_csrf(gateway, session)
+
+
+async def console_csrf(gateway: Gateway, session: aiohttp.ClientSession) -> str:
+    """The signed-in session's CSRF token, as the console page carries it."""
     async with session.get(gateway.url("/console/")) as response:
         assert response.status == 200
         page = await response.text()

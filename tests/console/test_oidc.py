@@ -4,7 +4,7 @@ sign-in, and each attack refused with no session, a clear page and a warning lin
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -13,7 +13,7 @@ from joserfc.jwk import RSAKey
 
 from llmgw.config import ConfigError, load_settings
 from tests.conftest import Gateway
-from tests.console.conftest import ADMIN_TOKEN
+from tests.console.conftest import ADMIN_TOKEN, console_csrf
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
 
 ADMINS = "llm-platform"
@@ -25,16 +25,32 @@ async def provider() -> AsyncIterator[OidcProvider]:
         yield found
 
 
+StartSso = Callable[..., Awaitable[Gateway]]
+
+
 @pytest.fixture
-async def sso_gateway(start_gateway: Any, provider: OidcProvider) -> Gateway:
-    gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=(ADMINS,),
-    )
-    return gateway
+def start_sso(start_gateway: Any, provider: OidcProvider) -> StartSso:
+    """Starts a gateway signing people in through ``provider`` (``overrides``: more settings)."""
+
+    async def start(**overrides: Any) -> Gateway:
+        gateway: Gateway = await start_gateway(
+            **{
+                "admin_token": ADMIN_TOKEN,
+                "oidc_issuer": provider.issuer,
+                "oidc_client_id": CLIENT_ID,
+                "oidc_client_secret": CLIENT_SECRET,
+                "oidc_admin_groups": (ADMINS,),
+                **overrides,
+            }
+        )
+        return gateway
+
+    return start
+
+
+@pytest.fixture
+async def sso_gateway(start_sso: StartSso) -> Gateway:
+    return await start_sso()
 
 
 @pytest.fixture
@@ -159,16 +175,55 @@ async def test_a_person_with_no_role_gets_a_no_access_page_and_no_session(
     assert session_cookie(browser) is None
 
 
-async def test_token_sign_in_can_be_turned_off(
-    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+async def test_roles_are_read_at_every_sign_in(
+    sso_gateway: Gateway, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
-    gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        console_token_sign_in=False,
+    provider.person["groups"] = [ADMINS]
+    assert (await sign_in_through_provider(sso_gateway, browser))[0] == 200
+    # Removed from the group at the provider: their next sign-in has no role, and no session.
+    provider.person["groups"] = []
+    browser.cookie_jar.clear()
+    status, page, _ = await sign_in_through_provider(sso_gateway, browser)
+    assert (status, "No access" in page, session_cookie(browser)) == (403, True, None)
+
+
+async def test_a_session_lasts_at_most_console_session_hours(
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    gateway = await start_sso(console_session_hours=2.0)
+    provider.person["groups"] = [ADMINS]
+    assert (await sign_in_through_provider(gateway, browser))[0] == 200
+    left = await gateway.db.fetchval(
+        "SELECT extract(epoch FROM expires_at - now())::float8 FROM console_sessions"
     )
+    assert 2 * 3600 - 60 < left <= 2 * 3600
+    # Once that is over, the session no longer signs anyone in.
+    await gateway.db.execute("UPDATE console_sessions SET expires_at = now()")
+    async with browser.get(gateway.url("/console/api/keys")) as response:
+        assert response.status == 401
+
+
+async def test_groups_come_from_the_configured_claim_and_the_person_is_their_sub_without_email(
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    gateway = await start_sso(oidc_groups_claim="roles")
+    provider.person = {"sub": "u-2", "groups": [ADMINS]}  # not the claim this gateway reads
+    assert (await sign_in_through_provider(gateway, browser))[0] == 403
+    provider.person = {"sub": "u-2", "roles": [ADMINS]}
+    assert (await sign_in_through_provider(gateway, browser))[0] == 200
+    async with browser.post(
+        gateway.url("/console/api/keys"),
+        json={"name": "k"},
+        headers={"X-CSRF-Token": await console_csrf(gateway, browser)},
+    ) as response:
+        assert response.status == 201
+        assert (await response.json())["owner"] == "user:u-2"
+
+
+async def test_token_sign_in_can_be_turned_off(
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
+) -> None:
+    gateway = await start_sso(console_token_sign_in=False)
     async with browser.post(
         gateway.url("/console/sign-in"), data={"token": ADMIN_TOKEN}, allow_redirects=False
     ) as response:
@@ -215,16 +270,10 @@ def test_sign_in_settings_are_read() -> None:
 
 
 async def test_the_redirect_url_given_to_the_provider_can_be_set(
-    start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
+    start_sso: StartSso, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
     behind_proxy = "https://llmgw.example.com/console/oidc/callback"
-    gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_redirect_url=behind_proxy,
-    )
+    gateway = await start_sso(oidc_redirect_url=behind_proxy)
     async with browser.get(gateway.url("/console/login"), allow_redirects=False) as response:
         to_provider = response.headers["Location"]
     async with browser.get(to_provider, allow_redirects=False) as response:

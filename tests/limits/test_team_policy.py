@@ -4,6 +4,7 @@ the key's admission (all or nothing) and settled with it; each refusal names the
 from __future__ import annotations
 
 import uuid
+from datetime import date
 from typing import Any
 
 import pytest
@@ -65,8 +66,7 @@ async def test_team_request_window_counts_settled_requests_until_it_ends() -> No
     assert await refused_code(limits, keys[0]) is None
 
 
-async def test_team_budget_worth_five_worst_cases_admits_five_of_its_keys() -> None:
-    limits = policy(Clock(NOW), m=QWEN)
+async def _worst_cost(limits: Any) -> float:
     await limits.prices.loaded()
     worst = limits.worst_case(
         BODY,
@@ -76,7 +76,12 @@ async def test_team_budget_worth_five_worst_cases_admits_five_of_its_keys() -> N
         model="m",
     )
     assert worst.cost_usd is not None
-    shared = team(monthly_budget_usd=5 * worst.cost_usd)
+    return worst.cost_usd  # type: ignore[no-any-return]
+
+
+async def test_team_budget_worth_five_worst_cases_admits_five_of_its_keys() -> None:
+    limits = policy(Clock(NOW), m=QWEN)
+    shared = team(monthly_budget_usd=5 * await _worst_cost(limits))
     codes = [await refused_code(limits, key(team=shared)) for _ in range(16)]
     assert codes == [None] * 5 + ["team_budget_exceeded"] * 11
 
@@ -95,3 +100,16 @@ async def test_a_model_the_team_does_not_allow_is_refused_whatever_the_key_allow
         await admit(limits, k, "m")
     assert "allowed: n" in refused.value.message
     assert await refused_code(limits, k, "n") is None
+
+
+async def test_spend_carried_into_a_team_counts_against_its_budget_in_its_month_only() -> None:
+    limits = policy(Clock(NOW), m=QWEN)
+    worst = await _worst_cost(limits)
+    this_month, last_month = date(2026, 12, 1), date(2026, 11, 1)
+    carried = {"monthly_budget_usd": 2 * worst, "carried_spend_usd": worst}
+    shared = team(carried_month=this_month, **carried)  # one worst case left
+    codes = [await refused_code(limits, key(team=shared)) for _ in range(2)]
+    assert codes == [None, "team_budget_exceeded"]
+    stale = team(carried_month=last_month, **carried)  # carried last month: nothing now
+    codes = [await refused_code(limits, key(team=stale)) for _ in range(3)]
+    assert codes == [None, None, "team_budget_exceeded"]

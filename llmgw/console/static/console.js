@@ -4,6 +4,10 @@
 
 const API = "/console/api";
 const CSRF = document.querySelector('meta[name="csrf-token"]').content;
+// A team admin or member (single sign-on) sees their keys and usage; the rest is an admin's.
+const ROLE = document.querySelector('meta[name="console-role"]').content;
+// The teams a team admin administers (their keys, usage and audit entries), by id.
+const ADMIN_TEAMS = document.querySelector('meta[name="console-admin-teams"]').content.split(",").filter(Boolean);
 const page = document.getElementById("page");
 const statusLine = document.getElementById("status");
 
@@ -376,13 +380,17 @@ async function keys() {
   const query = new URLSearchParams({ limit: "25", offset: String(keyFilters.offset), state: keyFilters.state });
   if (keyFilters.subject_id) query.set("subject_id", keyFilters.subject_id);
   if (keyFilters.team_id) query.set("team_id", keyFilters.team_id);
-  const listing = await api(`/keys?${query}`);
+  const [listing, myTeams] = await Promise.all([api(`/keys?${query}`), ROLE === "admin" ? null : api("/teams?limit=200")]);
   const result = el("div", { id: "key-result" });
+  // A team admin or member creates keys in a team of theirs: offered by name, the first filled in.
+  const teamChoices = myTeams && el("datalist", { id: "my-teams" },
+    myTeams.data.map((t) => el("option", { value: t.id }, t.name)));
 
   const createForm = el("form", { class: "inline", "aria-label": "Create key" },
     field("Name", el("input", { name: "name", required: true, maxlength: 200 })),
-    field("Subject ID (optional)", el("input", { name: "subject_id", placeholder: "UUID" })),
-    field("Team ID (optional)", el("input", { name: "team_id", placeholder: "UUID" })),
+    ROLE === "admin" ? field("Subject ID (optional)", el("input", { name: "subject_id", placeholder: "UUID" })) : null,
+    field("Team ID (optional)", el("input", { name: "team_id", placeholder: "UUID", list: teamChoices ? "my-teams" : undefined, value: myTeams?.data[0]?.id })),
+    teamChoices,
     field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: 60 })),
     field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: 60 })),
     field("Tokens per minute (optional)", el("input", { name: "tokens_per_minute", type: "number", min: 1 })),
@@ -433,9 +441,15 @@ async function keys() {
     render();
   });
 
+  const usageOf = (key) => el("button", { type: "button", class: "secondary", "aria-label": `Usage of ${key.name}`, onclick: () => {
+    Object.assign(usageQuery, { key_id: key.id, team_id: "" });
+    window.location.hash = "#usage";
+  } }, "Usage");
+  // Only an admin, or an admin of the key's team, changes its limits.
+  const editable = (key) => ROLE === "admin" || ADMIN_TEAMS.includes(key.team_id);
   const actions = (key) => {
-    if (!key.is_active) return "—";
-    return el("div", { class: "row-actions" },
+    if (!key.is_active) return el("div", { class: "row-actions" }, usageOf(key));
+    return el("div", { class: "row-actions" }, usageOf(key),
       el("button", { type: "button", class: "danger", "aria-label": `Revoke ${key.name}`, onclick: async () => {
         if (!window.confirm(`Revoke key ${key.name} (${key.prefix})? Calls with it stop at once.`)) return;
         try {
@@ -452,7 +466,7 @@ async function keys() {
           await render();
           document.getElementById("key-result").replaceChildren(shownOnce(`Key “${issued.name}” rotated`, issued));
         }) }, "Rotate"),
-      el("button", { type: "button", class: "secondary", "aria-label": `Edit limits of ${key.name}`, onclick: () =>
+      editable(key) ? el("button", { type: "button", class: "secondary", "aria-label": `Edit limits of ${key.name}`, onclick: () =>
         keyDialog(`Edit limits of ${key.name}`, [
           field("Requests per window", el("input", { name: "rate_limit_requests", type: "number", min: 1, value: key.rate_limit_requests })),
           field("Window (seconds)", el("input", { name: "rate_limit_window_seconds", type: "number", min: 1, value: key.rate_limit_window_seconds })),
@@ -469,7 +483,7 @@ async function keys() {
           } });
           say(`Limits of ${key.prefix} saved.`);
           render();
-        }) }, "Edit limits"));
+        }) }, "Edit limits") : null);
   };
 
   const pager = el("div", { class: "row-actions" },
@@ -577,7 +591,21 @@ async function subjects() {
 // ---------------------------------------------------------------------------------------------
 // Usage
 
-const usageQuery = { by: "day", from: "", to: "", team_id: "" };
+const usageQuery = { by: "day", from: "", to: "", team_id: "", key_id: "" };
+
+// What a team admin or member may ask the usage of: the teams they administer (every key in them)
+// and the keys they see (a member: their own), each as the query it is.
+async function usageChoices() {
+  const [teams, keys] = await Promise.all([api("/teams?limit=200"), api("/keys?limit=200&state=all")]);
+  return [
+    ...teams.data.filter((t) => ADMIN_TEAMS.includes(t.id)).map((t) => ({ team_id: t.id, key_id: "", label: `Team ${t.name} (all its keys)` })),
+    ...keys.data.map((k) => ({ team_id: "", key_id: k.id, label: `Key ${k.name} (${k.prefix})` })),
+  ];
+}
+
+function choiceValue(choice) {
+  return choice.key_id ? `key:${choice.key_id}` : `team:${choice.team_id}`;
+}
 
 function isoDay(date) {
   return date.toISOString().slice(0, 10);
@@ -606,13 +634,29 @@ async function usage() {
     usageQuery.to = isoDay(tomorrow);
     usageQuery.from = isoDay(new Date(tomorrow.getTime() - 30 * 86400000));
   }
+  let scope;
+  if (ROLE === "admin") {
+    scope = [
+      field("Team ID (optional)", el("input", { name: "team_id", value: usageQuery.team_id, placeholder: "UUID" })),
+      field("Key ID (optional)", el("input", { name: "key_id", value: usageQuery.key_id, placeholder: "UUID" })),
+    ];
+  } else {
+    const choices = await usageChoices();
+    if (!choices.length) {
+      return [el("h1", {}, "Usage"), el("p", {}, "You have no keys yet: create one on the Keys page, and its usage shows here.")];
+    }
+    const chosen = choices.find((c) => choiceValue(c) === choiceValue(usageQuery)) || choices[0];
+    Object.assign(usageQuery, { team_id: chosen.team_id, key_id: chosen.key_id });
+    scope = field("Usage of", el("select", { name: "of" },
+      choices.map((c) => el("option", { value: choiceValue(c), selected: c === chosen }, c.label))));
+  }
   const query = new URLSearchParams(usageQuery);
-  if (!usageQuery.team_id) query.delete("team_id");
+  for (const name of ["team_id", "key_id"]) if (!usageQuery[name]) query.delete(name);
   const report = await api(`/usage/report?${query}`);
   const form = el("form", { class: "filters", "aria-label": "Usage range" },
     field("Group by", el("select", { name: "by" },
       ["day", "hour", "model", "key", "subject", "team"].map((b) => el("option", { value: b, selected: b === usageQuery.by }, b)))),
-    field("Team ID (optional)", el("input", { name: "team_id", value: usageQuery.team_id, placeholder: "UUID" })),
+    scope,
     field("From (UTC day)", el("input", { name: "from", type: "date", value: usageQuery.from, required: true })),
     field("To (UTC day, exclusive)", el("input", { name: "to", type: "date", value: usageQuery.to, required: true })),
     el("button", { type: "submit" }, "Show usage"),
@@ -620,8 +664,11 @@ async function usage() {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const data = new FormData(form);
+    const [kind, id] = String(data.get("of") || ":").split(":");
     Object.assign(usageQuery, {
-      by: data.get("by"), from: data.get("from"), to: data.get("to"), team_id: String(data.get("team_id") || "").trim(),
+      by: data.get("by"), from: data.get("from"), to: data.get("to"),
+      team_id: ROLE === "admin" ? String(data.get("team_id") || "").trim() : kind === "team" ? id : "",
+      key_id: ROLE === "admin" ? String(data.get("key_id") || "").trim() : kind === "key" ? id : "",
     });
     render();
   });
@@ -683,8 +730,6 @@ function describeChange(entry) {
 // ---------------------------------------------------------------------------------------------
 // Routing
 
-// A team admin or member (single sign-on) sees their keys and usage; the rest is an admin's.
-const ROLE = document.querySelector('meta[name="console-role"]').content;
 const pages = ROLE === "admin" ? { overview, keys, subjects, usage, audit } : { keys, usage, audit };
 const FIRST = ROLE === "admin" ? "overview" : "keys";
 for (const link of document.querySelectorAll("nav a")) {
