@@ -4,8 +4,8 @@ spend away. The limit store's team budget counter holds what keys spent while in
 difference a move makes is kept on the team (``carried_spend_usd``, for ``carried_month``) and
 taken off the budget the counter is admitted against.
 
-Revision ID: 0023
-Revises: 0022
+Revision ID: 0024
+Revises: 0023
 Create Date: 2026-12-04
 """
 
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "0023"
-down_revision = "0022"
+revision = "0024"
+down_revision = "0023"
 branch_labels = None
 depends_on = None
 
