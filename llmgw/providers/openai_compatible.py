@@ -357,7 +357,36 @@ class OpenAICompatibleProvider:
             await asyncio.sleep(decision.wait)
             retries += 1
 
+    async def _authorize(
+        self, url: StrOrURL, call: UpstreamCall, headers: Mapping[str, str], *, renew: bool
+    ) -> tuple[StrOrURL, Mapping[str, str]]:
+        """The URL and headers one attempt sends. Here as built (the key is in the headers); a
+        cloud's adapter signs each attempt or adds a token, a new one when ``renew`` (the one
+        sent was refused with a 401, see ``_renews_refused_credentials``)."""
+        return url, headers
+
+    # Whether a 401 is answered by new credentials and the attempt made once more (a token
+    # refused before its expiry), rather than reported as the gateway's credentials refused.
+    _renews_refused_credentials = False
+
     async def _attempt(
+        self,
+        url: StrOrURL,
+        call: UpstreamCall,
+        headers: Mapping[str, str],
+        answer_by: float,
+        streaming: bool,
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """One attempt, its credentials renewed and sent again once if refused and renewable."""
+        sent_url, sent = await self._authorize(url, call, headers, renew=False)
+        response, first = await self._post_once(sent_url, call, sent, answer_by, streaming)
+        if response.status != 401 or not self._renews_refused_credentials:
+            return response, first
+        response.release()
+        sent_url, sent = await self._authorize(url, call, headers, renew=True)
+        return await self._post_once(sent_url, call, sent, answer_by, streaming)
+
+    async def _post_once(
         self,
         url: StrOrURL,
         call: UpstreamCall,
@@ -411,10 +440,7 @@ class OpenAICompatibleProvider:
         # fault; a keyless provider (a local Ollama) that wants one is the same configuration gap.
         whose = "refused the gateway's API key" if self._has_key else "requires an API key"
         log.warning("provider %s %s (HTTP %d); check its configured key", self.name, whose, status)
-        raise UpstreamAuthFailed(
-            f"The provider {self.name} {whose} (HTTP {status}). This is the gateway's "
-            "configuration, not your key; tell the gateway's operator."
-        )
+        raise UpstreamAuthFailed.gateway_credentials(self.name, f"{whose} (HTTP {status})")
 
     async def _complete(self, path: str, call: UpstreamCall) -> UpstreamResponse:
         slot = await self.connections.acquire(call.deadline)
