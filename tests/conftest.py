@@ -34,6 +34,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from llmgw import app_keys
 from llmgw.app import create_app
 from llmgw.body_memory import BodyLimit, BodyLimits, BodyMemory
 from llmgw.cli import main
@@ -248,6 +249,20 @@ class Gateway:
         return anthropic.AsyncAnthropic(
             base_url=self.url("/"), api_key=key, max_retries=0, **kwargs
         )
+
+    async def ledger_rows(self, count: int) -> list[Any]:
+        """Every ledger row, ordered by time, once there are ``count`` (flushed as it waits)."""
+        ledger = self.server.app[app_keys.LEDGER]
+        rows: list[Any] = []
+
+        async def enough() -> bool:
+            nonlocal rows
+            await ledger.flush()
+            rows = await self.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
+            return len(rows) >= count
+
+        await eventually(enough, what=f"{count} ledger rows")
+        return rows
 
     async def hang_up_mid_stream(self, key: str) -> None:
         """Start a stream Venice stalls after one chunk, read that chunk, then close the socket."""

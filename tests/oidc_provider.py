@@ -48,6 +48,16 @@ class OidcProvider:
         assert self.server is not None
         return str(self.server.make_url("")).rstrip("/")
 
+    def gateway_settings(self, *admin_groups: str) -> dict[str, Any]:
+        """The gateway's settings that sign people in through this provider, ``admin_groups``'
+        members as admins."""
+        return {
+            "oidc_issuer": self.issuer,
+            "oidc_client_id": CLIENT_ID,
+            "oidc_client_secret": CLIENT_SECRET,
+            "oidc_admin_groups": admin_groups,
+        }
+
     def rotate_key(self) -> None:
         """A new signing key with a new kid, as providers roll their keys."""
         self.key = RSAKey.generate_key(2048, parameters={"kid": f"key-{secrets.token_hex(4)}"})

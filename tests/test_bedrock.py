@@ -17,9 +17,9 @@ import openai
 import orjson
 import pytest
 
-from llmgw import app_keys
 from llmgw.config import load_settings
 from llmgw.config.common import ConfigError
+from tests.chat_requests import HELLO, PNG, WEATHER, read_chat_stream
 from tests.conftest import Gateway
 from tests.fake_bedrock import (
     ACCESS_KEY,
@@ -34,21 +34,10 @@ from tests.fake_bedrock import (
     FakeBedrock,
     signature_for,
 )
-from tests.processes import eventually
 from tests.secrets_scan import SecretScanner
 
 LLAMA = "us.meta.llama3-3-70b-instruct-v1:0"
 CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
-HELLO = [{"role": "user", "content": "hi"}]
-PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image bytes").decode()
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def bedrock_entry(name: str, fake: FakeBedrock, *, retries: int = 0) -> str:
@@ -144,20 +133,6 @@ async def routes(
     return await start(start_gateway, tmp_path, toml)
 
 
-async def ledger_rows(gateway: Gateway, count: int) -> list[Any]:
-    ledger = gateway.server.app[app_keys.LEDGER]
-    rows: list[Any] = []
-
-    async def enough() -> bool:
-        nonlocal rows
-        await ledger.flush()
-        rows = await gateway.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
-        return len(rows) >= count
-
-    await eventually(enough, what=f"{count} ledger rows")
-    return rows
-
-
 # Chat through Converse -------------------------------------------------------------------------
 
 
@@ -194,18 +169,11 @@ async def test_a_streamed_chat_arrives_delta_by_delta(
     stream = await gateway.client(key).chat.completions.create(
         model="llama", messages=HELLO, stream=True, stream_options={"include_usage": True}
     )
-    texts, finishes, usage = [], [], None
-    async for chunk in stream:
-        for choice in chunk.choices:
-            if choice.delta.content:
-                texts.append(choice.delta.content)
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
-        usage = chunk.usage or usage
-    assert "".join(texts) == "one two three four five six"
-    assert len(texts) == 6, "each of Bedrock's deltas is relayed as it came"
-    assert finishes == ["stop"]
-    assert usage is not None and usage.completion_tokens == 6
+    read = await read_chat_stream(stream)
+    assert "".join(read.texts) == "one two three four five six"
+    assert len(read.texts) == 6, "each of Bedrock's deltas is relayed as it came"
+    assert read.finishes == ["stop"]
+    assert read.usage is not None and read.usage.completion_tokens == 6
     assert len(fake.calls("converse-stream")) == 1
 
 
@@ -343,7 +311,7 @@ async def test_usage_with_cache_and_reasoning_is_billed_per_token_kind(
     assert usage is not None and usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == CACHE_READ
     fresh = usage.prompt_tokens - CACHE_READ - CACHE_WRITE
-    [row] = await ledger_rows(gateway, 1)
+    [row] = await gateway.ledger_rows(1)
     assert (row["cache_read_input_tokens"], row["cache_creation_input_tokens"]) == (
         CACHE_READ,
         CACHE_WRITE,

@@ -16,7 +16,7 @@ from llmgw.errors import Forbidden, NotFound
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
 from tests.console.test_oidc import sign_in_through_provider
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider
 
 TEAM, OTHER = uuid.uuid4(), uuid.uuid4()
 ME = "user:ada@example.com"
@@ -94,11 +94,7 @@ async def provider() -> AsyncIterator[OidcProvider]:
 @pytest.fixture
 async def setup(start_gateway: Any, provider: OidcProvider) -> dict[str, Any]:
     gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=("platform",),
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings("platform")
     )
     async with aiohttp.ClientSession() as session:
 

@@ -14,7 +14,7 @@ from playwright.async_api import Browser, expect
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
 from tests.console.test_browser import browser, pytestmark  # noqa: F401  (fixture, marks)
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider
 
 GROUPS = {"admin": ["platform"], "team admin": ["ml-leads"], "member": ["ml"], "nobody": ["x"]}
 
@@ -28,11 +28,7 @@ async def provider() -> AsyncIterator[OidcProvider]:
 @pytest.fixture
 async def sso(start_gateway: Any, provider: OidcProvider) -> tuple[Gateway, str]:
     gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=("platform",),
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings("platform")
     )
     async with (
         aiohttp.ClientSession() as session,

@@ -14,7 +14,7 @@ from joserfc.jwk import RSAKey
 from llmgw.config import ConfigError, load_settings
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider
 
 ADMINS = "llm-platform"
 
@@ -28,11 +28,7 @@ async def provider() -> AsyncIterator[OidcProvider]:
 @pytest.fixture
 async def sso_gateway(start_gateway: Any, provider: OidcProvider) -> Gateway:
     gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=(ADMINS,),
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings(ADMINS)
     )
     return gateway
 
@@ -163,11 +159,7 @@ async def test_token_sign_in_can_be_turned_off(
     start_gateway: Any, provider: OidcProvider, browser: aiohttp.ClientSession
 ) -> None:
     gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        console_token_sign_in=False,
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings(), console_token_sign_in=False
     )
     async with browser.post(
         gateway.url("/console/sign-in"), data={"token": ADMIN_TOKEN}, allow_redirects=False
@@ -219,11 +211,7 @@ async def test_the_redirect_url_given_to_the_provider_can_be_set(
 ) -> None:
     behind_proxy = "https://llmgw.example.com/console/oidc/callback"
     gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_redirect_url=behind_proxy,
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings(), oidc_redirect_url=behind_proxy
     )
     async with browser.get(gateway.url("/console/login"), allow_redirects=False) as response:
         to_provider = response.headers["Location"]
