@@ -32,7 +32,6 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
-import aiohttp
 import attrs
 import orjson
 from aiohttp.typedefs import StrOrURL
@@ -48,7 +47,12 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
-from llmgw.providers.json_bodies import answer_document, invalid_answer, with_json_body
+from llmgw.providers.json_bodies import (
+    answer_document,
+    counted_tokens,
+    invalid_answer,
+    with_json_body,
+)
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 from llmgw.providers.translated_stream import TranslatedStream
@@ -137,13 +141,10 @@ class BedrockProvider(OpenAICompatibleProvider):
                 "bedrock:InvokeModel for this model, or the model access is not enabled",
             )
 
-    async def _read_answer(
-        self, response: aiohttp.ClientResponse, retries: int
+    def _openai_error(
+        self, answer: UpstreamResponse, headers: Mapping[str, str]
     ) -> UpstreamResponse:
-        answer = await super()._read_answer(response, retries)
-        if answer.status < 300:
-            return answer
-        return _error_answer(answer, response.headers.get("x-amzn-ErrorType", ""))
+        return _error_answer(answer, headers.get("x-amzn-ErrorType", ""))
 
     async def _send(
         self, operation: str, call: UpstreamCall, body: Any
@@ -273,10 +274,7 @@ class BedrockProvider(OpenAICompatibleProvider):
             fields = ("messages", "system", "toolConfig", "additionalModelRequestFields")
             request = {"input": {"converse": {k: converse[k] for k in fields if k in converse}}}
         answer, _ = await self._send("/count-tokens", call, request)
-        count = answer_document(answer, self.name).get("inputTokens")
-        if not isinstance(count, int):
-            raise invalid_answer(self.name)
-        return attrs.evolve(answer, body=orjson.dumps({"input_tokens": count}), content_type=_JSON)
+        return counted_tokens(answer, self.name, "inputTokens")
 
     def _not_offered(self, path: str) -> InvalidRequest:
         return InvalidRequest(

@@ -13,11 +13,10 @@ retried or moved on from, and an input over the model's window is the context-le
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
-import aiohttp
 import attrs
 import orjson
 
@@ -63,12 +62,9 @@ class GeminiProvider(OpenAICompatibleProvider):
     def _url(self, path: str, model: str | None) -> str:
         return f"{self._base_url}/v1beta/models/{model_segment(model)}{path}"
 
-    async def _read_answer(
-        self, response: aiohttp.ClientResponse, retries: int
+    def _openai_error(
+        self, answer: UpstreamResponse, headers: Mapping[str, str]
     ) -> UpstreamResponse:
-        answer = await super()._read_answer(response, retries)
-        if answer.status < 300:
-            return answer
         if answer.status == 400 and _KEY_REFUSED in answer.body:
             # The Gemini API refuses a bad key with a 400: the gateway's key, not the caller's.
             self._check_credentials_accepted(401)

@@ -11,7 +11,7 @@ import orjson
 from llmgw.errors import UpstreamUnavailable
 from llmgw.providers.base import UpstreamCall, UpstreamResponse
 
-__all__ = ["answer_document", "invalid_answer", "with_json_body"]
+__all__ = ["answer_document", "counted_tokens", "invalid_answer", "with_json_body"]
 
 _JSON: Final = "application/json"
 
@@ -38,3 +38,12 @@ def invalid_answer(provider: str) -> UpstreamUnavailable:
         f"{provider} answered with a body that is not the answer its API defines.",
         code="upstream_invalid_response",
     )
+
+
+def counted_tokens(answer: UpstreamResponse, provider: str, field: str) -> UpstreamResponse:
+    """A token-counting API's answer, its count under ``field``, as Messages' count_tokens
+    answers: ``{"input_tokens": n}``."""
+    count = answer_document(answer, provider).get(field)
+    if not isinstance(count, int):
+        raise invalid_answer(provider)
+    return attrs.evolve(answer, body=orjson.dumps({"input_tokens": count}), content_type=_JSON)

@@ -321,6 +321,11 @@ class OpenAICompatibleProvider:
             error: UpstreamTimeout | UpstreamUnavailable | UpstreamHTTPError
             try:
                 response, first = await self._attempt(url, call, headers, answer_by, streaming)
+                if response.status == 401 and self._renews_refused_credentials:
+                    response.release()
+                    response, first = await self._attempt(
+                        url, call, headers, answer_by, streaming, renew=True
+                    )
             except UpstreamTimeout as exc:
                 failure, error = Failure(silent=True), exc
             except UpstreamUnavailable as exc:
@@ -376,26 +381,13 @@ class OpenAICompatibleProvider:
         headers: Mapping[str, str],
         answer_by: float,
         streaming: bool,
+        *,
+        renew: bool = False,
     ) -> tuple[aiohttp.ClientResponse, bytes]:
-        """One attempt, its credentials renewed and sent again once if refused and renewable."""
-        sent_url, sent = await self._authorize(url, call, headers, renew=False)
-        response, first = await self._post_once(sent_url, call, sent, answer_by, streaming)
-        if response.status != 401 or not self._renews_refused_credentials:
-            return response, first
-        response.release()
-        sent_url, sent = await self._authorize(url, call, headers, renew=True)
-        return await self._post_once(sent_url, call, sent, answer_by, streaming)
-
-    async def _post_once(
-        self,
-        url: StrOrURL,
-        call: UpstreamCall,
-        headers: Mapping[str, str],
-        answer_by: float,
-        streaming: bool,
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
-        """One POST: connected within the connect timeout, the answer's head (and a stream's first
-        read) within the first-token timeout, a whole JSON answer within the attempt's."""
+        """One POST, authorized (``renew``: with new credentials): connected within the connect
+        timeout, the answer's head (and a stream's first read) within the first-token timeout, a
+        whole JSON answer within the attempt's."""
+        url, headers = await self._authorize(url, call, headers, renew=renew)
         loop = asyncio.get_running_loop()
         now = loop.time()
         timeouts = self._timeouts
@@ -431,7 +423,15 @@ class OpenAICompatibleProvider:
                 body = await _read_bounded(response, self._max_response_bytes, self.name)
         finally:
             response.release()  # a connection with an unread remainder is closed, not reused
-        return _answer(response, body, retries)
+        answer = _answer(response, body, retries)
+        return answer if answer.status < 300 else self._openai_error(answer, response.headers)
+
+    def _openai_error(
+        self, answer: UpstreamResponse, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """An error answer in OpenAI's shape, which the routing reads and a chat caller gets:
+        here as sent; an adapter for another API translates its own."""
+        return answer
 
     def _check_credentials_accepted(self, status: int) -> None:
         if status not in _CREDENTIAL_REFUSALS:

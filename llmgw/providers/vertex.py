@@ -31,7 +31,12 @@ from llmgw.providers.anthropic import MessagesAsChat, as_messages_errors
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamResponse, UpstreamStream
 from llmgw.providers.gemini import GeminiProvider, model_segment
 from llmgw.providers.google_auth import GoogleToken
-from llmgw.providers.json_bodies import answer_document, invalid_answer, with_json_body
+from llmgw.providers.json_bodies import (
+    answer_document,
+    counted_tokens,
+    invalid_answer,
+    with_json_body,
+)
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 from llmgw.translation import anthropic
@@ -232,10 +237,7 @@ class VertexProvider(GeminiProvider):
         answer = await self._complete(
             ":countTokens", with_json_body(call, {k: request[k] for k in fields if k in request})
         )
-        count = answer_document(answer, self.name).get("totalTokens")
-        if not isinstance(count, int):
-            raise invalid_answer(self.name)
-        return attrs.evolve(answer, body=orjson.dumps({"input_tokens": count}), content_type=_JSON)
+        return counted_tokens(answer, self.name, "totalTokens")
 
     def _not_offered(self, path: str) -> InvalidRequest:
         return InvalidRequest(
