@@ -297,7 +297,8 @@ async def start_gateway(
             settings, database_url=database_url, telemetry=telemetry.telemetry, clocks=clocks
         )
         server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
-        await server.start_server()
+        # Closed as ``serve`` closes it: a request still running after the grace is cancelled.
+        await server.start_server(shutdown_timeout=settings.shutdown_grace_seconds)
         servers.append(server)
         return Gateway(server, fake_venice, telemetry, db)
 
