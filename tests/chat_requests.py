@@ -12,6 +12,16 @@ from openai.types.chat import ChatCompletionChunk
 
 HELLO = [{"role": "user", "content": "hi"}]
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image bytes").decode()
+# A question about an image sent in the request (a data: URL), as chat callers send one.
+ABOUT_AN_IMAGE = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        ],
+    }
+]
 WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {

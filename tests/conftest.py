@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -219,6 +219,18 @@ def middleware_alone(telemetry: Telemetry, **overrides: Any) -> Middleware:
     return gateway_middleware(telemetry=telemetry, **values)
 
 
+@attrs.frozen
+class Answered:
+    """An HTTP answer, read whole."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
 @attrs.define
 class Gateway:
     """A running gateway on a real loopback port, with its telemetry and the fake behind it."""
@@ -249,6 +261,16 @@ class Gateway:
         return anthropic.AsyncAnthropic(
             base_url=self.url("/"), api_key=key, max_retries=0, **kwargs
         )
+
+    async def post(self, path: str, key: str, body: Any) -> Answered:
+        """``body`` POSTed as JSON to ``path``, ``key`` the bearer token; the answer read whole."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                self.url(path), json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as response,
+        ):
+            return Answered(response.status, response.headers, await response.read())
 
     async def ledger_rows(self, count: int) -> list[Any]:
         """Every ledger row, ordered by time, once there are ``count`` (flushed as it waits)."""

@@ -19,7 +19,7 @@ import pytest
 
 from llmgw.config import load_settings
 from llmgw.config.common import ConfigError
-from tests.chat_requests import HELLO, PNG, WEATHER, read_chat_stream
+from tests.chat_requests import ABOUT_AN_IMAGE, HELLO, PNG, WEATHER, read_chat_stream
 from tests.conftest import Gateway
 from tests.fake_bedrock import (
     ACCESS_KEY,
@@ -241,15 +241,7 @@ async def test_an_image_is_sent_as_its_bytes(
     gateway, key = routes
     await gateway.client(key).chat.completions.create(
         model="llama",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is this?"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-                ],
-            }
-        ],
+        messages=ABOUT_AN_IMAGE,
     )
     [call] = fake.calls("converse")
     assert call.json["messages"][0]["content"] == [
@@ -440,17 +432,10 @@ async def test_throttling_is_a_429_with_bedrocks_wait(
 ) -> None:
     gateway, key = routes
     fake.fail_next(Failure("ThrottlingException", "Too many requests", retry_after="7"))
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "llama", "messages": HELLO},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response,
-    ):
-        assert response.status == 429
-        assert response.headers["Retry-After"] == "7"
-        error = (await response.json())["error"]
+    answer = await gateway.post("/v1/chat/completions", key, {"model": "llama", "messages": HELLO})
+    assert answer.status == 429
+    assert answer.headers["Retry-After"] == "7"
+    error = answer.json()["error"]
     assert error["message"] == "Too many requests"
     assert error["type"] == "ThrottlingException"
 
@@ -597,15 +582,11 @@ async def test_a_stream_cut_mid_answer_is_finished_on_the_next_deployment(
     fake.reply, fake.chunks = reply, 20
     second.reply, second.chunks = reply, 20
     fake.cut_next(after_frames=11)  # messageStart and 10 words reach the caller
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "fallback", "messages": HELLO, "stream": True},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response,
-    ):
-        body = await response.read()
+    body = (
+        await gateway.post(
+            "/v1/chat/completions", key, {"model": "fallback", "messages": HELLO, "stream": True}
+        )
+    ).body
     events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
     assert events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
     chunks = [orjson.loads(e) for e in events[:-1]]

@@ -8,13 +8,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 import orjson
 import pytest
 
 from llmgw.config import load_settings
-from tests.chat_requests import HELLO, PNG, WEATHER, read_chat_stream
+from tests.chat_requests import ABOUT_AN_IMAGE, HELLO, PNG, WEATHER, read_chat_stream
 from tests.conftest import Gateway
 from tests.fake_gemini import (
     CACHED_TOKENS,
@@ -193,18 +192,10 @@ async def test_an_image_is_sent_inline(routes: tuple[Gateway, str], fake: FakeGe
     gateway, key = routes
     await gateway.client(key).chat.completions.create(
         model="flash",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is it?"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-                ],
-            }
-        ],
+        messages=ABOUT_AN_IMAGE,
     )
     assert fake.calls(":generateContent")[0].json["contents"][0]["parts"] == [
-        {"text": "What is it?"},
+        {"text": "What is this?"},
         {"inlineData": {"mimeType": "image/png", "data": PNG}},
     ]
 
@@ -276,16 +267,9 @@ async def test_resource_exhausted_is_a_429_in_openais_shape(
 ) -> None:
     gateway, key = routes
     fake.fail_next(429, "Resource has been exhausted (e.g. check quota).")
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "flash", "messages": HELLO},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response,
-    ):
-        assert response.status == 429
-        error = (await response.json())["error"]
+    answer = await gateway.post("/v1/chat/completions", key, {"model": "flash", "messages": HELLO})
+    assert answer.status == 429
+    error = answer.json()["error"]
     assert error["type"] == "RESOURCE_EXHAUSTED"
     assert error["message"] == "Resource has been exhausted (e.g. check quota)."
 
