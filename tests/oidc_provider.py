@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from joserfc import jwt
@@ -135,7 +136,9 @@ class OidcProvider:
         return web.json_response(KeySet([self.key]).as_dict(private=False))
 
 
+@pytest.fixture(name="provider")
 async def oidc_provider() -> AsyncIterator[OidcProvider]:
+    """The ``provider`` fixture (a module that imports this has it): a running OpenID provider."""
     provider = OidcProvider()
     await provider.start()
     try:

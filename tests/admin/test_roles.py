@@ -5,7 +5,6 @@ signed in by single sign-on."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,7 @@ from llmgw.errors import Forbidden, NotFound
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
 from tests.console.test_oidc import sign_in_through_provider
-from tests.oidc_provider import OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider  # noqa: F401  (the provider fixture)
 
 TEAM, OTHER = uuid.uuid4(), uuid.uuid4()
 ME = "user:ada@example.com"
@@ -83,12 +82,6 @@ def test_the_role_table(action: Action, target: Target | None, expected: tuple[i
 
 
 # Through the console, signed in by the provider -----------------------------------------------
-
-
-@pytest.fixture
-async def provider() -> AsyncIterator[OidcProvider]:
-    async for found in oidc_provider():
-        yield found
 
 
 @pytest.fixture

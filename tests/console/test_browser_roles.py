@@ -4,7 +4,6 @@ refused what their role does not allow; nobody gets the no-access page."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -14,15 +13,9 @@ from playwright.async_api import Browser, expect
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
 from tests.console.test_browser import browser, pytestmark  # noqa: F401  (fixture, marks)
-from tests.oidc_provider import OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider  # noqa: F401  (the provider fixture)
 
 GROUPS = {"admin": ["platform"], "team admin": ["ml-leads"], "member": ["ml"], "nobody": ["x"]}
-
-
-@pytest.fixture
-async def provider() -> AsyncIterator[OidcProvider]:
-    async for found in oidc_provider():
-        yield found
 
 
 @pytest.fixture

@@ -14,15 +14,9 @@ from joserfc.jwk import RSAKey
 from llmgw.config import ConfigError, load_settings
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
-from tests.oidc_provider import OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider  # noqa: F401  (the provider fixture)
 
 ADMINS = "llm-platform"
-
-
-@pytest.fixture
-async def provider() -> AsyncIterator[OidcProvider]:
-    async for found in oidc_provider():
-        yield found
 
 
 @pytest.fixture
