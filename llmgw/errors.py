@@ -208,6 +208,15 @@ class UpstreamAuthFailed(UpstreamUnavailable):
 
     code = "upstream_auth_failed"
 
+    @classmethod
+    def gateway_credentials(cls, provider: str, problem: str) -> UpstreamAuthFailed:
+        """``provider`` ``problem`` (refused or could not get the gateway's credentials), said
+        so that the caller knows it is not their key."""
+        return cls(
+            f"The provider {provider} {problem}. This is the gateway's configuration, "
+            "not your key; tell the gateway's operator."
+        )
+
 
 class UpstreamBusy(UpstreamUnavailable):
     """Every connection the gateway may open to the provider is in use (its max_connections):

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,6 +34,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from llmgw import app_keys
 from llmgw.app import create_app
 from llmgw.body_memory import BodyLimit, BodyLimits, BodyMemory
 from llmgw.cli import main
@@ -217,6 +218,18 @@ def middleware_alone(telemetry: Telemetry, **overrides: Any) -> Middleware:
     return gateway_middleware(telemetry=telemetry, **values)
 
 
+@attrs.frozen
+class Answered:
+    """An HTTP answer, read whole."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
 @attrs.define
 class Gateway:
     """A running gateway on a real loopback port, with its telemetry and the fake behind it."""
@@ -247,6 +260,30 @@ class Gateway:
         return anthropic.AsyncAnthropic(
             base_url=self.url("/"), api_key=key, max_retries=0, **kwargs
         )
+
+    async def post(self, path: str, key: str, body: Any) -> Answered:
+        """``body`` POSTed as JSON to ``path``, ``key`` the bearer token; the answer read whole."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                self.url(path), json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as response,
+        ):
+            return Answered(response.status, response.headers, await response.read())
+
+    async def ledger_rows(self, count: int) -> list[Any]:
+        """Every ledger row, ordered by time, once there are ``count`` (flushed as it waits)."""
+        ledger = self.server.app[app_keys.LEDGER]
+        rows: list[Any] = []
+
+        async def enough() -> bool:
+            nonlocal rows
+            await ledger.flush()
+            rows = await self.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
+            return len(rows) >= count
+
+        await eventually(enough, what=f"{count} ledger rows")
+        return rows
 
     async def hang_up_mid_stream(self, key: str) -> None:
         """Start a stream Venice stalls after one chunk, read that chunk, then close the socket."""
@@ -281,7 +318,8 @@ async def start_gateway(
             settings, database_url=database_url, telemetry=telemetry.telemetry, clocks=clocks
         )
         server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
-        await server.start_server()
+        # Closed as ``serve`` closes it: a request still running after the grace is cancelled.
+        await server.start_server(shutdown_timeout=settings.shutdown_grace_seconds)
         servers.append(server)
         return Gateway(server, fake_venice, telemetry, db)
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from joserfc import jwt
@@ -47,6 +48,16 @@ class OidcProvider:
     def issuer(self) -> str:
         assert self.server is not None
         return str(self.server.make_url("")).rstrip("/")
+
+    def gateway_settings(self, *admin_groups: str) -> dict[str, Any]:
+        """The gateway's settings that sign people in through this provider, ``admin_groups``'
+        members as admins."""
+        return {
+            "oidc_issuer": self.issuer,
+            "oidc_client_id": CLIENT_ID,
+            "oidc_client_secret": CLIENT_SECRET,
+            "oidc_admin_groups": admin_groups,
+        }
 
     def rotate_key(self) -> None:
         """A new signing key with a new kid, as providers roll their keys."""
@@ -125,7 +136,9 @@ class OidcProvider:
         return web.json_response(KeySet([self.key]).as_dict(private=False))
 
 
+@pytest.fixture(name="provider")
 async def oidc_provider() -> AsyncIterator[OidcProvider]:
+    """The ``provider`` fixture (a module that imports this has it): a running OpenID provider."""
     provider = OidcProvider()
     await provider.start()
     try:

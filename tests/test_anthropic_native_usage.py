@@ -31,7 +31,7 @@ from tests.fake_anthropic import (
     input_tokens,
 )
 from tests.fake_venice import FAKE_VENICE_KEY, FakeVenice
-from tests.test_anthropic_upstream import CLAUDE, CLAUDE_PRICES, HELLO, config, ledger_rows
+from tests.test_anthropic_upstream import CLAUDE, CLAUDE_PRICES, HELLO, config
 from tests.test_messages import ADD_TOOL
 
 # Long enough that its estimate (1,000 tokens) is far above the 1 of message_start.
@@ -104,7 +104,7 @@ async def test_a_caller_leaving_before_message_delta_is_billed_what_was_relayed(
             text += piece
             if text == LONG_REPLY:
                 break  # leaves: the context closes the connection
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert (row["status"], row["error_type"]) == (499, "cancelled")
     assert row["input_tokens"] == all_input(fake_anthropic)  # message_start's own count
     # Not message_start's 1 output token, marked reported: what was relayed, marked estimated.
@@ -149,7 +149,7 @@ async def test_a_stream_the_gateway_ends_before_message_delta_raises_in_the_sdk_
     body = raised.value.body
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == anthropic_type and body["error"]["message"]
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert (row["status"], row["error_type"]) == (200, error_type)
     assert row["input_tokens"] == all_input(fake_anthropic)
     assert_estimated(row, output=estimate_output_tokens(len(LONG_REPLY)))
@@ -222,7 +222,7 @@ async def test_a_count_that_cannot_be_kept_is_the_estimate_and_flagged(
             await s.get_final_message()
     else:
         await client.messages.create(model=CLAUDE, max_tokens=4096, messages=HELLO)
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert row["status"] == 200
     assert row["usage_source"] == "estimated"
     assert row["flags"] == expected["flags"]
@@ -242,7 +242,7 @@ async def test_a_second_message_start_never_lowers_the_counts(
     client = gateway.anthropic_client(await gateway.create_key(name="restart"))
     async with client.messages.stream(model=CLAUDE, max_tokens=4096, messages=HELLO) as stream:
         message = await stream.get_final_message()
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert row["input_tokens"] == all_input(fake_anthropic)
     assert row["cache_read_input_tokens"] == CACHE_READ
     assert row["output_tokens"] == message.usage.output_tokens
@@ -258,7 +258,7 @@ async def test_parts_that_do_not_add_up_are_flagged(
     }
     client = gateway.anthropic_client(await gateway.create_key(name="parts"))
     await client.messages.create(model=CLAUDE, max_tokens=4096, messages=HELLO)
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert row["flags"] == ["cache_creation_input_tokens:parts_exceed_total"]
 
 
@@ -279,7 +279,7 @@ async def test_an_answer_without_usage_is_estimated_from_its_content_blocks(
         messages=[{"role": "user", "content": "What is 4 + 6?"}],
     )
     assert [block.type for block in message.content] == ["thinking", "tool_use"]
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     produced = len(THINKING) + len(orjson.dumps({"a": 4, "b": 6}))
     assert row["output_tokens"] == estimate_output_tokens(produced) > 0
     assert row["usage_source"] == "estimated"

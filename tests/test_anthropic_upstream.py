@@ -22,7 +22,7 @@ import pytest
 from llmgw import app_keys
 from llmgw.config import load_settings
 from llmgw.routing.breaker import FAILURES_TO_OPEN
-from tests.conftest import Gateway, eventually
+from tests.conftest import Gateway
 from tests.fake_anthropic import (
     CACHE_CREATION,
     CACHE_CREATION_1H,
@@ -108,20 +108,6 @@ def recording_client(gateway: Gateway, key: str) -> tuple[anthropic.AsyncAnthrop
     return client, sent
 
 
-async def ledger_rows(gateway: Gateway, count: int) -> list[Any]:
-    ledger = gateway.server.app[app_keys.LEDGER]
-    rows: list[Any] = []
-
-    async def enough() -> bool:
-        nonlocal rows
-        await ledger.flush()
-        rows = await gateway.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
-        return len(rows) >= count
-
-    await eventually(enough, what=f"{count} ledger rows")
-    return rows
-
-
 # Native Messages ---------------------------------------------------------------------------------
 
 
@@ -146,7 +132,7 @@ async def test_sdk_message_reaches_anthropic_byte_for_byte_and_comes_back_unchan
     assert received.headers["anthropic-beta"] == "prompt-caching-2024-07-31"
     assert message.content[0].text == "Hello from fake Claude!"  # type: ignore[union-attr]
     assert message.usage.cache_read_input_tokens == CACHE_READ
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     all_input = input_tokens(received.json) + CACHE_READ + CACHE_CREATION
     assert (row["provider"], row["input_tokens"]) == ("claude", all_input)
     assert row["output_tokens"] == message.usage.output_tokens
@@ -196,7 +182,7 @@ async def test_stream_events_come_back_unchanged_with_thinking_and_tools_over_tu
         )
         relayed = await response.read()
     assert relayed == fake_anthropic.streamed[-1]
-    rows = await ledger_rows(gateway, 3)
+    rows = await gateway.ledger_rows(3)
     all_input = input_tokens(fake_anthropic.received[-1].json) + CACHE_READ + CACHE_CREATION
     four = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
     assert [rows[-1][c] for c in four] == [all_input, CACHE_READ, CACHE_CREATION]
@@ -244,7 +230,7 @@ async def test_count_tokens_asks_anthropic_and_models_lists_its_models(
     (received,) = fake_anthropic.calls("/v1/messages/count_tokens")
     assert counted.input_tokens == input_tokens(received.json)
     # It reached a provider: one ledger row, which bills nothing (counting is free).
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert (row["operation"], row["status"], row["deployment"]) == (
         "count_tokens",
         200,
@@ -283,7 +269,7 @@ async def test_count_tokens_429s_do_not_open_the_messages_breaker(
             await client.messages.count_tokens(model="sonnet", messages=HELLO)  # type: ignore[arg-type]
     health = gateway.server.app[app_keys.PROVIDERS].routing.health(f"claude:{CLAUDE}")
     assert (health.state, health.consecutive_failures) == ("closed", 0)
-    rows = await ledger_rows(gateway, FAILURES_TO_OPEN + 1)
+    rows = await gateway.ledger_rows(FAILURES_TO_OPEN + 1)
     assert {(r["operation"], r["status"], r["error_type"]) for r in rows} == {
         ("count_tokens", 429, "429")
     }
@@ -355,7 +341,7 @@ async def test_openai_sdk_chat_plain_and_stream_reach_anthropic_translated(
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == (
         input_tokens(fake_anthropic.received[-1].json) + CACHE_READ + CACHE_CREATION
     )
-    rows = await ledger_rows(gateway, 2)
+    rows = await gateway.ledger_rows(2)
     assert rows[-1]["input_tokens"] == chunks[-1].usage.prompt_tokens
     # The 1-hour cache writes reach the ledger through the chat translation too.
     assert rows[-1]["cache_creation_1h_input_tokens"] == CACHE_CREATION_1H
@@ -540,7 +526,7 @@ async def test_an_error_event_mid_stream_reaches_a_messages_caller_as_anthropic_
         relayed = await response.read()
     assert relayed == fake_anthropic.streamed[-1]
     assert relayed.endswith(b'"error":{"type":"overloaded_error","message":"Overloaded"}}\n\n')
-    (row,) = await ledger_rows(gateway, 1)
+    (row,) = await gateway.ledger_rows(1)
     assert row["error_type"] == "upstream_stream_error"  # the answer is not whole
 
 
@@ -590,7 +576,7 @@ async def test_anthropic_answers_are_billed_at_their_configured_prices_exactly(
     # Anthropic's input_tokens are the fresh ones; chat's prompt_tokens count the cache too.
     assert completion.usage is not None
     chat_fresh = completion.usage.prompt_tokens - CACHE_READ - CACHE_CREATION
-    rows = await ledger_rows(gateway, 3)
+    rows = await gateway.ledger_rows(3)
     assert [row["cost_usd"] for row in rows] == [
         claude_bill(message.usage.input_tokens, message.usage.output_tokens),
         claude_bill(streamed.usage.input_tokens, streamed.usage.output_tokens),

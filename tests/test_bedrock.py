@@ -17,9 +17,9 @@ import openai
 import orjson
 import pytest
 
-from llmgw import app_keys
 from llmgw.config import load_settings
 from llmgw.config.common import ConfigError
+from tests.chat_requests import ABOUT_AN_IMAGE, HELLO, PNG, WEATHER, read_chat_stream
 from tests.conftest import Gateway
 from tests.fake_bedrock import (
     ACCESS_KEY,
@@ -34,21 +34,10 @@ from tests.fake_bedrock import (
     FakeBedrock,
     signature_for,
 )
-from tests.processes import eventually
 from tests.secrets_scan import SecretScanner
 
 LLAMA = "us.meta.llama3-3-70b-instruct-v1:0"
 CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
-HELLO = [{"role": "user", "content": "hi"}]
-PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image bytes").decode()
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def bedrock_entry(name: str, fake: FakeBedrock, *, retries: int = 0) -> str:
@@ -144,20 +133,6 @@ async def routes(
     return await start(start_gateway, tmp_path, toml)
 
 
-async def ledger_rows(gateway: Gateway, count: int) -> list[Any]:
-    ledger = gateway.server.app[app_keys.LEDGER]
-    rows: list[Any] = []
-
-    async def enough() -> bool:
-        nonlocal rows
-        await ledger.flush()
-        rows = await gateway.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
-        return len(rows) >= count
-
-    await eventually(enough, what=f"{count} ledger rows")
-    return rows
-
-
 # Chat through Converse -------------------------------------------------------------------------
 
 
@@ -194,18 +169,11 @@ async def test_a_streamed_chat_arrives_delta_by_delta(
     stream = await gateway.client(key).chat.completions.create(
         model="llama", messages=HELLO, stream=True, stream_options={"include_usage": True}
     )
-    texts, finishes, usage = [], [], None
-    async for chunk in stream:
-        for choice in chunk.choices:
-            if choice.delta.content:
-                texts.append(choice.delta.content)
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
-        usage = chunk.usage or usage
-    assert "".join(texts) == "one two three four five six"
-    assert len(texts) == 6, "each of Bedrock's deltas is relayed as it came"
-    assert finishes == ["stop"]
-    assert usage is not None and usage.completion_tokens == 6
+    read = await read_chat_stream(stream)
+    assert "".join(read.texts) == "one two three four five six"
+    assert len(read.texts) == 6, "each of Bedrock's deltas is relayed as it came"
+    assert read.finishes == ["stop"]
+    assert read.usage is not None and read.usage.completion_tokens == 6
     assert len(fake.calls("converse-stream")) == 1
 
 
@@ -273,15 +241,7 @@ async def test_an_image_is_sent_as_its_bytes(
     gateway, key = routes
     await gateway.client(key).chat.completions.create(
         model="llama",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is this?"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-                ],
-            }
-        ],
+        messages=ABOUT_AN_IMAGE,
     )
     [call] = fake.calls("converse")
     assert call.json["messages"][0]["content"] == [
@@ -343,7 +303,7 @@ async def test_usage_with_cache_and_reasoning_is_billed_per_token_kind(
     assert usage is not None and usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == CACHE_READ
     fresh = usage.prompt_tokens - CACHE_READ - CACHE_WRITE
-    [row] = await ledger_rows(gateway, 1)
+    [row] = await gateway.ledger_rows(1)
     assert (row["cache_read_input_tokens"], row["cache_creation_input_tokens"]) == (
         CACHE_READ,
         CACHE_WRITE,
@@ -472,17 +432,10 @@ async def test_throttling_is_a_429_with_bedrocks_wait(
 ) -> None:
     gateway, key = routes
     fake.fail_next(Failure("ThrottlingException", "Too many requests", retry_after="7"))
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "llama", "messages": HELLO},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response,
-    ):
-        assert response.status == 429
-        assert response.headers["Retry-After"] == "7"
-        error = (await response.json())["error"]
+    answer = await gateway.post("/v1/chat/completions", key, {"model": "llama", "messages": HELLO})
+    assert answer.status == 429
+    assert answer.headers["Retry-After"] == "7"
+    error = answer.json()["error"]
     assert error["message"] == "Too many requests"
     assert error["type"] == "ThrottlingException"
 
@@ -629,15 +582,11 @@ async def test_a_stream_cut_mid_answer_is_finished_on_the_next_deployment(
     fake.reply, fake.chunks = reply, 20
     second.reply, second.chunks = reply, 20
     fake.cut_next(after_frames=11)  # messageStart and 10 words reach the caller
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "fallback", "messages": HELLO, "stream": True},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response,
-    ):
-        body = await response.read()
+    body = (
+        await gateway.post(
+            "/v1/chat/completions", key, {"model": "fallback", "messages": HELLO, "stream": True}
+        )
+    ).body
     events = [e.removeprefix(b"data: ") for e in body.split(b"\n\n") if e]
     assert events[-1] == b"[DONE]" and events.count(b"[DONE]") == 1
     chunks = [orjson.loads(e) for e in events[:-1]]

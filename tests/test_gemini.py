@@ -3,19 +3,17 @@ google-genai SDK in tests/test_fake_gemini.py), called with the openai and anthr
 
 from __future__ import annotations
 
-import base64
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 import orjson
 import pytest
 
-from llmgw import app_keys
 from llmgw.config import load_settings
+from tests.chat_requests import ABOUT_AN_IMAGE, HELLO, PNG, WEATHER, read_chat_stream
 from tests.conftest import Gateway
 from tests.fake_gemini import (
     CACHED_TOKENS,
@@ -25,20 +23,10 @@ from tests.fake_gemini import (
     FakeGemini,
     signature_for,
 )
-from tests.processes import eventually
 from tests.secrets_scan import SecretScanner
 
 MODEL = "gemini-2.5-flash"
 LARGER = "gemini-2.5-pro"
-HELLO = [{"role": "user", "content": "hi"}]
-PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image bytes").decode()
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def entry(name: str, fake: FakeGemini) -> str:
@@ -88,20 +76,6 @@ async def routes(
     return gateway, await gateway.create_key(name="gemini")
 
 
-async def ledger_rows(gateway: Gateway, count: int) -> list[Any]:
-    ledger = gateway.server.app[app_keys.LEDGER]
-    rows: list[Any] = []
-
-    async def enough() -> bool:
-        nonlocal rows
-        await ledger.flush()
-        rows = await gateway.db.fetch("SELECT * FROM usage_events ORDER BY occurred_at")
-        return len(rows) >= count
-
-    await eventually(enough, what=f"{count} ledger rows")
-    return rows
-
-
 async def test_text_and_its_request(routes: tuple[Gateway, str], fake: FakeGemini) -> None:
     gateway, key = routes
     completion = await gateway.client(key).chat.completions.create(
@@ -128,17 +102,10 @@ async def test_a_streamed_answer(routes: tuple[Gateway, str]) -> None:
     stream = await gateway.client(key).chat.completions.create(
         model="flash", messages=HELLO, stream=True, stream_options={"include_usage": True}
     )
-    texts, finishes, usage = [], [], None
-    async for chunk in stream:
-        for choice in chunk.choices:
-            if choice.delta.content:
-                texts.append(choice.delta.content)
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
-        usage = chunk.usage or usage
-    assert "".join(texts) == "Hello from fake Gemini!" and len(texts) == 3
-    assert finishes == ["stop"]
-    assert usage is not None and usage.completion_tokens == 3
+    read = await read_chat_stream(stream)
+    assert "".join(read.texts) == "Hello from fake Gemini!" and len(read.texts) == 3
+    assert read.finishes == ["stop"]
+    assert read.usage is not None and read.usage.completion_tokens == 3
 
 
 async def test_tool_calls_over_two_turns_keep_the_thought_signature(
@@ -225,18 +192,10 @@ async def test_an_image_is_sent_inline(routes: tuple[Gateway, str], fake: FakeGe
     gateway, key = routes
     await gateway.client(key).chat.completions.create(
         model="flash",
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is it?"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-                ],
-            }
-        ],
+        messages=ABOUT_AN_IMAGE,
     )
     assert fake.calls(":generateContent")[0].json["contents"][0]["parts"] == [
-        {"text": "What is it?"},
+        {"text": "What is this?"},
         {"inlineData": {"mimeType": "image/png", "data": PNG}},
     ]
 
@@ -257,7 +216,7 @@ async def test_usage_with_cached_and_thought_tokens_is_billed_per_kind(
     assert usage.completion_tokens_details is not None
     assert usage.completion_tokens_details.reasoning_tokens == THOUGHTS_TOKENS
     assert usage.completion_tokens == 3 + THOUGHTS_TOKENS
-    [row] = await ledger_rows(gateway, 1)
+    [row] = await gateway.ledger_rows(1)
     assert row["cache_read_input_tokens"] == CACHED_TOKENS
     assert row["reasoning_output_tokens"] == THOUGHTS_TOKENS
     fresh = usage.prompt_tokens - CACHED_TOKENS
@@ -308,16 +267,9 @@ async def test_resource_exhausted_is_a_429_in_openais_shape(
 ) -> None:
     gateway, key = routes
     fake.fail_next(429, "Resource has been exhausted (e.g. check quota).")
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            gateway.url("/v1/chat/completions"),
-            json={"model": "flash", "messages": HELLO},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response,
-    ):
-        assert response.status == 429
-        error = (await response.json())["error"]
+    answer = await gateway.post("/v1/chat/completions", key, {"model": "flash", "messages": HELLO})
+    assert answer.status == 429
+    error = answer.json()["error"]
     assert error["type"] == "RESOURCE_EXHAUSTED"
     assert error["message"] == "Resource has been exhausted (e.g. check quota)."
 

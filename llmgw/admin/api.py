@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import attrs
@@ -69,6 +69,7 @@ __all__ = [
 ADMIN_PREFIX = "/admin/v1"
 _SANE_ACTOR = re.compile(r"[A-Za-z0-9._@:/\-]{1,128}")
 _MAX_PAGE = 200
+_Row = TypeVar("_Row")
 
 
 def admin_token_auth(token: str, guard: SignInGuard) -> Middleware:
@@ -242,35 +243,19 @@ async def list_keys(request: web.Request) -> web.Response:
         raise InvalidRequest(
             f"state must be one of {', '.join(api_keys.KEY_STATES)}.", param="state"
         )
-    try:
-        limit = int(query.get("limit", "50"))
-        offset = int(query.get("offset", "0"))
-    except ValueError:
-        raise InvalidRequest("limit and offset must be integers.", param="limit") from None
-    if not 1 <= limit <= _MAX_PAGE:
-        raise InvalidRequest(f"limit must be 1-{_MAX_PAGE}.", param="limit")
-    if not 0 <= offset <= bounds.MAX_OFFSET:
-        raise InvalidRequest(f"offset must be 0-{bounds.MAX_OFFSET}.", param="offset")
+    page = _OffsetPage.asked(query)
     async with _transaction(request) as connection:
         records = await api_keys.list_keys(
             connection,
             subject_id=None if subject is None else _uuid(subject, "subject_id"),
             team_id=None if team is None else _uuid(team, "team_id"),
             state=state,
-            limit=limit + 1,
-            offset=offset,
+            limit=page.fetch,
+            offset=page.offset,
             # Only what the caller may see: their teams' keys (a team admin), their own (a member).
             visible=None if identity.admin else (list(identity.admin_teams), identity.actor),
         )
-    page = records[:limit]
-    return _json(
-        {
-            "object": "list",
-            "data": [to_json(record) for record in page],
-            "has_more": len(records) > limit,
-            "next_offset": offset + len(page) if len(records) > limit else None,
-        }
-    )
+    return page.answer(records, [to_json(record) for record in page.rows(records)])
 
 
 async def get_key(request: web.Request) -> web.Response:
@@ -371,25 +356,15 @@ async def create_team(request: web.Request) -> web.Response:
 
 async def list_teams(request: web.Request) -> web.Response:
     identity = _may(request, Action.TEAM_LIST)
-    limit = _page_size(request.query)
-    offset = _bounded_int(request.query, "offset", bounds.MAX_OFFSET) or 0
+    page = _OffsetPage.asked(request.query)
     async with _transaction(request) as connection:
         found = await teams.list_teams(
             connection,
-            limit=limit + 1,
-            offset=offset,
+            limit=page.fetch,
+            offset=page.offset,
             ids=None if identity.admin else list(identity.teams),
         )
-    page = found[:limit]
-    more = len(found) > limit
-    return _json(
-        {
-            "object": "list",
-            "data": [to_json(team) for team in page],
-            "has_more": more,
-            "next_offset": offset + len(page) if more else None,
-        }
-    )
+    return page.answer(found, [to_json(team) for team in page.rows(found)])
 
 
 async def get_team(request: web.Request) -> web.Response:
@@ -595,6 +570,37 @@ def _page_size(query: Any) -> int:
     return limit
 
 
+def _list_answer(data: list[Any], more: bool, **next_page: int | None) -> web.Response:
+    """One page of a list: its rows, whether another page follows, and the one parameter that
+    asks for the next page (None on the last)."""
+    return _json({"object": "list", "data": data, "has_more": more, **next_page})
+
+
+@attrs.frozen
+class _OffsetPage:
+    """The page of a list the query asks for by ``limit`` and ``offset``, fetched with one row
+    more than it shows: that row says whether another page follows."""
+
+    limit: int
+    offset: int
+
+    @classmethod
+    def asked(cls, query: Any, *, max_offset: int = bounds.MAX_OFFSET) -> _OffsetPage:
+        return cls(_page_size(query), _bounded_int(query, "offset", max_offset) or 0)
+
+    @property
+    def fetch(self) -> int:
+        return self.limit + 1
+
+    def rows(self, found: list[_Row]) -> list[_Row]:
+        return found[: self.limit]
+
+    def answer(self, found: list[Any], data: list[Any]) -> web.Response:
+        """``data``, the shown rows of ``found`` as JSON, as the list's page."""
+        more = len(found) > self.limit
+        return _list_answer(data, more, next_offset=self.offset + self.limit if more else None)
+
+
 def _bounded_int(query: Any, name: str, maximum: int) -> int | None:
     text = query.get(name)
     if text is None:
@@ -606,20 +612,10 @@ def _bounded_int(query: Any, name: str, maximum: int) -> int | None:
 
 async def list_subjects(request: web.Request) -> web.Response:
     _may(request, Action.SUBJECT_READ)
-    limit = _page_size(request.query)
-    offset = _bounded_int(request.query, "offset", 2**31 - 1) or 0
+    page = _OffsetPage.asked(request.query, max_offset=2**31 - 1)
     async with _transaction(request) as connection:
-        found = await subjects.list_subjects(connection, limit=limit + 1, offset=offset)
-    page = found[:limit]
-    more = len(found) > limit
-    return _json(
-        {
-            "object": "list",
-            "data": await _with_reserved(request, page),
-            "has_more": more,
-            "next_offset": offset + len(page) if more else None,
-        }
-    )
+        found = await subjects.list_subjects(connection, limit=page.fetch, offset=page.offset)
+    return page.answer(found, await _with_reserved(request, page.rows(found)))
 
 
 async def audit_log(request: web.Request) -> web.Response:
@@ -635,14 +631,8 @@ async def audit_log(request: web.Request) -> web.Response:
         )
     page = entries[:limit]
     more = len(entries) > limit
-    return _json(
-        {
-            "object": "list",
-            "data": [to_json(entry) for entry in page],
-            "has_more": more,
-            "next_before_id": page[-1].id if more else None,
-        }
-    )
+    data = [to_json(entry) for entry in page]
+    return _list_answer(data, more, next_before_id=page[-1].id if more else None)
 
 
 async def overview(request: web.Request) -> web.Response:

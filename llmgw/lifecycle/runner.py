@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -28,6 +29,7 @@ from aiohttp import web
 from llmgw import app_keys
 from llmgw.compat.aiohttp import app_runner
 from llmgw.config import Settings
+from llmgw.lifecycle.invalid_http import invalid_http_answer
 from llmgw.lifecycle.open_files import OPEN_FILES, OpenFiles, raise_open_file_limit
 from llmgw.lifecycle.reload import RELOADER
 
@@ -106,8 +108,8 @@ async def _serve(
         # Also bounds a client that sends its request line and headers too slowly (slow loris).
         keepalive_timeout=min(75.0, settings.request_timeout_seconds),
         # For each connection's hooks (llmgw.compat.aiohttp):
-        refusals=app[app_keys.REFUSALS],
-        open_files=open_files,
+        invalid_http=functools.partial(invalid_http_answer, refusals=app[app_keys.REFUSALS]),
+        connections=open_files,
     )
     await runner.setup()
     try:

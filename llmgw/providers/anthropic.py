@@ -34,9 +34,11 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
+from llmgw.providers.json_bodies import with_json_body
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 from llmgw.providers.sse import SSEScanner, event_data
+from llmgw.providers.translated_stream import TranslatedStream
 from llmgw.translation.anthropic import error_body
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.messages_to_chat import ChatChunks, chat_error_body, completion_from_message
@@ -143,7 +145,7 @@ class AnthropicProvider(OpenAICompatibleProvider):
             include_usage=include_usage,
             trimmed_prefill=trims_prefill(body),
         )
-        return MessagesAsChat(stream, translator)
+        return MessagesAsChat(stream, self.name, translator)
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         raise self._not_offered("/embeddings")
@@ -198,8 +200,7 @@ PLUGIN: Final[ProviderPlugin[AnthropicOptions]] = ProviderPlugin(
 
 
 def _as_messages(call: UpstreamCall, body: dict[str, Any] | None = None) -> UpstreamCall:
-    request = chat_to_messages(orjson.loads(call.body) if body is None else body)
-    return attrs.evolve(call, body=orjson.dumps(request), content_type=_JSON)
+    return with_json_body(call, chat_to_messages(orjson.loads(call.body) if body is None else body))
 
 
 @contextlib.contextmanager
@@ -231,14 +232,12 @@ def as_messages_errors() -> Iterator[None]:
         raise UpstreamHTTPError(attrs.evolve(response, body=body), error.decision) from None
 
 
-class MessagesAsChat:
+class MessagesAsChat(TranslatedStream):
     """An Anthropic event stream read as chat completion chunks (also Claude's on Vertex AI)."""
 
-    def __init__(self, upstream: ChatStream, translator: ChatChunks) -> None:
-        self._upstream = upstream
+    def __init__(self, upstream: ChatStream, provider: str, translator: ChatChunks) -> None:
+        super().__init__(upstream, provider)
         self._translator = translator
-        self.retries = upstream.retries
-        self.content_type = _EVENT_STREAM
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         scanner = SSEScanner()
@@ -261,6 +260,3 @@ class MessagesAsChat:
                     out.append(b"data: " + encoded + b"\n\n")
             if out:
                 yield b"".join(out)
-
-    async def close(self) -> None:
-        await self._upstream.close()

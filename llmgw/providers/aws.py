@@ -78,10 +78,7 @@ class AwsSigner:
 
     def _refused(self, problem: str) -> UpstreamAuthFailed:
         log.warning("provider %s: %s", self._provider, problem)
-        return UpstreamAuthFailed(
-            f"The provider {self._provider} {problem}. This is the gateway's configuration, "
-            "not your key; tell the gateway's operator."
-        )
+        return UpstreamAuthFailed.gateway_credentials(self._provider, problem)
 
 
 def _refresh_due(credentials: Any) -> bool:

@@ -32,14 +32,13 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
-import aiohttp
 import attrs
 import orjson
 from aiohttp.typedefs import StrOrURL
 from yarl import URL
 
 from llmgw.config.converter import check
-from llmgw.errors import InvalidRequest, UpstreamAuthFailed, UpstreamUnavailable
+from llmgw.errors import InvalidRequest, UpstreamAuthFailed
 from llmgw.providers.anthropic import as_messages_errors
 from llmgw.providers.aws import AwsSigner, EventStreamBuffer, ParserError
 from llmgw.providers.base import (
@@ -48,8 +47,15 @@ from llmgw.providers.base import (
     UpstreamResponse,
     UpstreamStream,
 )
+from llmgw.providers.json_bodies import (
+    answer_document,
+    counted_tokens,
+    invalid_answer,
+    with_json_body,
+)
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
+from llmgw.providers.translated_stream import TranslatedStream
 from llmgw.translation.anthropic_stream import sse_event
 from llmgw.translation.chat_to_messages import chat_to_messages, trims_prefill
 from llmgw.translation.converse import ConverseEvents, converse_request, message_from_converse
@@ -62,7 +68,6 @@ log = logging.getLogger(__name__)
 # What Bedrock's Anthropic models take in the body instead of the anthropic-version header.
 ANTHROPIC_VERSION: Final = "bedrock-2023-05-31"
 _EVENT_STREAM: Final = "application/vnd.amazon.eventstream"
-_SSE: Final = "text/event-stream"
 _JSON: Final = "application/json"
 _REGION: Final = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 _ANTHROPIC_MODEL: Final = re.compile(r"(^|[./])anthropic\.")
@@ -119,45 +124,34 @@ class BedrockProvider(OpenAICompatibleProvider):
             raise InvalidRequest(f"{model!r} is not a Bedrock model id.", param="model")
         return f"{self._base_url}/model/{quote(model, safe='')}{path}"
 
-    async def _attempt(
-        self,
-        url: StrOrURL,
-        call: UpstreamCall,
-        headers: Mapping[str, str],
-        answer_by: float,
-        streaming: bool,
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
+    async def _authorize(
+        self, url: StrOrURL, call: UpstreamCall, headers: Mapping[str, str], *, renew: bool
+    ) -> tuple[StrOrURL, Mapping[str, str]]:
         # Signed afresh each attempt (a retry's date is its own); the URL is sent as encoded,
         # as it was signed: aiohttp would otherwise decode the model's "%3A" to ":".
         signed = await self._signer.sign(str(url), headers, call.body)
-        return await super()._attempt(
-            URL(str(url), encoded=True), call, signed, answer_by, streaming
-        )
+        return URL(str(url), encoded=True), signed
 
     def _check_credentials_accepted(self, status: int) -> None:
         if status in (401, 403):
             log.warning("provider %s refused the AWS credentials (HTTP %d)", self.name, status)
-            raise UpstreamAuthFailed(
-                f"The provider {self.name} refused the gateway's AWS credentials (HTTP "
-                f"{status}): their role may lack bedrock:InvokeModel for this model, or the "
-                "model access is not enabled. This is the gateway's configuration, not your key; "
-                "tell the gateway's operator."
+            raise UpstreamAuthFailed.gateway_credentials(
+                self.name,
+                f"refused the gateway's AWS credentials (HTTP {status}): their role may lack "
+                "bedrock:InvokeModel for this model, or the model access is not enabled",
             )
 
-    async def _read_answer(
-        self, response: aiohttp.ClientResponse, retries: int
+    def _openai_error(
+        self, answer: UpstreamResponse, headers: Mapping[str, str]
     ) -> UpstreamResponse:
-        answer = await super()._read_answer(response, retries)
-        if answer.status < 300:
-            return answer
-        return _error_answer(answer, response.headers.get("x-amzn-ErrorType", ""))
+        return _error_answer(answer, headers.get("x-amzn-ErrorType", ""))
 
     async def _send(
         self, operation: str, call: UpstreamCall, body: Any
     ) -> tuple[UpstreamResponse, int | None]:
         """POST ``body`` and read the answer, with the input tokens InvokeModel reports in a
         header (Cohere's embeddings have no count in their body)."""
-        call = _with_body(call, body)
+        call = with_json_body(call, body)
         slot = await self.connections.acquire(call.deadline)
         try:
             response, retries, _ = await self._post(operation, call, accept=_JSON, streaming=False)
@@ -171,7 +165,7 @@ class BedrockProvider(OpenAICompatibleProvider):
         self, operation: str, call: UpstreamCall, body: Any, translator: _Translator
     ) -> UpstreamStream:
         stream = await super().forward_stream(
-            operation, _with_body(call, body), accept=_EVENT_STREAM
+            operation, with_json_body(call, body), accept=_EVENT_STREAM
         )
         return _EventStream(stream, self.name, translator)
 
@@ -180,7 +174,7 @@ class BedrockProvider(OpenAICompatibleProvider):
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         messages = chat_to_messages(orjson.loads(call.body))
         answer, _ = await self._send("/converse", call, converse_request(messages))
-        message = message_from_converse(_document(answer, self.name), model=_model(call))
+        message = message_from_converse(answer_document(answer, self.name), model=_model(call))
         completion = completion_from_message(message, created=int(time.time()))
         return attrs.evolve(answer, body=orjson.dumps(completion), content_type=_JSON)
 
@@ -204,7 +198,7 @@ class BedrockProvider(OpenAICompatibleProvider):
         if "cohere." in model:
             body = {"texts": inputs, "input_type": "search_document"}
             answer, counted = await self._send("/invoke", call, body)
-            vectors = _document(answer, self.name).get("embeddings")
+            vectors = answer_document(answer, self.name).get("embeddings")
             if isinstance(vectors, dict):  # Cohere v4 (and v3 when types were asked): by type
                 vectors = vectors.get("float")
             tokens = counted or 0
@@ -215,7 +209,7 @@ class BedrockProvider(OpenAICompatibleProvider):
                 if isinstance(request.get("dimensions"), int):
                     titan["dimensions"] = request["dimensions"]
                 answer, _ = await self._send("/invoke", call, titan)
-                document = _document(answer, self.name)
+                document = answer_document(answer, self.name)
                 vectors.append(document.get("embedding"))
                 count = document.get("inputTextTokenCount")
                 tokens += count if isinstance(count, int) else 0
@@ -226,7 +220,7 @@ class BedrockProvider(OpenAICompatibleProvider):
                 param="model",
             )
         if not isinstance(vectors, list) or len(vectors) != len(inputs):
-            raise _invalid_answer(self.name)
+            raise invalid_answer(self.name)
         as_base64 = request.get("encoding_format") == "base64"
         result = {
             "object": "list",
@@ -255,7 +249,7 @@ class BedrockProvider(OpenAICompatibleProvider):
                 answer, _ = await self._send("/invoke", call, _invoke_body(body, call))
                 return attrs.evolve(answer, content_type=_JSON)
             answer, _ = await self._send("/converse", call, converse_request(body))
-        message = message_from_converse(_document(answer, self.name), model=model)
+        message = message_from_converse(answer_document(answer, self.name), model=model)
         return attrs.evolve(answer, body=orjson.dumps(message), content_type=_JSON)
 
     async def forward_stream(self, path: str, call: UpstreamCall, *, accept: str) -> UpstreamStream:
@@ -280,10 +274,7 @@ class BedrockProvider(OpenAICompatibleProvider):
             fields = ("messages", "system", "toolConfig", "additionalModelRequestFields")
             request = {"input": {"converse": {k: converse[k] for k in fields if k in converse}}}
         answer, _ = await self._send("/count-tokens", call, request)
-        count = _document(answer, self.name).get("inputTokens")
-        if not isinstance(count, int):
-            raise _invalid_answer(self.name)
-        return attrs.evolve(answer, body=orjson.dumps({"input_tokens": count}), content_type=_JSON)
+        return counted_tokens(answer, self.name, "inputTokens")
 
     def _not_offered(self, path: str) -> InvalidRequest:
         return InvalidRequest(
@@ -326,10 +317,6 @@ def _is_anthropic(model: str) -> bool:
     return _ANTHROPIC_MODEL.search(model) is not None
 
 
-def _with_body(call: UpstreamCall, body: Any) -> UpstreamCall:
-    return attrs.evolve(call, body=orjson.dumps(body), content_type=_JSON)
-
-
 def _invoke_body(body: dict[str, Any], call: UpstreamCall) -> dict[str, Any]:
     """The caller's Messages body as Bedrock's Claude takes it: the model is in the URL, the
     operation says whether to stream, and the version and beta flags are in the body."""
@@ -341,23 +328,6 @@ def _invoke_body(body: dict[str, Any], call: UpstreamCall) -> dict[str, Any]:
         already = invoke.get("anthropic_beta")
         invoke["anthropic_beta"] = [*(already if isinstance(already, list) else []), *flags]
     return invoke
-
-
-def _document(answer: UpstreamResponse, provider: str) -> dict[str, Any]:
-    try:
-        document = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        document = None
-    if not isinstance(document, dict):
-        raise _invalid_answer(provider)
-    return document
-
-
-def _invalid_answer(provider: str) -> UpstreamUnavailable:
-    return UpstreamUnavailable(
-        f"{provider} answered with a body that is not a Bedrock answer.",
-        code="upstream_invalid_response",
-    )
 
 
 def _embedding_inputs(value: Any) -> list[str]:
@@ -467,7 +437,7 @@ class _Invoked:
         return [] if self._stopped else None
 
 
-class _EventStream:
+class _EventStream(TranslatedStream):
     """An AWS event stream read frame by frame as it arrives, relayed as its translator says.
 
     A frame is relayed as soon as it is whole, so tokens reach the caller as Bedrock sends them.
@@ -476,11 +446,8 @@ class _EventStream:
     """
 
     def __init__(self, upstream: UpstreamStream, provider: str, translator: _Translator) -> None:
-        self._upstream = upstream
-        self._provider = provider
+        super().__init__(upstream, provider)
         self._translator = translator
-        self.retries = upstream.retries
-        self.content_type = _SSE
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         frames = EventStreamBuffer()
@@ -491,14 +458,14 @@ class _EventStream:
                 for frame in frames:
                     out.extend(self._frame(frame.headers, frame.payload))
             except ParserError as exc:
-                raise self._broken(
+                raise self.interrupted(
                     f"sent a frame that is not valid ({type(exc).__name__})"
                 ) from None
             if out:
                 yield b"".join(out)
         last = self._translator.end()
         if last is None:
-            raise self._broken("ended the stream before the answer was complete")
+            raise self.interrupted("ended the stream before the answer was complete")
         if last:
             yield b"".join(last)
 
@@ -508,14 +475,14 @@ class _EventStream:
             try:
                 event = orjson.loads(payload) if payload else {}
             except orjson.JSONDecodeError:
-                raise self._broken("sent an event that is not JSON") from None
+                raise self.interrupted("sent an event that is not JSON") from None
             kind = headers.get(":event-type")
             if not isinstance(event, dict) or not isinstance(kind, str):
                 return []
             try:
                 return self._translator.feed(kind, event)
             except ValueError:  # a chunk whose bytes are not base64 JSON
-                raise self._broken(f"sent a {kind} event that is not valid") from None
+                raise self.interrupted(f"sent a {kind} event that is not valid") from None
         # An exception (or error) frame: Bedrock's failure mid-stream, with its type and message.
         kind = headers.get(":exception-type") or headers.get(":error-code") or "error"
         try:
@@ -523,10 +490,4 @@ class _EventStream:
         except (orjson.JSONDecodeError, AttributeError):
             message = None
         said = f": {message}" if isinstance(message, str) else ""
-        raise self._broken(f"ended the stream with {kind}{said}")
-
-    def _broken(self, what: str) -> UpstreamUnavailable:
-        return UpstreamUnavailable(f"{self._provider} {what}.", code="upstream_stream_interrupted")
-
-    async def close(self) -> None:
-        await self._upstream.close()
+        raise self.interrupted(f"ended the stream with {kind}{said}")

@@ -13,19 +13,20 @@ retried or moved on from, and an input over the model's window is the context-le
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
-import aiohttp
 import attrs
 import orjson
 
-from llmgw.errors import InvalidRequest, UpstreamUnavailable
+from llmgw.errors import InvalidRequest
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamResponse, UpstreamStream
+from llmgw.providers.json_bodies import answer_document, invalid_answer, with_json_body
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, NoOptions, ProviderPlugin
 from llmgw.providers.sse import SSEScanner, event_data
+from llmgw.providers.translated_stream import TranslatedStream
 from llmgw.translation.gemini import (
     GeminiChunks,
     completion_from_gemini,
@@ -38,10 +39,7 @@ __all__ = [
     "PLUGIN",
     "GeminiProvider",
     "GeminiStream",
-    "answer_document",
-    "invalid_answer",
     "model_segment",
-    "with_body",
 ]
 
 _JSON: Final = "application/json"
@@ -64,12 +62,9 @@ class GeminiProvider(OpenAICompatibleProvider):
     def _url(self, path: str, model: str | None) -> str:
         return f"{self._base_url}/v1beta/models/{model_segment(model)}{path}"
 
-    async def _read_answer(
-        self, response: aiohttp.ClientResponse, retries: int
+    def _openai_error(
+        self, answer: UpstreamResponse, headers: Mapping[str, str]
     ) -> UpstreamResponse:
-        answer = await super()._read_answer(response, retries)
-        if answer.status < 300:
-            return answer
         if answer.status == 400 and _KEY_REFUSED in answer.body:
             # The Gemini API refuses a bad key with a 400: the gateway's key, not the caller's.
             self._check_credentials_accepted(401)
@@ -79,7 +74,7 @@ class GeminiProvider(OpenAICompatibleProvider):
 
     async def chat_completion(self, call: UpstreamCall) -> UpstreamResponse:
         request = gemini_request(orjson.loads(call.body))
-        answer = await self._complete(":generateContent", with_body(call, request))
+        answer = await self._complete(":generateContent", with_json_body(call, request))
         completion = completion_from_gemini(
             answer_document(answer, self.name),
             model=model_segment(call.model),
@@ -108,7 +103,9 @@ class GeminiProvider(OpenAICompatibleProvider):
             model=model_segment(call.model), created=int(time.time()), include_usage=include_usage
         )
         stream = await super().forward_stream(
-            ":streamGenerateContent?alt=sse", with_body(call, gemini_request(body)), accept=_SSE
+            ":streamGenerateContent?alt=sse",
+            with_json_body(call, gemini_request(body)),
+            accept=_SSE,
         )
         return GeminiStream(stream, chunks, self.name, render=render, start=start)
 
@@ -128,7 +125,9 @@ class GeminiProvider(OpenAICompatibleProvider):
             if isinstance(request.get("dimensions"), int):
                 entry["outputDimensionality"] = request["dimensions"]
             entries.append(entry)
-        answer = await self._complete(":batchEmbedContents", with_body(call, {"requests": entries}))
+        answer = await self._complete(
+            ":batchEmbedContents", with_json_body(call, {"requests": entries})
+        )
         embeddings = answer_document(answer, self.name).get("embeddings")
         if not isinstance(embeddings, list) or len(embeddings) != len(texts):
             raise invalid_answer(self.name)
@@ -165,33 +164,11 @@ def model_segment(model: str | None) -> str:
     return quote(model.removeprefix("models/"), safe="")
 
 
-def answer_document(answer: UpstreamResponse, provider: str) -> dict[str, Any]:
-    """A 2xx answer's JSON object; a 502 ``upstream_invalid_response`` when it is not one."""
-    try:
-        document = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        document = None
-    if not isinstance(document, dict):
-        raise invalid_answer(provider)
-    return document
-
-
-def invalid_answer(provider: str) -> UpstreamUnavailable:
-    return UpstreamUnavailable(
-        f"{provider} answered with a body that is not the answer its API defines.",
-        code="upstream_invalid_response",
-    )
-
-
-def with_body(call: UpstreamCall, body: Any) -> UpstreamCall:
-    return attrs.evolve(call, body=orjson.dumps(body), content_type=_JSON)
-
-
 def _chat_event(chunk: dict[str, Any] | bytes) -> bytes:
     return b"data: " + (chunk if isinstance(chunk, bytes) else orjson.dumps(chunk)) + b"\n\n"
 
 
-class GeminiStream:
+class GeminiStream(TranslatedStream):
     """streamGenerateContent's SSE answers read as chat completion chunks, each rendered as the
     caller's API has it. A stream that ends before an answer with a finish reason is a broken one
     (the route may continue it)."""
@@ -205,13 +182,10 @@ class GeminiStream:
         render: Callable[[dict[str, Any] | bytes], bytes],
         start: bytes,
     ) -> None:
-        self._upstream = upstream
+        super().__init__(upstream, provider)
         self._chunks = chunks
-        self._provider = provider
         self._render = render
         self._start = start
-        self.retries = upstream.retries
-        self.content_type = _SSE
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         scanner = SSEScanner()
@@ -228,10 +202,8 @@ class GeminiStream:
                     out.append(event)  # the relay's observer counts and logs what it cannot read
                     continue
                 if isinstance(document, dict) and isinstance(document.get("error"), dict):
-                    raise UpstreamUnavailable(
-                        f"{self._provider} ended the stream with an error: "
-                        f"{document['error'].get('message')}",
-                        code="upstream_stream_interrupted",
+                    raise self.interrupted(
+                        f"ended the stream with an error: {document['error'].get('message')}"
                     )
                 if not isinstance(document, dict):
                     continue
@@ -239,13 +211,7 @@ class GeminiStream:
             if out:
                 yield b"".join(out)
         if not self._chunks.finished:
-            raise UpstreamUnavailable(
-                f"{self._provider} ended the stream before the answer was complete.",
-                code="upstream_stream_interrupted",
-            )
-
-    async def close(self) -> None:
-        await self._upstream.close()
+            raise self.interrupted("ended the stream before the answer was complete")
 
 
 PLUGIN: Final[ProviderPlugin[NoOptions]] = ProviderPlugin(

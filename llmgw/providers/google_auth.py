@@ -69,8 +69,5 @@ class GoogleToken:
         except (GoogleAuthError, OSError, ValueError) as exc:  # messages name files, never a key
             problem = f"could not get a Google access token ({type(exc).__name__}: {exc})"
             log.warning("provider %s: %s", self._provider, problem)
-            raise UpstreamAuthFailed(
-                f"The provider {self._provider} {problem}. This is the gateway's configuration, "
-                "not your key; tell the gateway's operator."
-            ) from None
+            raise UpstreamAuthFailed.gateway_credentials(self._provider, problem) from None
         return str(self._credentials.token)

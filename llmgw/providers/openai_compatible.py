@@ -322,6 +322,11 @@ class OpenAICompatibleProvider:
             error: UpstreamTimeout | UpstreamUnavailable | UpstreamHTTPError
             try:
                 response, first = await self._attempt(url, call, headers, answer_by, streaming)
+                if response.status == 401 and self._renews_refused_credentials:
+                    response.release()
+                    response, first = await self._attempt(
+                        url, call, headers, answer_by, streaming, renew=True
+                    )
             except UpstreamTimeout as exc:
                 failure, error = Failure(silent=True), exc
             except UpstreamUnavailable as exc:
@@ -358,6 +363,18 @@ class OpenAICompatibleProvider:
             await asyncio.sleep(decision.wait)
             retries += 1
 
+    async def _authorize(
+        self, url: StrOrURL, call: UpstreamCall, headers: Mapping[str, str], *, renew: bool
+    ) -> tuple[StrOrURL, Mapping[str, str]]:
+        """The URL and headers one attempt sends. Here as built (the key is in the headers); a
+        cloud's adapter signs each attempt or adds a token, a new one when ``renew`` (the one
+        sent was refused with a 401, see ``_renews_refused_credentials``)."""
+        return url, headers
+
+    # Whether a 401 is answered by new credentials and the attempt made once more (a token
+    # refused before its expiry), rather than reported as the gateway's credentials refused.
+    _renews_refused_credentials = False
+
     async def _attempt(
         self,
         url: StrOrURL,
@@ -365,9 +382,13 @@ class OpenAICompatibleProvider:
         headers: Mapping[str, str],
         answer_by: float,
         streaming: bool,
+        *,
+        renew: bool = False,
     ) -> tuple[aiohttp.ClientResponse, bytes]:
-        """One POST: connected within the connect timeout, the answer's head (and a stream's first
-        read) within the first-token timeout, a whole JSON answer within the attempt's."""
+        """One POST, authorized (``renew``: with new credentials): connected within the connect
+        timeout, the answer's head (and a stream's first read) within the first-token timeout, a
+        whole JSON answer within the attempt's."""
+        url, headers = await self._authorize(url, call, headers, renew=renew)
         loop = asyncio.get_running_loop()
         now = loop.time()
         timeouts = self._timeouts
@@ -403,7 +424,15 @@ class OpenAICompatibleProvider:
                 body = await _read_bounded(response, self._max_response_bytes, self.name)
         finally:
             response.release()  # a connection with an unread remainder is closed, not reused
-        return _answer(response, body, retries)
+        answer = _answer(response, body, retries)
+        return answer if answer.status < 300 else self._openai_error(answer, response.headers)
+
+    def _openai_error(
+        self, answer: UpstreamResponse, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        """An error answer in OpenAI's shape, which the routing reads and a chat caller gets:
+        here as sent; an adapter for another API translates its own."""
+        return answer
 
     def _check_credentials_accepted(self, status: int) -> None:
         if status not in _CREDENTIAL_REFUSALS:
@@ -412,10 +441,7 @@ class OpenAICompatibleProvider:
         # fault; a keyless provider (a local Ollama) that wants one is the same configuration gap.
         whose = "refused the gateway's API key" if self._has_key else "requires an API key"
         log.warning("provider %s %s (HTTP %d); check its configured key", self.name, whose, status)
-        raise UpstreamAuthFailed(
-            f"The provider {self.name} {whose} (HTTP {status}). This is the gateway's "
-            "configuration, not your key; tell the gateway's operator."
-        )
+        raise UpstreamAuthFailed.gateway_credentials(self.name, f"{whose} (HTTP {status})")
 
     async def _complete(self, path: str, call: UpstreamCall) -> UpstreamResponse:
         slot = await self.connections.acquire(call.deadline)

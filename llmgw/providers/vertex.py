@@ -20,7 +20,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-import aiohttp
 import attrs
 import orjson
 from aiohttp.typedefs import StrOrURL
@@ -30,14 +29,14 @@ from llmgw.config.converter import check
 from llmgw.errors import InvalidRequest
 from llmgw.providers.anthropic import MessagesAsChat, as_messages_errors
 from llmgw.providers.base import ChatStream, UpstreamCall, UpstreamResponse, UpstreamStream
-from llmgw.providers.gemini import (
-    GeminiProvider,
-    answer_document,
-    invalid_answer,
-    model_segment,
-    with_body,
-)
+from llmgw.providers.gemini import GeminiProvider, model_segment
 from llmgw.providers.google_auth import GoogleToken
+from llmgw.providers.json_bodies import (
+    answer_document,
+    counted_tokens,
+    invalid_answer,
+    with_json_body,
+)
 from llmgw.providers.openai_compatible import OpenAICompatibleProvider
 from llmgw.providers.plugin import Capabilities, ProviderPlugin, ProviderSetup
 from llmgw.translation import anthropic
@@ -110,22 +109,12 @@ class VertexProvider(GeminiProvider):
             headers["anthropic-beta"] = beta
         return headers
 
-    async def _attempt(
-        self,
-        url: StrOrURL,
-        call: UpstreamCall,
-        headers: Mapping[str, str],
-        answer_by: float,
-        streaming: bool,
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
-        bearer = {**headers, "Authorization": f"Bearer {await self._token.token()}"}
-        response, first = await super()._attempt(url, call, bearer, answer_by, streaming)
-        if response.status != 401:
-            return response, first
-        # Refused before its expiry (revoked, or the clocks disagree): a new token, once.
-        response.release()
-        bearer["Authorization"] = f"Bearer {await self._token.token(renew=True)}"
-        return await super()._attempt(url, call, bearer, answer_by, streaming)
+    _renews_refused_credentials = True  # a token revoked, or the clocks disagree
+
+    async def _authorize(
+        self, url: StrOrURL, call: UpstreamCall, headers: Mapping[str, str], *, renew: bool
+    ) -> tuple[StrOrURL, Mapping[str, str]]:
+        return url, {**headers, "Authorization": f"Bearer {await self._token.token(renew=renew)}"}
 
     # -- chat: Gemini's API, or Claude's Messages translated ----------------------------------
 
@@ -133,7 +122,7 @@ class VertexProvider(GeminiProvider):
         if not _is_claude(call.model):
             return await super().chat_completion(call)
         request = _claude_body(chat_to_messages(orjson.loads(call.body)))
-        answer = await self._complete(":rawPredict", with_body(call, request))
+        answer = await self._complete(":rawPredict", with_json_body(call, request))
         completion = completion_from_message(
             answer_document(answer, self.name), created=int(time.time())
         )
@@ -146,14 +135,14 @@ class VertexProvider(GeminiProvider):
         options = body.get("stream_options")
         request = {**_claude_body(chat_to_messages(body)), "stream": True}
         stream = await OpenAICompatibleProvider.forward_stream(
-            self, ":streamRawPredict", with_body(call, request), accept=_SSE
+            self, ":streamRawPredict", with_json_body(call, request), accept=_SSE
         )
         translator = ChatChunks(
             created=int(time.time()),
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
             trimmed_prefill=trims_prefill(body),
         )
-        return MessagesAsChat(stream, translator)
+        return MessagesAsChat(stream, self.name, translator)
 
     async def embeddings(self, call: UpstreamCall) -> UpstreamResponse:
         """Vertex embeds through ``:predict``, one instance per text, each with its token count."""
@@ -165,7 +154,7 @@ class VertexProvider(GeminiProvider):
         body: dict[str, Any] = {"instances": [{"content": text} for text in texts]}
         if isinstance(request.get("dimensions"), int):
             body["parameters"] = {"outputDimensionality": request["dimensions"]}
-        answer = await self._complete(":predict", with_body(call, body))
+        answer = await self._complete(":predict", with_json_body(call, body))
         predictions = answer_document(answer, self.name).get("predictions")
         if not isinstance(predictions, list) or len(predictions) != len(texts):
             raise invalid_answer(self.name)
@@ -197,7 +186,9 @@ class VertexProvider(GeminiProvider):
             if path != "/messages":
                 raise self._not_offered(path)
             if _is_claude(call.model):
-                answer = await self._complete(":rawPredict", with_body(call, _claude_body(body)))
+                answer = await self._complete(
+                    ":rawPredict", with_json_body(call, _claude_body(body))
+                )
                 return attrs.evolve(answer, content_type=_JSON)
             chat = anthropic.messages_to_chat(body)
             answer = await self.chat_completion(attrs.evolve(call, body=orjson.dumps(chat)))
@@ -214,7 +205,7 @@ class VertexProvider(GeminiProvider):
             if _is_claude(call.model):
                 request = {**_claude_body(body), "stream": True}
                 return await OpenAICompatibleProvider.forward_stream(
-                    self, ":streamRawPredict", with_body(call, request), accept=_SSE
+                    self, ":streamRawPredict", with_json_body(call, request), accept=_SSE
                 )
             chat = anthropic.messages_to_chat(body)
             stop = body.get("stop_sequences")
@@ -239,17 +230,14 @@ class VertexProvider(GeminiProvider):
             # Anthropic's counter on Vertex takes the whole body, its model included.
             counter = attrs.evolve(call, model=_COUNT_TOKENS)
             request = {**body, "model": call.model, "anthropic_version": ANTHROPIC_VERSION}
-            answer = await self._complete(":rawPredict", with_body(counter, request))
+            answer = await self._complete(":rawPredict", with_json_body(counter, request))
             return attrs.evolve(answer, content_type=_JSON)
         request = gemini_request(anthropic.messages_to_chat(body))
         fields = ("contents", "systemInstruction", "tools")
         answer = await self._complete(
-            ":countTokens", with_body(call, {k: request[k] for k in fields if k in request})
+            ":countTokens", with_json_body(call, {k: request[k] for k in fields if k in request})
         )
-        count = answer_document(answer, self.name).get("totalTokens")
-        if not isinstance(count, int):
-            raise invalid_answer(self.name)
-        return attrs.evolve(answer, body=orjson.dumps({"input_tokens": count}), content_type=_JSON)
+        return counted_tokens(answer, self.name, "totalTokens")
 
     def _not_offered(self, path: str) -> InvalidRequest:
         return InvalidRequest(

@@ -21,6 +21,7 @@ from llmgw.key_format import (
     validate_key_text,
 )
 from llmgw.storage.teams import carry_key_spend
+from llmgw.storage.updates import set_clause
 
 __all__ = [
     "DEFAULT_RATE_LIMIT_REQUESTS",
@@ -231,15 +232,11 @@ async def update_key(
     conn: asyncpg.Connection, reference: str, changes: dict[str, Any]
 ) -> tuple[ApiKeyRecord, ApiKeyRecord]:
     """Apply ``changes`` (names from MUTABLE_FIELDS); returns the record before and after."""
-    unknown = set(changes) - set(MUTABLE_FIELDS)
-    if unknown:
-        raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
+    assignments = set_clause(changes, MUTABLE_FIELDS)
     async with conn.transaction():
         before = await find_key(conn, reference)
         if not changes:
             return before, before
-        names = list(changes)
-        assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=2))
         values = [list(v) if name == "allowed_models" else v for name, v in changes.items()]
         row = await conn.fetchrow(
             f"UPDATE api_keys SET {assignments} WHERE id = $1 RETURNING {_COLUMNS}",

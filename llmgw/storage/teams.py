@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import attrs
 
+from llmgw.storage.updates import set_clause
 from llmgw.storage.usage import month_start
 
 __all__ = [
@@ -156,14 +157,11 @@ async def update_team(
     conn: asyncpg.Connection, team_id: uuid.UUID, changes: dict[str, Any]
 ) -> tuple[TeamRecord, TeamRecord]:
     """Apply ``changes`` (names from TEAM_FIELDS); returns the team before and after."""
-    unknown = set(changes) - set(TEAM_FIELDS)
-    if unknown:
-        raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
+    assignments = set_clause(changes, TEAM_FIELDS)
     async with conn.transaction():
         before = await find_team(conn, team_id)
         if not changes:
             return before, before
-        assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
         try:
             await conn.execute(
                 f"UPDATE teams SET {assignments} WHERE id = $1", team_id, *_column_values(changes)

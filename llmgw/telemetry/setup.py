@@ -176,5 +176,6 @@ def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
 
     # The official span exporter with our encoder: its protobuf encoding costs ~4x the CPU.
     from llmgw.compat.opentelemetry_exporter_otlp import FastOTLPSpanExporter
+    from llmgw.telemetry.span_encoding import SpanEncoder
 
-    return FastOTLPSpanExporter(), OTLPMetricExporter()
+    return FastOTLPSpanExporter(encode_spans=SpanEncoder().encode_spans), OTLPMetricExporter()

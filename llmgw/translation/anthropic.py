@@ -23,7 +23,7 @@ import orjson
 
 from llmgw.accounting.usage import reported_usage
 from llmgw.errors import InvalidRequest
-from llmgw.translation.chat_answer import tool_name
+from llmgw.translation.chat_answer import first_choice, tool_name
 
 __all__ = [
     "error_body",
@@ -494,11 +494,7 @@ def message_from_chat(
     new_tool_id: Callable[[], str] = new_tool_use_id,
 ) -> dict[str, Any]:
     """The Messages answer for a non-streamed chat completion of ``request``."""
-    choices = completion.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else {}
-    choice = choice if isinstance(choice, dict) else {}
-    message = choice.get("message")
-    message = message if isinstance(message, dict) else {}
+    choice, message = first_choice(completion)
     content: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:

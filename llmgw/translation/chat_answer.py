@@ -12,7 +12,7 @@ from typing import Any
 
 from llmgw.errors import UpstreamUnavailable
 
-__all__ = ["tool_name"]
+__all__ = ["first_choice", "tool_name"]
 
 
 def tool_name(name: Any) -> str:
@@ -23,3 +23,13 @@ def tool_name(name: Any) -> str:
             code="upstream_invalid_response",
         )
     return name
+
+
+def first_choice(completion: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A non-streamed answer's first choice and its message, each an object (empty when the
+    answer has none: the translation then says so in its own API's terms)."""
+    choices = completion.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    choice = choice if isinstance(choice, dict) else {}
+    message = choice.get("message")
+    return choice, message if isinstance(message, dict) else {}

@@ -25,6 +25,7 @@ from typing import Any, Final
 import orjson
 
 from llmgw.errors import InvalidRequest
+from llmgw.translation.chat_chunk import ChatChunkHead
 
 __all__ = [
     "THINKING_BUDGETS",
@@ -387,10 +388,8 @@ class GeminiChunks:
     """Turns streamGenerateContent's answers, one by one, into chat completion chunks."""
 
     def __init__(self, *, model: str, created: int, include_usage: bool) -> None:
-        self._model = model
-        self._created = created
+        self._head = ChatChunkHead("chatcmpl-gemini", created, model)
         self._include_usage = include_usage
-        self._id = "chatcmpl-gemini"
         self._started = False
         self._calls = 0
         self._usage: dict[str, Any] | None = None
@@ -401,41 +400,29 @@ class GeminiChunks:
         out: list[dict[str, Any] | bytes] = []
         if not self._started:
             self._started = True
-            self._id = answer.get("responseId") or self._id
-            self._model = answer.get("modelVersion") or self._model
-            out.append(self._chunk({"role": "assistant", "content": ""}))
+            self._head.id = answer.get("responseId") or self._head.id
+            self._head.model = answer.get("modelVersion") or self._head.model
+            out.append(self._head.chunk({"role": "assistant", "content": ""}))
         self._usage = chat_usage(answer.get("usageMetadata")) or self._usage
         candidate = _candidate(answer)
         for part in _answer_parts(candidate):
             if isinstance(part.get("functionCall"), dict):
                 call = {"index": self._calls, **_tool_call(self._calls, part)}
                 self._calls += 1
-                out.append(self._chunk({"tool_calls": [call]}))
+                out.append(self._head.chunk({"tool_calls": [call]}))
             elif isinstance(part.get("text"), str) and part["text"]:
                 field = "reasoning_content" if part.get("thought") is True else "content"
-                out.append(self._chunk({field: part["text"]}))
+                out.append(self._head.chunk({field: part["text"]}))
         feedback = answer.get("promptFeedback")
         reason = candidate.get("finishReason")
         if isinstance(feedback, dict) and feedback.get("blockReason") is not None:
-            out.append(self._chunk({}, "content_filter"))
+            out.append(self._head.chunk({}, "content_filter"))
         elif reason is not None:
-            out.append(self._chunk({}, _finish_reason(reason, self._calls > 0)))
+            out.append(self._head.chunk({}, _finish_reason(reason, self._calls > 0)))
         else:
             return out
         self.finished = True
         if self._include_usage and self._usage is not None:
-            out.append({**self._base(), "choices": [], "usage": self._usage})
+            out.append(self._head.usage_chunk(self._usage))
         out.append(b"[DONE]")
         return out
-
-    def _base(self) -> dict[str, Any]:
-        return {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": self._model,
-        }
-
-    def _chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return {**self._base(), "choices": [choice]}

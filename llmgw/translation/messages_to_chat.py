@@ -17,6 +17,7 @@ import orjson
 from llmgw.accounting.messages_usage import MessagesUsage
 from llmgw.errors import ProviderError
 from llmgw.translation.anthropic import error_type
+from llmgw.translation.chat_chunk import ChatChunkHead
 
 __all__ = ["ChatChunks", "chat_error_body", "completion_from_message", "finish_reason"]
 
@@ -114,13 +115,11 @@ class ChatChunks:
     """
 
     def __init__(self, *, created: int, include_usage: bool, trimmed_prefill: bool = False) -> None:
-        self._created = created
+        self._head = ChatChunkHead(None, created, None)
         self._include_usage = include_usage
         # The request continued an assistant text whose trailing whitespace had to be trimmed
         # (chat_to_messages): the caller has that whitespace, so the continuation's is dropped.
         self._strip_leading_space = trimmed_prefill
-        self._id: Any = None
-        self._model: Any = None
         self._usage = MessagesUsage()
         self._tool_index: dict[int, int] = {}  # block index -> tool call index
 
@@ -130,9 +129,9 @@ class ChatChunks:
         if kind == "message_start":
             message = event.get("message")
             message = message if isinstance(message, dict) else {}
-            self._id, self._model = message.get("id"), message.get("model")
+            self._head.id, self._head.model = message.get("id"), message.get("model")
             self._usage.merge(message.get("usage"))
-            return [self._chunk({"role": "assistant", "content": ""})]
+            return [self._head.chunk({"role": "assistant", "content": ""})]
         if kind == "content_block_start":
             return self._block_start(event)
         if kind == "content_block_delta":
@@ -141,11 +140,11 @@ class ChatChunks:
             self._usage.merge(event.get("usage"))
             delta = event.get("delta")
             reason = delta.get("stop_reason") if isinstance(delta, dict) else None
-            return [] if reason is None else [self._chunk({}, finish_reason(reason))]
+            return [] if reason is None else [self._head.chunk({}, finish_reason(reason))]
         if kind == "message_stop":
             last: list[dict[str, Any] | bytes] = []
             if self._include_usage:
-                last.append({**self._base(), "choices": [], "usage": self._usage.chat_usage()})
+                last.append(self._head.usage_chunk(self._usage.chat_usage()))
             return [*last, b"[DONE]"]
         if kind == "error":
             error = event.get("error")
@@ -165,7 +164,7 @@ class ChatChunks:
             "type": "function",
             "function": {"name": block.get("name"), "arguments": ""},
         }
-        return [self._chunk({"tool_calls": [call]})]
+        return [self._head.chunk({"tool_calls": [call]})]
 
     def _block_delta(self, event: dict[str, Any]) -> list[dict[str, Any] | bytes]:
         delta = event.get("delta")
@@ -177,25 +176,13 @@ class ChatChunks:
             if self._strip_leading_space and isinstance(text, str):
                 text = text.lstrip()
                 self._strip_leading_space = not text
-            return [self._chunk({"content": text})] if text != "" else []
+            return [self._head.chunk({"content": text})] if text != "" else []
         if kind == "thinking_delta":
-            return [self._chunk({"reasoning_content": delta.get("thinking")})]
+            return [self._head.chunk({"reasoning_content": delta.get("thinking")})]
         if kind == "input_json_delta" and event.get("index") in self._tool_index:
             call = {
                 "index": self._tool_index[event["index"]],
                 "function": {"arguments": delta.get("partial_json")},
             }
-            return [self._chunk({"tool_calls": [call]})]
+            return [self._head.chunk({"tool_calls": [call]})]
         return []  # signature_delta and the like: nothing chat can carry
-
-    def _base(self) -> dict[str, Any]:
-        return {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": self._model,
-        }
-
-    def _chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return {**self._base(), "choices": [choice]}

@@ -24,7 +24,7 @@ import orjson
 
 from llmgw.accounting.usage import reported_count, reported_usage
 from llmgw.errors import InvalidRequest
-from llmgw.translation.chat_answer import tool_name
+from llmgw.translation.chat_answer import first_choice, tool_name
 from llmgw.translation.responses_tools import ChatTools, as_chat_function, chat_name, chat_tools
 
 __all__ = [
@@ -469,11 +469,7 @@ def from_chat(
     completion: dict[str, Any], *, request: dict[str, Any], response_id: str, ids: ResponseIds
 ) -> dict[str, Any]:
     """A non-streamed chat completion as the Response object of ``request``."""
-    choices = completion.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else {}
-    choice = choice if isinstance(choice, dict) else {}
-    message = choice.get("message")
-    message = message if isinstance(message, dict) else {}
+    choice, message = first_choice(completion)
     status, incomplete = status_for_finish(choice.get("finish_reason"))
     output: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")

@@ -17,7 +17,7 @@ from llmgw.errors import Forbidden, NotFound
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN, console_csrf
 from tests.console.test_oidc import sign_in_through_provider
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider  # noqa: F401  (the provider fixture)
 
 TEAM, OTHER = uuid.uuid4(), uuid.uuid4()
 ME = "user:ada@example.com"
@@ -88,19 +88,9 @@ def test_the_role_table(action: Action, target: Target | None, expected: tuple[i
 
 
 @pytest.fixture
-async def provider() -> AsyncIterator[OidcProvider]:
-    async for found in oidc_provider():
-        yield found
-
-
-@pytest.fixture
 async def setup(start_gateway: Any, provider: OidcProvider) -> dict[str, Any]:
     gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=("platform",),
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings("platform")
     )
     async with aiohttp.ClientSession() as session:
 

@@ -1,9 +1,11 @@
 """Every way a request can end comes to one end: one settlement of what it reserved, one ledger
 row, one span and one billing line, whatever the path (JSON, stream, Messages, a provider's
-refusal, a cut, the caller leaving)."""
+refusal, a cut, the caller leaving, a timeout, a cache hit, the server shutting down)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -209,6 +211,60 @@ async def test_a_timeout_ends_the_request_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     gateway = await start_gateway(request_timeout_seconds=1.0, upstream_max_retries=0)
+    await assert_one_end(gateway, await api_key_for(gateway), end, monkeypatch, caplog)
+
+
+async def _stream_open_at_shutdown(gateway: Gateway, key: str) -> None:
+    """A stream the provider stalls after its first chunk, open when the server shuts down: it
+    ends at the grace with an error event while its caller still reads."""
+    gateway.fake.enqueue(Behaviour(stall_after_chunks=1))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            gateway.url("/v1/chat/completions"),
+            json={**CHAT, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response,
+    ):
+        await response.content.readline()
+        closing = asyncio.create_task(gateway.server.close())
+        rest = await response.read()
+        await closing
+    assert b'"code":"gateway_shutting_down"' in rest
+
+
+async def _json_in_flight_past_the_grace(gateway: Gateway, key: str) -> None:
+    """A JSON request whose provider has not answered when the grace is over: the server cancels
+    it and closes its connection."""
+    gateway.fake.enqueue(Behaviour(delay_before_headers=10.0))
+    sent = asyncio.create_task(_post(gateway, key, "/v1/chat/completions", CHAT))
+    await eventually(lambda: len(gateway.fake.chats()) == 1)
+    await gateway.server.close()
+    with contextlib.suppress(aiohttp.ClientError):
+        await sent
+
+
+SHUTDOWNS = {
+    "stream open when the server shuts down": End(
+        _stream_open_at_shutdown, "chat qwen3-5-9b", 200, "gateway_shutting_down"
+    ),
+    "json in flight past the shutdown grace": End(
+        _json_in_flight_past_the_grace, "chat qwen3-5-9b", 499, "cancelled"
+    ),
+}
+
+
+@pytest.mark.parametrize("end", list(SHUTDOWNS.values()), ids=list(SHUTDOWNS))
+async def test_a_request_in_flight_at_shutdown_ends_once(
+    start_gateway: Any,
+    api_key_for: Any,
+    end: End,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server's cleanup (as SIGTERM starts it) with a request still running: the request's
+    one end comes before the ledger and the telemetry close."""
+    gateway = await start_gateway(shutdown_grace_seconds=1.0)
     await assert_one_end(gateway, await api_key_for(gateway), end, monkeypatch, caplog)
 
 

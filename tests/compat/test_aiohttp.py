@@ -4,6 +4,7 @@ JSON answer and connections are counted as they come; elsewhere aiohttp's own ru
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
 
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from llmgw.compat import PUBLIC_APIS_ONLY_VARIABLE
 from llmgw.compat.aiohttp import CONNECTION_HOOKS, app_runner
+from llmgw.lifecycle.invalid_http import invalid_http_answer
 from llmgw.lifecycle.open_files import OpenFiles
 from llmgw.lifecycle.runner import listen
 from llmgw.telemetry.refusals import RefusalLog
@@ -53,7 +55,12 @@ async def serve() -> AsyncIterator[Serve]:
         app = web.Application()
         app.router.add_get("/", ok)
         open_files = OpenFiles(1000, count_open=lambda: OPEN_ELSEWHERE, clock=Clock())
-        runner = app_runner(app, refusals=RefusalLog(), open_files=open_files, access_log=None)
+        runner = app_runner(
+            app,
+            invalid_http=functools.partial(invalid_http_answer, refusals=RefusalLog()),
+            connections=open_files,
+            access_log=None,
+        )
         runners.append(runner)
         await runner.setup()
         sock = listen("127.0.0.1", 0)

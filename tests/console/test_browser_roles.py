@@ -6,7 +6,6 @@ does not allow; nobody gets the no-access page."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,26 +16,16 @@ from llmgw.storage.usage import write_batch
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN
 from tests.console.test_browser import browser, pytestmark  # noqa: F401  (fixture, marks)
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider  # noqa: F401  (the provider fixture)
 from tests.usage_records import usage_record
 
 GROUPS = {"admin": ["platform"], "team admin": ["ml-leads"], "member": ["ml"], "nobody": ["x"]}
 
 
 @pytest.fixture
-async def provider() -> AsyncIterator[OidcProvider]:
-    async for found in oidc_provider():
-        yield found
-
-
-@pytest.fixture
 async def sso(start_gateway: Any, provider: OidcProvider) -> tuple[Gateway, str]:
     gateway: Gateway = await start_gateway(
-        admin_token=ADMIN_TOKEN,
-        oidc_issuer=provider.issuer,
-        oidc_client_id=CLIENT_ID,
-        oidc_client_secret=CLIENT_SECRET,
-        oidc_admin_groups=("platform",),
+        admin_token=ADMIN_TOKEN, **provider.gateway_settings("platform")
     )
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with aiohttp.ClientSession(headers=admin) as session:

@@ -14,15 +14,9 @@ from joserfc.jwk import RSAKey
 from llmgw.config import ConfigError, load_settings
 from tests.conftest import Gateway
 from tests.console.conftest import ADMIN_TOKEN, console_csrf
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, oidc_provider
+from tests.oidc_provider import OidcProvider, oidc_provider  # noqa: F401  (the provider fixture)
 
 ADMINS = "llm-platform"
-
-
-@pytest.fixture
-async def provider() -> AsyncIterator[OidcProvider]:
-    async for found in oidc_provider():
-        yield found
 
 
 StartSso = Callable[..., Awaitable[Gateway]]
@@ -34,14 +28,7 @@ def start_sso(start_gateway: Any, provider: OidcProvider) -> StartSso:
 
     async def start(**overrides: Any) -> Gateway:
         gateway: Gateway = await start_gateway(
-            **{
-                "admin_token": ADMIN_TOKEN,
-                "oidc_issuer": provider.issuer,
-                "oidc_client_id": CLIENT_ID,
-                "oidc_client_secret": CLIENT_SECRET,
-                "oidc_admin_groups": (ADMINS,),
-                **overrides,
-            }
+            **{"admin_token": ADMIN_TOKEN, **provider.gateway_settings(ADMINS), **overrides}
         )
         return gateway
 

@@ -233,7 +233,9 @@ async def test_the_exporter_posts_our_encoding_to_a_collector(
         raise AssertionError("the official encoder was used")
 
     monkeypatch.setattr(trace_exporter, "encode_spans", official_encoder)
-    exporter = FastOTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces")
+    exporter = FastOTLPSpanExporter(
+        endpoint=f"{receiver.endpoint}/v1/traces", encode_spans=SpanEncoder().encode_spans
+    )
     spans = finished_spans({"gen_ai.request.model": "qwen3-5-9b", "server.port": 443})
     try:
         result = await asyncio.to_thread(exporter.export, spans)
@@ -258,7 +260,9 @@ async def test_with_the_fast_path_off_the_official_export_runs(
         return encode_spans(spans)
 
     monkeypatch.setattr(trace_exporter, "encode_spans", official_encoder)
-    exporter = FastOTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces")
+    exporter = FastOTLPSpanExporter(
+        endpoint=f"{receiver.endpoint}/v1/traces", encode_spans=SpanEncoder().encode_spans
+    )
     try:
         result = await asyncio.to_thread(exporter.export, finished_spans({"k": "v"}))
     finally:

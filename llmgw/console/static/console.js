@@ -691,6 +691,56 @@ async function usage() {
       { title: "Output tokens", num: true, cell: (r) => num(r.output_tokens) },
       { title: "Spend", num: true, cell: (r) => usd(r.cost_usd) },
     ], overTime ? report.data : points),
+    ...requestLookup(),
+  ];
+}
+
+// One request, by the id its caller got (X-Request-Id): its ledger row and every upstream
+// attempt it made, with the deployment each went to and how it ended (/usage/requests/{id}).
+function requestLookup() {
+  const found = el("div", { "aria-live": "polite" });
+  const form = el("form", { class: "filters", "aria-label": "Look up a request" },
+    field("Request ID", el("input", { name: "request_id", required: true, size: 36, placeholder: "X-Request-Id" })),
+    el("button", { type: "submit" }, "Show attempts"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const id = String(new FormData(form).get("request_id") || "").trim();
+    try {
+      const shown = await api(`/usage/requests/${encodeURIComponent(id)}`);
+      found.replaceChildren(...shown.data.flatMap((row) => requestTables(shown.request_id, row)));
+    } catch (error) {
+      found.replaceChildren(el("p", { class: "error", role: "alert" }, error.message));
+    }
+  });
+  return [el("h2", {}, "A request and its attempts"), form, found];
+}
+
+function requestTables(id, row) {
+  const cost = (value) => (value === null || value === undefined ? "—" : usd(value));
+  return [
+    table(`Request ${id}`, [
+      { title: "When", cell: (r) => when(r.occurred_at) },
+      { title: "Status", num: true, cell: (r) => r.status },
+      { title: "Error", cell: (r) => r.error_type || "—" },
+      { title: "Answered by", cell: (r) => r.deployment || "—" },
+      { title: "Started on", cell: (r) => r.started_deployment || "—" },
+      { title: "Model answered", cell: (r) => r.response_model || "—" },
+      { title: "Attempts", num: true, cell: (r) => num(r.attempts) },
+      { title: "Input tokens", num: true, cell: (r) => num(r.input_tokens) },
+      { title: "Output tokens", num: true, cell: (r) => num(r.output_tokens) },
+      { title: "Cost", num: true, cell: (r) => cost(r.cost_usd) },
+    ], [row]),
+    // Rows written before attempts were recorded have none to list.
+    table(`Attempts of request ${id}, in order`, [
+      { title: "Deployment", cell: (a) => a.deployment },
+      { title: "Ended", cell: (a) => a.ended },
+      { title: "Status", num: true, cell: (a) => a.status ?? "—" },
+      { title: "Error", cell: (a) => a.error || "—" },
+      { title: "Model answered", cell: (a) => a.response_model || "—" },
+      { title: "Input tokens", num: true, cell: (a) => num(a.input_tokens) },
+      { title: "Output tokens", num: true, cell: (a) => num(a.output_tokens) },
+      { title: "Cost", num: true, cell: (a) => cost(a.cost_usd) + (a.estimated ? " (estimated)" : "") },
+    ], row.attempt_log),
   ];
 }
 
