@@ -352,6 +352,22 @@ async def test_rolling_restart_under_load_fails_no_request(
     assert len(during) > 50, "the load kept going through the restarts"
 
 
+def test_a_restart_on_a_taken_port_fails_with_its_log_and_only_once(
+    make_cluster: Callable[[int], Cluster],
+) -> None:
+    """What CI saw (issue 29): the restarted replica cannot listen. The test fails with the
+    replica's log, and the teardown, which stops the rest, does not fail a second time for it."""
+    cluster = make_cluster(2)
+    port = cluster.replicas[0].port
+    assert cluster.replicas[0].stop() == 0
+    with socket.socket() as taker:
+        taker.bind(("127.0.0.1", port))
+        taker.listen()
+        with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}"):
+            cluster.restart(0)
+    assert cluster.failed == [cluster.replicas[0]]
+
+
 def _refused_after(port: int, within: float = 10.0) -> float:
     """The time at which connecting to ``port`` on loopback is first refused."""
     deadline = time.monotonic() + within
