@@ -65,13 +65,17 @@ async def without_autovacuum(db: asyncpg.Connection, database_url: str) -> Async
     found = await db.fetch("SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables")
     tables = [row[0] for row in found]
     for table in tables:
-        await db.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        await db.execute(
+            f"ALTER TABLE {table} SET (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
+        )
     await db.execute("VACUUM ANALYZE")
     yield
     connection = await asyncpg.connect(database_url)  # the test closed ``db``
     try:
         for table in tables:
-            await connection.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+            await connection.execute(
+                f"ALTER TABLE {table} RESET (autovacuum_enabled, toast.autovacuum_enabled)"
+            )
     finally:
         await connection.close()
 
