@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,11 +29,38 @@ from llmgw.config import ENVIRONMENT_VARIABLES
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# The kernel hands the ports of its ephemeral range to binds on port 0 (every fake upstream a test
+# serves, any other process on the machine) and to outgoing connections: a listening port taken
+# from that range and left for a moment (a replica restarted on its port) may be given to one of
+# them meanwhile, and the restart fails with "Address already in use" (issue 29). Services listen
+# on ports outside it, as compose's replicas do (3000): so do the tests' gateways.
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LINUX_EPHEMERAL = (32768, 60999)  # the default, also outside macOS's 49152-65535 from below
+_LOWEST_SERVICE_PORT = 10_000
+
+
+def _service_ports() -> range:
+    """The ports outside the kernel's ephemeral range (the larger side of it)."""
+    try:
+        low, high = (int(bound) for bound in _EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = _LINUX_EPHEMERAL
+    return max(range(_LOWEST_SERVICE_PORT, low), range(high + 1, 65536), key=len)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A loopback port nothing is bound to now, outside the kernel's ephemeral range: nothing
+    the kernel numbers itself takes it, so a process may leave it and bind it again."""
+    ports = _service_ports()
+    for _ in range(1000):
+        port = random.choice(ports)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
         return port
+    raise RuntimeError(f"no free loopback port in {ports.start}-{ports.stop - 1}")
 
 
 # Where a test's gateway finds "Venice" unless the test says: a closed loopback port. serve lists

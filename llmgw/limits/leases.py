@@ -180,7 +180,10 @@ class LeasedLimitStore:
         self._busy_rate = busy_rate
         self._keys: dict[Hashable, _Key] = {}
         self._direct: set[uuid.UUID] = set()  # requests the store admitted (quiet keys)
-        self._hits: list[Charge] = []  # quiet keys' window hits, to be settled as used
+        # Quiet keys' window hits, to be settled as used by the next store round trip; the tick
+        # sends them itself only once they have waited a whole tick for one (an idle replica).
+        self._hits: list[Charge] = []
+        self._hits_since = math.inf  # when the oldest of them was queued
         self._max_size = float(max(1, slice_requests))
         self._slice_seconds = slice_seconds
         self._tick_seconds = tick_seconds
@@ -311,8 +314,8 @@ class LeasedLimitStore:
         """A quiet key's admission: one store round trip, as without slices, carrying what is
         to be settled in the store. Its window is the counter busy keys take slices of (a key
         that turns busy, or quiet again, mid-window is counted in one place on every replica),
-        reserved under the request's lease and settled as used with the next round trip; the
-        store's figures make its headers exact."""
+        reserved under the request's lease and settled as used with the next round trip (or by
+        the tick after a tick without one); the store's figures make its headers exact."""
         now = self._clock()
         window = admission.window
         reservations = list(admission.reservations)
@@ -332,7 +335,7 @@ class LeasedLimitStore:
         if local:
             await self.settle(local)
         carried = [c for c in settling if c.lease_id not in self._requests]
-        hits, self._hits = self._hits, []
+        hits, since = self._take_hits()
         self._direct.add(admission.lease_id)
         try:
             result = await self.store.admit(
@@ -345,7 +348,8 @@ class LeasedLimitStore:
                 [*carried, *hits],
             )
         except BaseException:
-            self._hits[:0] = hits  # sent again: a hit settled twice refuses early, never late
+            # Sent again: a hit settled twice refuses early, never late.
+            self._keep_hits(hits, since)
             if bare:
                 self._direct.discard(admission.lease_id)  # nobody cancels a bare hit
             if window_counter:
@@ -363,6 +367,7 @@ class LeasedLimitStore:
             if not bare:
                 # Used, not reserved: a hit never comes back within its window.
                 self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
+                self._hits_since = min(self._hits_since, self._clock())
             at = next(i for i, r in enumerate(reservations) if r.counter == window_counter)
             remaining = max(0, math.floor(window.limit - result.taken[at] + 1e-9))
         decision = RateLimitDecision(True, window.limit, remaining, reset)
@@ -524,13 +529,29 @@ class LeasedLimitStore:
         if contended:
             self._wake.set()
         if direct:
-            # Requests the store admitted (quiet keys): settled there, at once; should the store
-            # not answer, with the next pushes (never raised: the policy need not queue them).
+            # Requests the store admitted (quiet keys): settled there, at once, with the window
+            # hits waiting for a round trip; should the store not answer, with the next pushes
+            # (never raised: the policy need not queue them).
             self._direct.difference_update(c.lease_id for c in direct)
+            hits, since = self._take_hits()
             try:
-                await _whole(self.store.settle(direct))
-            except ServiceUnavailable:
+                await _whole(self.store.settle([*direct, *hits]))
+            except BaseException as exc:
+                self._keep_hits(hits, since)
+                if not isinstance(exc, ServiceUnavailable):
+                    raise
                 self._unsent.extend(direct)
+
+    def _take_hits(self) -> tuple[list[Charge], float]:
+        """The quiet keys' window hits queued, for a round trip to carry, and since when."""
+        hits, since = self._hits, self._hits_since
+        self._hits, self._hits_since = [], math.inf
+        return hits, since
+
+    def _keep_hits(self, hits: list[Charge], since: float) -> None:
+        """``hits`` did not reach the store: queued again, in front, as old as they were."""
+        self._hits[:0] = hits
+        self._hits_since = min(self._hits_since, since)
 
     async def use(self, charges: Sequence[Charge]) -> None:
         """Use part of what requests took, locally; it reaches the store as their slices' use."""
@@ -607,12 +628,15 @@ class LeasedLimitStore:
                     # Sent again if this fails, as settlements are.
                     await self.store.use(using)
                     del self._using[: len(using)]
-                quiet_hits, self._hits = self._hits, []
+                # Not those queued since the last tick: at a steady load the next admission
+                # carries them, and a push each tick cost a transaction of its own (issue 29).
+                waited = give_back or now - self._hits_since >= self._tick_seconds
+                quiet_hits, since = self._take_hits() if waited else ([], math.inf)
                 if quiet_hits:
                     try:
                         await self.store.settle(quiet_hits)
                     except BaseException:
-                        self._hits[:0] = quiet_hits
+                        self._keep_hits(quiet_hits, since)
                         raise
                 if charges:
                     # Sent again if this fails: a slice settled twice only charges its use

@@ -443,3 +443,55 @@ async def test_a_killed_replicas_quiet_hits_stay_counted_in_their_window() -> No
         assert (await killed.hit(window)).allowed  # then it is killed: nothing more is sent
     clock.now += LEASE + 0.1  # a lease later, still the same window
     assert sum([(await survivor.hit(window)).allowed for _ in range(10)]) == 7
+
+
+class _CountedSettlements(MemoryLimitStore):
+    """A memory store that counts the settlements sent as round trips of their own (not those
+    that ride along with an admission)."""
+
+    settled = 0
+
+    async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
+        settled = self.settled
+        try:
+            return await super().admit(admission, settling)
+        finally:
+            self.settled = settled
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        self.settled += 1
+        await super().settle(charges)
+
+
+async def test_a_quiet_keys_window_hits_ride_with_its_admissions_not_with_the_ticks() -> None:
+    """Issue 29: at a steady load each hit is settled as used by the next admission's round
+    trip, never by a tick's push of its own (it cost a transaction four times a second); an
+    idle replica's last hit reaches the store once it has waited a whole tick for a ride."""
+    clock = Clock()
+    store = _CountedSettlements(clock=clock)
+    leased = auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=1000, seconds=60)
+    slot = Reservation("concurrency:steady", 2.0, 1.0, keep_seconds=120)
+    ended: list[Charge] = []
+    for _ in range(8):
+        for _ in range(10):  # 40 a second, each settling the one before (as the policy does)
+            admission = request(slot, window=window)
+            assert (await leased.admit(admission, ended)).admitted
+            ended = [Charge(admission.lease_id, slot.counter, 0.0)]
+            clock.now += 0.025
+        await leased.tick()
+    assert store.settled == 0
+    [counter] = [name for name in store._counters if name.startswith("window:")]
+    assert await store.usage(counter) == (79.0, 1.0)  # the last hit waits for a ride
+    clock.now += 0.25
+    await leased.tick()  # it waited a whole tick: it goes by itself
+    assert store.settled == 1
+    assert await store.usage(counter) == (80.0, 0.0)
+    # The last request's own settlement takes the next hit with it: one round trip for both.
+    last = request(slot, window=window)
+    clock.now += 0.025
+    assert (await leased.admit(last, ended)).admitted
+    await leased.settle([Charge(last.lease_id, slot.counter, 0.0)])
+    assert store.settled == 2
+    assert await store.usage(counter) == (81.0, 0.0)
+    assert await store.usage(slot.counter) == (0.0, 0.0)
