@@ -6,6 +6,8 @@ measured requests run, non-streamed and then streamed:
 
 - by default, the Python function calls of the gateway's main thread (``cProfile``), with the
   functions that made the most;
+- with ``--cache``, the same with ``LLMGW_CACHE=memory``: every measured request is a cache hit
+  (the warm-up's first request stores the answer);
 - with ``--callgrind``, the instructions the whole gateway process executed, every thread and
   C code included (``valgrind --tool=callgrind``; about 50 times slower, so use a low
   ``--concurrency`` and a few hundred requests).
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import orjson
 
+from bench import cache
 from bench.lab import CHUNKS, PROVIDER_KEY, REPO_ROOT, SetupError
 from bench.load import LoadSpec, run_load
 from bench.services import (
@@ -220,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument(
+        "--cache", action="store_true", help="LLMGW_CACHE=memory: every measured request a hit"
+    )
     parser.add_argument("--top", type=int, default=40, help="functions listed (calls)")
     parser.add_argument(
         "--keep", type=Path, default=None, help="a directory for the profiles or dumps"
@@ -265,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "VENICE_BASE_URL": upstream_url,
                 "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
                 "SHUTDOWN_GRACE_SECONDS": "2",
+                **(cache.ENV if args.cache else {}),
             },
             log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=src,
         )  # fmt: skip

@@ -13,7 +13,7 @@ from opentelemetry import metrics
 
 from llmgw.accounting.usage import Usage
 from llmgw.cache.controls import Controls
-from llmgw.cache.entry import Entry, decode_entry, encode_entry
+from llmgw.cache.entry import Entry, encode_entry
 from llmgw.cache.flight import Flight, Flights
 from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.store import CacheStore, CacheUnavailable
@@ -170,13 +170,12 @@ class ResponseCache:
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
         try:
-            raw = await self.store.get(key)
+            entry = await self.store.get(key)
         except CacheUnavailable as error:
             self._unavailable(error)
             return _BYPASS
         self._available()
         now = self._clock()
-        entry = None if raw is None else decode_entry(raw)
         if (
             entry is not None
             and entry.fresh(now)
@@ -240,7 +239,7 @@ class ResponseCache:
         if len(value) > self._max_entry_bytes:
             return
         try:
-            await self.store.put(key, value, entry.ttl)
+            await self.store.put(key, entry, value)
         except CacheUnavailable as error:
             self._unavailable(error)
         else:
