@@ -17,9 +17,19 @@ from llmgw.cache.entry import Entry, encode_entry
 from llmgw.cache.flight import Flight, Flights
 from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.store import CacheStore, CacheUnavailable
+from llmgw.config.providers_file import ModelAlias
 from llmgw.telemetry import semconv as sc
 
-__all__ = ["BYPASS", "CACHE_HEADER", "HIT", "MISS", "AliasCache", "Lookup", "ResponseCache"]
+__all__ = [
+    "BYPASS",
+    "CACHE_HEADER",
+    "HIT",
+    "MISS",
+    "AliasCache",
+    "Lookup",
+    "ResponseCache",
+    "alias_caches",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,11 @@ class AliasCache:
 
     enabled: bool = True
     ttl_seconds: float | None = None
+
+
+def alias_caches(aliases: Iterable[ModelAlias]) -> dict[str, AliasCache]:
+    """What each alias of the configuration says of the cache, by its name."""
+    return {alias.alias: AliasCache(alias.cache, alias.cache_ttl_seconds) for alias in aliases}
 
 
 @attrs.define(eq=False)
@@ -123,6 +138,11 @@ class ResponseCache:
     def _observe_bytes(self, _options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         held = self.store.bytes_held()
         return [] if held is None else [metrics.Observation(held)]
+
+    def reconfigure(self, aliases: Mapping[str, AliasCache]) -> None:
+        """A reloaded configuration's aliases (SIGHUP): what they say applies from the next
+        lookup; entries already stored keep the TTL they were stored with."""
+        self._aliases = dict(aliases)
 
     def counted(self, result: str) -> None:
         self._lookups.add(1, {sc.LLMGW_CACHE_RESULT: result})

@@ -1,7 +1,8 @@
 """SIGHUP: read ``LLMGW_CONFIG`` again and route new requests with what it says now.
 
 Everything derived from the file is rebuilt by :meth:`ConfigReloader.reload` and nowhere else: the
-providers (each with a new session) and the model aliases. A file that does not load changes nothing
+providers (each with a new session), the model aliases, and what each alias says of the response
+cache (``cache = false``, ``cache_ttl_seconds``). A file that does not load changes nothing
 and is logged. Requests already running keep the providers they started with; those providers'
 sessions are closed once the last such request has finished.
 """
@@ -16,6 +17,7 @@ from typing import Protocol
 from aiohttp import web
 
 from llmgw.accounting.prices import PriceTable, configured_prices, publishers
+from llmgw.cache.policy import ResponseCache, alias_caches
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
 from llmgw.routing.registry import ProviderRegistry, close_providers
@@ -75,9 +77,11 @@ class ConfigReloader:
         models_cache: Forgettable,
         generations: RequestGenerations,
         prices: PriceTable | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self._registry = registry
         self._prices = prices
+        self._cache = cache
         self._build_registry = build_registry
         self._models_cache = models_cache
         self._generations = generations
@@ -104,6 +108,8 @@ class ConfigReloader:
             self._prices.reconfigure(
                 configured_prices(settings), publishers(self._registry.providers)
             )
+        if self._cache is not None:
+            self._cache.reconfigure(alias_caches(settings.model_aliases))
         self._track(self._close_when_drained(self._generations.advance(), retired))
         log.info(
             "configuration reloaded: providers %s; model aliases %s",
