@@ -65,7 +65,7 @@ from llmgw.streaming.continuation import (
     with_output_budget,
 )
 from llmgw.streaming.relay import relay_stream, sse_error_event
-from llmgw.streaming.replay import replay_stream
+from llmgw.streaming.replay import DONE_EVENT, replay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
@@ -118,6 +118,8 @@ class Operation:
     # The gateway's own error in a stream relayed as the provider sent it (no codec), in the
     # caller's API: chat's ``data: {"error": ...}`` unless said.
     stream_error_event: Callable[[GatewayError], bytes] = sse_error_event
+    # What ends a replayed stream (no codec): chat's ``[DONE]`` unless the API's events end it.
+    replay_end: bytes = DONE_EVENT
 
 
 def passed_headers(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
@@ -610,6 +612,7 @@ async def _replay(
             hide_usage_chunk=hide_usage_chunk,
             translator=translator,
             error_event=operation.stream_error_event,
+            end=operation.replay_end,
         )
         return response
     except (asyncio.CancelledError, ConnectionResetError):
@@ -885,7 +888,10 @@ async def _open_continuation(
 
 
 def _finished(document: dict[str, Any]) -> bool:
-    """A whole answer: every choice of a completion ended (an embedding has none)."""
+    """A whole answer: every choice of a completion ended (an embedding has none), a Messages
+    answer stopped."""
+    if document.get("type") == "message":
+        return document.get("stop_reason") is not None
     choices = document.get("choices")
     if choices is None:
         return True

@@ -15,7 +15,7 @@ from llmgw.accounting.usage import Usage
 from llmgw.cache.controls import Controls
 from llmgw.cache.entry import Entry, encode_entry
 from llmgw.cache.flight import Flight, Flights
-from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
+from llmgw.cache.key import NATIVE_MESSAGES, CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.store import CacheStore, CacheUnavailable
 from llmgw.config.providers_file import ModelAlias
 from llmgw.telemetry import semconv as sc
@@ -72,6 +72,7 @@ class Lookup:
     follows: Flight | None = None  # a follower: the leader's flight
     leads: Flight | None = None  # the leader: the flight it publishes to
     ttl: float = 0.0  # 0: the answer is not stored
+    messages: bool = False  # the answer is in Anthropic's Messages form (see Entry.messages)
     # The streamed answer's events, held while it lasts (its size is checked when it is stored).
     events: list[bytes] = attrs.Factory(list)
     complete: bool = False
@@ -185,7 +186,8 @@ class ResponseCache:
             ttl = min(ttl, controls.ttl)
         key = cache_key(api, model, scope_of(self._scope, key_id, subject_id), body, key_id)
         if not controls.read:
-            return Lookup(BYPASS, key, ttl=ttl)  # no-cache: not read, the fresh answer stored
+            # no-cache: not read, the fresh answer stored
+            return Lookup(BYPASS, key, ttl=ttl, messages=api == NATIVE_MESSAGES)
         flight = self.flights.join(key.digest)
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
@@ -205,7 +207,13 @@ class ResponseCache:
         flight = self.flights.join(key.digest)  # one may have taken off while the store answered
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
-        return Lookup(MISS, key, leads=self.flights.lead(key.digest), ttl=ttl)
+        return Lookup(
+            MISS,
+            key,
+            leads=self.flights.lead(key.digest),
+            ttl=ttl,
+            messages=api == NATIVE_MESSAGES,
+        )
 
     def settle(
         self,
@@ -234,6 +242,7 @@ class ResponseCache:
             body=body,
             events=tuple(lookup.events) if stream else None,
             response_model=response_model,
+            messages=lookup.messages,
         )
         if lookup.leads is not None:
             self.flights.land(lookup.key.digest, lookup.leads, entry)
