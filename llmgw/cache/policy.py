@@ -95,6 +95,9 @@ class Lookup:
 
 
 _BYPASS = Lookup(BYPASS)
+_NO_ALIAS = AliasCache()
+# A lookup's counter point's attributes, made once (one per result).
+_RESULT_ATTRIBUTES = {result: {sc.LLMGW_CACHE_RESULT: result} for result in (HIT, MISS, BYPASS)}
 
 
 class ResponseCache:
@@ -146,7 +149,7 @@ class ResponseCache:
         self._aliases = dict(aliases)
 
     def counted(self, result: str) -> None:
-        self._lookups.add(1, {sc.LLMGW_CACHE_RESULT: result})
+        self._lookups.add(1, _RESULT_ATTRIBUTES[result])
 
     async def lookup(
         self,
@@ -178,7 +181,7 @@ class ResponseCache:
         subject_id: str | None,
         controls: Controls,
     ) -> Lookup:
-        alias = self._aliases.get(model, AliasCache())
+        alias = self._aliases.get(model, _NO_ALIAS)
         if not alias.enabled or not cacheable(api, body) or not controls.write:
             return _BYPASS
         ttl = alias.ttl_seconds or self._ttl
