@@ -1,8 +1,7 @@
 """SIGHUP: read ``LLMGW_CONFIG`` again and route new requests with what it says now.
 
 Everything derived from the file is rebuilt by :meth:`ConfigReloader.reload` and nowhere else: the
-providers (each with a new session), the model aliases, and what each alias says of the response
-cache (``cache = false``, ``cache_ttl_seconds``). A file that does not load changes nothing
+providers (each with a new session) and the model aliases. A file that does not load changes nothing
 and is logged. Requests already running keep the providers they started with; those providers'
 sessions are closed once the last such request has finished.
 """
@@ -108,7 +107,7 @@ class ConfigReloader:
             self._prices.reconfigure(
                 configured_prices(settings), publishers(self._registry.providers)
             )
-        if self._cache is not None:
+        if self._cache is not None:  # what each alias says of it (cache = false, its own TTL)
             self._cache.reconfigure(alias_caches(settings.model_aliases))
         self._track(self._close_when_drained(self._generations.advance(), retired))
         log.info(
