@@ -11,13 +11,9 @@ import pytest
 
 from llmgw.accounting.prices import Price, PriceRule, PriceTable
 from llmgw.api.models import ModelListCache
-from llmgw.cache.controls import Controls
-from llmgw.cache.policy import BYPASS, MISS, ResponseCache
-from llmgw.cache.store import MemoryCacheStore
 from llmgw.config import Settings
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from llmgw.routing.registry import ProviderRegistry
-from tests.processes import Clock
 
 
 class StubProvider:
@@ -119,51 +115,3 @@ async def test_a_reload_brings_the_new_files_prices(
     assert prices.price("local", "any-model") == Price(0.5, 3.0)
     await reloader.close()
     await prices.close()
-
-
-async def test_a_reload_brings_what_each_alias_says_of_the_response_cache(
-    environment: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    config = tmp_path / "llmgw.toml"
-    provider = '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9/v1"\n'
-    alias = '[[models]]\nalias = "a"\ndeployments = ["local:m"]\n'
-    monkeypatch.setenv("LLMGW_CONFIG", str(config))
-    clock = Clock()
-    cache = ResponseCache(
-        MemoryCacheStore(max_bytes=1 << 20, clock=clock),
-        ttl_seconds=60,
-        max_entry_bytes=1 << 20,
-        clock=clock,
-    )
-    reloader = ConfigReloader(
-        registry_of("local"),
-        builds("local"),
-        ModelListCache(),
-        RequestGenerations(),
-        cache=cache,
-    )
-
-    async def looked_up() -> tuple[str, float]:
-        lookup = await cache.lookup(
-            api="chat",
-            model="a",
-            body={"model": "a", "messages": []},
-            key_id="k",
-            subject_id=None,
-            controls=Controls(),
-        )
-        cache.abandon(lookup)
-        return lookup.result, lookup.ttl
-
-    assert await looked_up() == (MISS, 60)
-    config.write_text(provider + alias + "cache_ttl_seconds = 5\n")
-    assert await reloader.reload() is True
-    assert await looked_up() == (MISS, 5)
-    config.write_text(provider + alias + "cache = false\n")
-    assert await reloader.reload() is True
-    assert (await looked_up())[0] == BYPASS
-    config.write_text(provider + alias)  # the alias's own say removed: the configured TTL
-    assert await reloader.reload() is True
-    assert await looked_up() == (MISS, 60)
-    await reloader.close()
-    await cache.close()
