@@ -6,9 +6,14 @@ measured requests run, non-streamed and then streamed:
 
 - by default, the Python function calls of the gateway's main thread (``cProfile``), with the
   functions that made the most;
+- with ``--cache``, the same with ``LLMGW_CACHE=memory``: every measured request is a cache hit
+  (the warm-up's first request stores the answer);
 - with ``--callgrind``, the instructions the whole gateway process executed, every thread and
   C code included (``valgrind --tool=callgrind``; about 50 times slower, so use a low
-  ``--concurrency`` and a few hundred requests).
+  ``--concurrency`` and a few hundred requests);
+- with ``--callgrind --floor``, the instructions of ``bench/floor_proxy.py`` passing the same
+  requests through: what a ``--cache`` hit is held to (issue 30), in counts the load of a shared
+  machine does not move.
 
 CPU time on a shared machine moves by 20% between runs; these counts move by a few per cent at
 most. ``--llmgw-src`` measures another source tree (an exported commit), for a before and after.
@@ -36,6 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import orjson
 
+from bench import cache
 from bench.lab import CHUNKS, PROVIDER_KEY, REPO_ROOT, SetupError
 from bench.load import LoadSpec, run_load
 from bench.services import (
@@ -110,14 +116,14 @@ class _Calls:
 class _Instructions:
     """Instructions of the whole process (callgrind), counted only while switched on."""
 
-    def __init__(self, tmp: Path, keep: Path | None) -> None:
-        self._tmp, self._keep = tmp, keep
+    def __init__(self, tmp: Path, keep: Path | None, program: Sequence[str]) -> None:
+        self._tmp, self._keep, self._program = tmp, keep, program
 
     def argv(self) -> list[str]:
         return [
             "valgrind", "--tool=callgrind", "--instr-atstart=no",
             f"--callgrind-out-file={self._tmp}/callgrind.%p",
-            sys.executable, "-m", "llmgw", "serve",
+            sys.executable, *self._program,
         ]  # fmt: skip
 
     def start(self, pid: int) -> None:
@@ -220,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument(
+        "--cache", action="store_true", help="LLMGW_CACHE=memory: every measured request a hit"
+    )
+    parser.add_argument(
+        "--floor", action="store_true", help="count bench/floor_proxy.py instead (--callgrind)"
+    )
     parser.add_argument("--top", type=int, default=40, help="functions listed (calls)")
     parser.add_argument(
         "--keep", type=Path, default=None, help="a directory for the profiles or dumps"
@@ -227,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", choices=("json", "stream"), default=None)
     parser.add_argument("--llmgw-src", type=Path, default=REPO_ROOT, help="the tree to run")
     args = parser.parse_args(argv)
+    if args.floor and not args.callgrind:
+        parser.error("--floor counts instructions: add --callgrind")
     pinning = Pinning.detect()
     src = args.llmgw_src.resolve()
     with contextlib.ExitStack() as stack:
@@ -247,33 +261,51 @@ def main(argv: Sequence[str] | None = None) -> None:
         )  # fmt: skip
         stack.callback(sink.stop)
         upstream_url, sink_url = wait_for_listening(upstream), wait_for_listening(sink)
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(src), "DATABASE_URL": database_url}
-        token = _create_key({**env, "LLMGW_AUTO_MIGRATE": "true"}, src)
         port = args.port or free_port()
-        counter: _Counter = (
-            _Instructions(tmp, args.keep)
-            if args.callgrind
-            else _Calls(tmp / "profile", args.top, args.keep)
-        )
-        gateway = spawn(
-            "gateway",
-            counter.argv(),
-            env={
-                **env,
-                "BIND_ADDR": f"127.0.0.1:{port}",
-                "VENICE_API_KEY": PROVIDER_KEY,
-                "VENICE_BASE_URL": upstream_url,
-                "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
-                "SHUTDOWN_GRACE_SECONDS": "2",
-            },
-            log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=src,
-        )  # fmt: skip
-        stack.callback(gateway.stop)
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(gateway, base + "/healthz", timeout=300)
+        counter: _Counter
+        if args.floor:
+            counter = _Instructions(tmp, args.keep, _floor_program(port, upstream_url))
+            proxy = spawn(
+                "floor", counter.argv(),
+                env=base_env, log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=REPO_ROOT,
+            )  # fmt: skip
+            stack.callback(proxy.stop)
+            wait_for_listening(proxy, timeout=300)
+            token = PROVIDER_KEY  # the floor checks no key
+        else:
+            env = {
+                "PATH": os.environ["PATH"], "PYTHONPATH": str(src), "DATABASE_URL": database_url
+            }  # fmt: skip
+            token = _create_key({**env, "LLMGW_AUTO_MIGRATE": "true"}, src)
+            counter = (
+                _Instructions(tmp, args.keep, ("-m", "llmgw", "serve"))
+                if args.callgrind
+                else _Calls(tmp / "profile", args.top, args.keep)
+            )
+            proxy = spawn(
+                "gateway",
+                counter.argv(),
+                env={
+                    **env,
+                    "BIND_ADDR": f"127.0.0.1:{port}",
+                    "VENICE_API_KEY": PROVIDER_KEY,
+                    "VENICE_BASE_URL": upstream_url,
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": sink_url,
+                    "SHUTDOWN_GRACE_SECONDS": "2",
+                    **(cache.ENV if args.cache else {}),
+                },
+                log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=src,
+            )  # fmt: skip
+            stack.callback(proxy.stop)
+            wait_for_health(proxy, f"http://127.0.0.1:{port}/healthz", timeout=300)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
         for stream in (False, True):
             if args.only in (None, "stream" if stream else "json"):
-                _measure(counter, gateway, base + "/v1/chat/completions", token, args, stream)
+                _measure(counter, proxy, url, token, args, stream)
+
+
+def _floor_program(port: int, upstream_url: str) -> tuple[str, ...]:
+    return ("bench/floor_proxy.py", "--port", str(port), "--upstream", upstream_url)
 
 
 if __name__ == "__main__":

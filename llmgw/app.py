@@ -202,7 +202,14 @@ def create_app(
         registry.routing.use(limits.store)
         observe_health(telemetry.providers.meter_provider, registry)
         await prices.start(publishers(registry.providers))
-        reloader = ConfigReloader(registry, build_registry, app[MODELS_CACHE], generations, prices)
+        reloader = ConfigReloader(
+            registry,
+            build_registry,
+            app[MODELS_CACHE],
+            generations,
+            prices,
+            app.get(app_keys.CACHE),
+        )
         app[RELOADER] = reloader
         check = (
             asyncio.create_task(

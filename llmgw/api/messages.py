@@ -33,6 +33,7 @@ from llmgw.api.pipeline import (
 )
 from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.cache.key import MESSAGES as MESSAGES_API
+from llmgw.cache.key import NATIVE_MESSAGES as NATIVE_MESSAGES_API
 from llmgw.errors import GatewayError
 from llmgw.providers.anthropic import PASSED_HEADERS
 from llmgw.providers.base import UpstreamCall, UpstreamHTTPError
@@ -101,7 +102,9 @@ NATIVE_MESSAGES = Operation(
     ),
     sends_chat=False,
     caller_headers=PASSED_HEADERS,
+    cache_api=NATIVE_MESSAGES_API,  # kept and replayed as Messages (llmgw.cache.messages)
     stream_error_event=error_event,
+    replay_end=b"",  # message_stop ends it
 )
 
 

@@ -52,7 +52,6 @@ from llmgw.cache.controls import read_controls
 from llmgw.cache.entry import Entry
 from llmgw.cache.flight import Flight, FlightFailed
 from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
-from llmgw.config import Settings
 from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
 from llmgw.limits.caps import CapHold
 from llmgw.providers.base import (
@@ -73,7 +72,7 @@ from llmgw.streaming.continuation import (
     with_output_budget,
 )
 from llmgw.streaming.relay import relay_stream, sse_error_event
-from llmgw.streaming.replay import replay_stream
+from llmgw.streaming.replay import DONE_EVENT, replay_stream
 from llmgw.streaming.summary import CLIENT_CLOSED_REQUEST, StreamAttempt, StreamSummary
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
@@ -126,6 +125,8 @@ class Operation:
     # The gateway's own error in a stream relayed as the provider sent it (no codec), in the
     # caller's API: chat's ``data: {"error": ...}`` unless said.
     stream_error_event: Callable[[GatewayError], bytes] = sse_error_event
+    # What ends a replayed stream (no codec): chat's ``[DONE]`` unless the API's events end it.
+    replay_end: bytes = DONE_EVENT
 
 
 def passed_headers(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
@@ -476,21 +477,18 @@ async def proxy(
     else:
         sent = raw
     reasoning = tuple(p for p in REASONING_PARAMS if p in body) if operation.sends_chat else ()
-    route, call, exchange = await start_call(
-        request,
-        key,
-        UpstreamRequest(
-            operation.name,
-            model,
-            stream,
-            body,
-            sent,
-            produces_output=operation.produces_output,
-            reasoning_params=reasoning,
-            metered=None if operation.meter is None else operation.meter.requested(body),
-            caller_headers=passed_headers(request, operation.caller_headers),
-        ),
+    upstream = UpstreamRequest(
+        operation.name,
+        model,
+        stream,
+        body,
+        sent,
+        produces_output=operation.produces_output,
+        reasoning_params=reasoning,
+        metered=None if operation.meter is None else operation.meter.requested(body),
+        caller_headers=passed_headers(request, operation.caller_headers),
     )
+    route, exchange = await _open_exchange(request, key, upstream)
     translate_errors = codec is not None
 
     def translator() -> StreamTranslator | None:
@@ -509,6 +507,7 @@ async def proxy(
         )
         if cached is not None:
             return cached
+    call = _upstream_call(exchange, upstream)  # made once the cache has not answered
     try:
         if not stream:
             return await observe_upstream(
@@ -620,6 +619,7 @@ async def _replay(
             hide_usage_chunk=hide_usage_chunk,
             translator=translator,
             error_event=operation.stream_error_event,
+            end=operation.replay_end,
         )
         return response
     except (asyncio.CancelledError, ConnectionResetError):
@@ -671,6 +671,14 @@ async def start_call(
     Returns the route, the call to send it, and the exchange, which the caller finishes (through
     :func:`observe_upstream` on failure).
     """
+    route, exchange = await _open_exchange(request, key, upstream)
+    return route, _upstream_call(exchange, upstream), exchange
+
+
+async def _open_exchange(
+    request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest
+) -> tuple[FallbackChain, Exchange]:
+    """:func:`start_call` without the call: what a request the cache may answer needs first."""
     refuse_control_characters(upstream.model)
     app = request.app
     route = app[app_keys.PROVIDERS].resolve(upstream.model)
@@ -714,11 +722,10 @@ async def start_call(
         exchange = Exchange(
             request, key, upstream.fields, observation, record, metered=upstream.metered
         )
-        call = _upstream_call(app[app_keys.SETTINGS], upstream, exchange)
     except BaseException:
         ticket.settle(None)  # nothing was used: give it back
         raise
-    return route, call, exchange
+    return route, exchange
 
 
 def _tokens(input_tokens: int, output_tokens: int) -> tuple[int, int]:
@@ -734,27 +741,30 @@ def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def _upstream_call(
-    settings: Settings, upstream: UpstreamRequest, exchange: Exchange
-) -> UpstreamCall:
-    trace_headers: dict[str, str] = {}
-    span = exchange.observation.tracer_span
-    propagate.inject(trace_headers, context=trace.set_span_in_context(span))
-    deadline = asyncio.get_running_loop().time() + settings.request_timeout_seconds
-    return UpstreamCall(
-        body=upstream.body,
-        deadline=deadline,
-        trace_headers=trace_headers,
-        model=upstream.model,
-        on_deployment=exchange.attempt_started,
-        on_failure=exchange.attempt_failed,
-        content_type=upstream.content_type,
-        encode_for_model=upstream.encode_for_model,
-        reasoning_params=upstream.reasoning_params,
-        caller_headers=upstream.caller_headers,
-        caller=str(exchange.key.id),
-        admission=exchange.record.ticket,  # routing counts provider account caps on it
-    )
+def _upstream_call(exchange: Exchange, upstream: UpstreamRequest) -> UpstreamCall:
+    """The call that sends ``upstream`` for ``exchange`` (a failure to make it ends the request)."""
+    try:
+        trace_headers: dict[str, str] = {}
+        span = exchange.observation.tracer_span
+        propagate.inject(trace_headers, context=trace.set_span_in_context(span))
+        settings = exchange.request.app[app_keys.SETTINGS]
+        return UpstreamCall(
+            body=upstream.body,
+            deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds,
+            trace_headers=trace_headers,
+            model=upstream.model,
+            on_deployment=exchange.attempt_started,
+            on_failure=exchange.attempt_failed,
+            content_type=upstream.content_type,
+            encode_for_model=upstream.encode_for_model,
+            reasoning_params=upstream.reasoning_params,
+            caller_headers=upstream.caller_headers,
+            caller=str(exchange.key.id),
+            admission=exchange.record.ticket,  # routing counts provider account caps on it
+        )
+    except BaseException:
+        exchange.end(500, Outcome.FAILED, "internal_error")
+        raise
 
 
 async def _open_stream(
@@ -885,7 +895,10 @@ async def _open_continuation(
 
 
 def _finished(document: dict[str, Any]) -> bool:
-    """A whole answer: every choice of a completion ended (an embedding has none)."""
+    """A whole answer: every choice of a completion ended (an embedding has none), a Messages
+    answer stopped."""
+    if document.get("type") == "message":
+        return document.get("stop_reason") is not None
     choices = document.get("choices")
     if choices is None:
         return True

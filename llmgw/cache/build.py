@@ -7,7 +7,7 @@ from collections.abc import Callable
 from opentelemetry import metrics
 
 from llmgw import __version__
-from llmgw.cache.policy import AliasCache, CounterMeter, ResponseCache
+from llmgw.cache.policy import CounterMeter, ResponseCache, alias_caches
 from llmgw.cache.store import CacheStore, MemoryCacheStore
 from llmgw.config import Settings
 
@@ -44,10 +44,7 @@ def build_cache(
         max_entry_bytes=settings.cache_max_entry_bytes,
         scope=settings.cache_scope,
         clock=clock,
-        aliases={
-            alias.alias: AliasCache(alias.cache, alias.cache_ttl_seconds)
-            for alias in settings.model_aliases
-        },
+        aliases=alias_caches(settings.model_aliases),
         meter=meter,
         gauges=meter_provider.get_meter("llmgw", __version__),
     )

@@ -19,11 +19,17 @@ class Controls:
     ttl: float | None = None  # store this answer this long (capped by the configured TTL)
 
 
+_DEFAULT = Controls()
+
+
 def read_controls(headers: Mapping[str, str]) -> Controls:
     """Unknown directives and malformed numbers are ignored, as HTTP caches do."""
+    cache_control, ttl = headers.get("Cache-Control"), headers.get(TTL_HEADER)
+    if cache_control is None and ttl is None:
+        return _DEFAULT  # what almost every request says
     read = write = True
     max_age: float | None = None
-    for directive in headers.get("Cache-Control", "").split(","):
+    for directive in (cache_control or "").split(","):
         name, _, value = directive.strip().partition("=")
         name = name.strip().lower()
         if name == "no-store":
@@ -32,7 +38,7 @@ def read_controls(headers: Mapping[str, str]) -> Controls:
             read = False
         elif name == "max-age":
             max_age = _seconds(value)
-    return Controls(read, write, max_age, _seconds(headers.get(TTL_HEADER, "")))
+    return Controls(read, write, max_age, _seconds(ttl or ""))
 
 
 def _seconds(text: str) -> float | None:

@@ -3,7 +3,9 @@
 An answer is kept as it came: a JSON answer as its body, a streamed chat answer as its events
 (without ``[DONE]``). A JSON answer is replayed to a streamed request as the chunks of that
 completion, and a streamed one to a JSON request as the completion its chunks make; text, tool
-calls, reasoning, finish reasons and usage are the same either way. The usage and the cost the
+calls, reasoning, finish reasons and usage are the same either way. An answer in Anthropic's own
+Messages form (a provider that speaks it, on a native ``/v1/messages``) is kept and replayed in
+that form (``llmgw.cache.messages``). The usage and the cost the
 answer had when it was fetched are kept beside it: a hit's ledger row and what it saved.
 """
 
@@ -15,6 +17,7 @@ import attrs
 import orjson
 
 from llmgw.accounting.usage import Usage
+from llmgw.cache.messages import message_events, message_from_events
 from llmgw.providers.sse import SSEScanner, event_data
 from llmgw.streaming.completion import completion_events
 
@@ -31,6 +34,7 @@ class Entry:
     body: bytes | None = None  # a JSON answer as the provider sent it
     events: tuple[bytes, ...] | None = None  # a streamed chat answer's events, no [DONE]
     response_model: str | None = None
+    messages: bool = False  # Anthropic's Messages form (its message, its events), not chat's
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.stored_at)
@@ -41,13 +45,18 @@ class Entry:
     def json_body(self) -> bytes:
         if self.body is not None:
             return self.body  # sent as it is: no re-encoding
+        if self.messages:
+            return orjson.dumps(message_from_events(self.chunk_events()))
         return orjson.dumps(assemble_completion(self.chunk_events()))
 
     def chunk_events(self) -> tuple[bytes, ...]:
-        """The answer as chat chunk events (a JSON completion made into them), no ``[DONE]``."""
+        """The answer as chat chunk events (a JSON completion made into them), no ``[DONE]``; or
+        as Messages events, ``message_start`` to ``message_stop``."""
         if self.events is not None:
             return self.events
         assert self.body is not None
+        if self.messages:
+            return message_events(orjson.loads(self.body))
         events = SSEScanner(1 << 62).feed(completion_events(orjson.loads(self.body)))
         return tuple(e for e in events if event_data(e) != _DONE)
 
@@ -59,6 +68,7 @@ def encode_entry(entry: Entry) -> bytes:
         # No extras: a hit paid no provider (its row has none).
         "usage": attrs.asdict(entry.usage, filter=attrs.filters.exclude("extras")),
         "model": entry.response_model,
+        "messages": entry.messages,
     }
     if entry.body is not None:
         document["body"] = entry.body.decode()
@@ -80,6 +90,7 @@ def decode_entry(raw: bytes) -> Entry | None:
             body=None if body is None else body.encode(),
             events=None if events is None else tuple(e.encode() for e in events),
             response_model=document.get("model"),
+            messages=document.get("messages") is True,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None

@@ -14,8 +14,10 @@ __all__ = ["SCOPES", "CacheKey", "cache_key", "cacheable", "scope_of"]
 
 SCOPES = ("key", "subject", "team", "shared")
 
-# The APIs whose answers are cached, by the name the pipeline gives them.
+# The APIs whose answers are cached, by the name the pipeline gives them. A native /v1/messages
+# (a provider that speaks Messages itself) keeps its answers apart: they are Messages, not chat.
 CHAT, EMBEDDINGS, MESSAGES, RESPONSES = "chat", "embeddings", "messages", "responses"
+NATIVE_MESSAGES = "messages:native"
 
 _NOT_KEYED = ("stream", "stream_options")
 

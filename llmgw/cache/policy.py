@@ -13,13 +13,23 @@ from opentelemetry import metrics
 
 from llmgw.accounting.usage import Usage
 from llmgw.cache.controls import Controls
-from llmgw.cache.entry import Entry, decode_entry, encode_entry
+from llmgw.cache.entry import Entry, encode_entry
 from llmgw.cache.flight import Flight, Flights
-from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
+from llmgw.cache.key import NATIVE_MESSAGES, CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.store import CacheStore, CacheUnavailable
+from llmgw.config.providers_file import ModelAlias
 from llmgw.telemetry import semconv as sc
 
-__all__ = ["BYPASS", "CACHE_HEADER", "HIT", "MISS", "AliasCache", "Lookup", "ResponseCache"]
+__all__ = [
+    "BYPASS",
+    "CACHE_HEADER",
+    "HIT",
+    "MISS",
+    "AliasCache",
+    "Lookup",
+    "ResponseCache",
+    "alias_caches",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,11 @@ class AliasCache:
     ttl_seconds: float | None = None
 
 
+def alias_caches(aliases: Iterable[ModelAlias]) -> dict[str, AliasCache]:
+    """What each alias of the configuration says of the cache, by its name."""
+    return {alias.alias: AliasCache(alias.cache, alias.cache_ttl_seconds) for alias in aliases}
+
+
 @attrs.define(eq=False)
 class Lookup:
     """What the cache had for one request, and (a miss) the recording of its answer."""
@@ -57,6 +72,7 @@ class Lookup:
     follows: Flight | None = None  # a follower: the leader's flight
     leads: Flight | None = None  # the leader: the flight it publishes to
     ttl: float = 0.0  # 0: the answer is not stored
+    messages: bool = False  # the answer is in Anthropic's Messages form (see Entry.messages)
     # The streamed answer's events, held while it lasts (its size is checked when it is stored).
     events: list[bytes] = attrs.Factory(list)
     complete: bool = False
@@ -79,6 +95,9 @@ class Lookup:
 
 
 _BYPASS = Lookup(BYPASS)
+_NO_ALIAS = AliasCache()
+# A lookup's counter point's attributes, made once (one per result).
+_RESULT_ATTRIBUTES = {result: {sc.LLMGW_CACHE_RESULT: result} for result in (HIT, MISS, BYPASS)}
 
 
 class ResponseCache:
@@ -124,8 +143,13 @@ class ResponseCache:
         held = self.store.bytes_held()
         return [] if held is None else [metrics.Observation(held)]
 
+    def reconfigure(self, aliases: Mapping[str, AliasCache]) -> None:
+        """A reloaded configuration's aliases (SIGHUP): what they say applies from the next
+        lookup; entries already stored keep the TTL they were stored with."""
+        self._aliases = dict(aliases)
+
     def counted(self, result: str) -> None:
-        self._lookups.add(1, {sc.LLMGW_CACHE_RESULT: result})
+        self._lookups.add(1, _RESULT_ATTRIBUTES[result])
 
     async def lookup(
         self,
@@ -157,7 +181,7 @@ class ResponseCache:
         subject_id: str | None,
         controls: Controls,
     ) -> Lookup:
-        alias = self._aliases.get(model, AliasCache())
+        alias = self._aliases.get(model, _NO_ALIAS)
         if not alias.enabled or not cacheable(api, body) or not controls.write:
             return _BYPASS
         ttl = alias.ttl_seconds or self._ttl
@@ -165,18 +189,18 @@ class ResponseCache:
             ttl = min(ttl, controls.ttl)
         key = cache_key(api, model, scope_of(self._scope, key_id, subject_id), body, key_id)
         if not controls.read:
-            return Lookup(BYPASS, key, ttl=ttl)  # no-cache: not read, the fresh answer stored
+            # no-cache: not read, the fresh answer stored
+            return Lookup(BYPASS, key, ttl=ttl, messages=api == NATIVE_MESSAGES)
         flight = self.flights.join(key.digest)
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
         try:
-            raw = await self.store.get(key)
+            entry = await self.store.get(key)
         except CacheUnavailable as error:
             self._unavailable(error)
             return _BYPASS
         self._available()
         now = self._clock()
-        entry = None if raw is None else decode_entry(raw)
         if (
             entry is not None
             and entry.fresh(now)
@@ -186,7 +210,13 @@ class ResponseCache:
         flight = self.flights.join(key.digest)  # one may have taken off while the store answered
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
-        return Lookup(MISS, key, leads=self.flights.lead(key.digest), ttl=ttl)
+        return Lookup(
+            MISS,
+            key,
+            leads=self.flights.lead(key.digest),
+            ttl=ttl,
+            messages=api == NATIVE_MESSAGES,
+        )
 
     def settle(
         self,
@@ -215,6 +245,7 @@ class ResponseCache:
             body=body,
             events=tuple(lookup.events) if stream else None,
             response_model=response_model,
+            messages=lookup.messages,
         )
         if lookup.leads is not None:
             self.flights.land(lookup.key.digest, lookup.leads, entry)
@@ -240,7 +271,7 @@ class ResponseCache:
         if len(value) > self._max_entry_bytes:
             return
         try:
-            await self.store.put(key, value, entry.ttl)
+            await self.store.put(key, entry, value)
         except CacheUnavailable as error:
             self._unavailable(error)
         else:

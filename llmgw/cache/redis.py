@@ -13,6 +13,7 @@ import asyncio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from llmgw.cache.entry import Entry, decode_entry
 from llmgw.cache.key import CacheKey
 from llmgw.cache.store import CacheUnavailable
 
@@ -38,17 +39,18 @@ class RedisCacheStore:
     def _stored_by(self, key_id: str) -> str:
         return f"{self._prefix}:k:{key_id}"
 
-    async def get(self, key: CacheKey) -> bytes | None:
+    async def get(self, key: CacheKey) -> Entry | None:
         try:
             async with asyncio.timeout(self._budget):
                 value = await self._client.get(self._name(key))
         except (TimeoutError, RedisError, OSError) as error:
             raise CacheUnavailable(str(error) or type(error).__name__) from error
-        return value if isinstance(value, bytes) else None  # (never decoded: no decode_responses)
+        # (bytes: the client has no decode_responses)
+        return decode_entry(value) if isinstance(value, bytes) else None
 
-    async def put(self, key: CacheKey, value: bytes, ttl: float) -> None:
+    async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
         try:
-            name, ttl_ms = self._name(key), max(1, round(ttl * 1000))
+            name, ttl_ms = self._name(key), max(1, round(entry.ttl * 1000))
             stored_by = self._stored_by(key.key_id)
             async with asyncio.timeout(self._budget), self._client.pipeline() as pipe:
                 pipe.set(name, value, px=ttl_ms)

@@ -1,5 +1,9 @@
 """Where entries live: one small protocol, a memory backend (one process, least recently used
-evicted first within ``CACHE_MAX_BYTES``) and Redis (``llmgw.cache.redis``, shared by replicas)."""
+evicted first within ``CACHE_MAX_BYTES``) and Redis (``llmgw.cache.redis``, shared by replicas).
+
+A store is given an entry with its encoded form and gives entries back: Redis keeps the encoded
+bytes and decodes them on a read, the memory backend keeps the entry itself (counted at its
+encoded size), so a hit in memory decodes nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Protocol
 
 import attrs
 
+from llmgw.cache.entry import Entry
 from llmgw.cache.key import CacheKey
 
 __all__ = ["CacheStore", "CacheUnavailable", "MemoryCacheStore"]
@@ -19,9 +24,13 @@ class CacheUnavailable(Exception):
 
 
 class CacheStore(Protocol):
-    async def get(self, key: CacheKey) -> bytes | None: ...
+    async def get(self, key: CacheKey) -> Entry | None:
+        """The entry stored under ``key`` (None: none, expired, or not readable as an entry)."""
+        ...
 
-    async def put(self, key: CacheKey, value: bytes, ttl: float) -> None: ...
+    async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
+        """Store ``entry`` for its TTL; ``value`` is its encoded form (``encode_entry``)."""
+        ...
 
     async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
         """Delete every entry (stored by ``key_id``, for ``model``); the number deleted."""
@@ -36,7 +45,8 @@ class CacheStore(Protocol):
 
 @attrs.define
 class _Held:
-    value: bytes
+    entry: Entry
+    size: int  # its encoded size
     expires_at: float
     key: CacheKey
 
@@ -55,7 +65,7 @@ class MemoryCacheStore:
         self._clock = clock
         self._on_evict = on_evict
 
-    async def get(self, key: CacheKey) -> bytes | None:
+    async def get(self, key: CacheKey) -> Entry | None:
         held = self._entries.get(key.digest)
         if held is None:
             return None
@@ -63,15 +73,16 @@ class MemoryCacheStore:
             self._drop(key.digest)
             return None
         self._entries.move_to_end(key.digest)
-        return held.value
+        return held.entry
 
-    async def put(self, key: CacheKey, value: bytes, ttl: float) -> None:
-        if len(value) > self._max_bytes:
+    async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
+        size = len(value)
+        if size > self._max_bytes:
             return
         if key.digest in self._entries:
             self._drop(key.digest)
-        self._entries[key.digest] = _Held(value, self._clock() + ttl, key)
-        self._held += len(value)
+        self._entries[key.digest] = _Held(entry, size, self._clock() + entry.ttl, key)
+        self._held += size
         evicted = 0
         while self._held > self._max_bytes:
             self._drop(next(iter(self._entries)))
@@ -98,4 +109,4 @@ class MemoryCacheStore:
         self._held = 0
 
     def _drop(self, digest: str) -> None:
-        self._held -= len(self._entries.pop(digest).value)
+        self._held -= self._entries.pop(digest).size

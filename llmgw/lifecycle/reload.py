@@ -17,6 +17,7 @@ from typing import Protocol
 from aiohttp import web
 
 from llmgw.accounting.prices import PriceTable, configured_prices, publishers
+from llmgw.cache.policy import ResponseCache, alias_caches
 from llmgw.config import ConfigError, Settings, load_settings
 from llmgw.providers.base import Provider
 from llmgw.routing.registry import ProviderRegistry, close_providers
@@ -77,9 +78,11 @@ class ConfigReloader:
         models_cache: Forgettable,
         generations: RequestGenerations,
         prices: PriceTable | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self._registry = registry
         self._prices = prices
+        self._cache = cache
         self._build_registry = build_registry
         self._models_cache = models_cache
         self._generations = generations
@@ -107,6 +110,8 @@ class ConfigReloader:
             self._prices.reconfigure(
                 configured_prices(settings), publishers(self._registry.providers)
             )
+        if self._cache is not None:  # what each alias says of it (cache = false, its own TTL)
+            self._cache.reconfigure(alias_caches(settings.model_aliases))
         self._track(self._close_when_drained(self._generations.advance(), retired))
         log.info(
             "configuration reloaded: providers %s; model aliases %s",

@@ -15,9 +15,9 @@ from llmgw.providers.sse import event_data
 from llmgw.streaming.relay import STREAM_HEADERS, sse_error_event
 from llmgw.streaming.translate import StreamTranslator
 
-__all__ = ["replay_stream"]
+__all__ = ["DONE_EVENT", "replay_stream"]
 
-_DONE_EVENT = b"data: [DONE]\n\n"
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
 async def replay_stream(
@@ -27,8 +27,10 @@ async def replay_stream(
     hide_usage_chunk: bool,
     translator: StreamTranslator | None,
     error_event: Callable[[GatewayError], bytes] = sse_error_event,
+    end: bytes = DONE_EVENT,
 ) -> tuple[web.StreamResponse, GatewayError | None]:
-    """Send ``events`` (no ``[DONE]``) as they come; a GatewayError they raise ends the stream
+    """Send ``events`` (no ``[DONE]``) as they come, then ``end`` (chat's ``[DONE]``; nothing
+    after a Messages stream's own ``message_stop``); a GatewayError they raise ends the stream
     with the API's error event, and is returned with the response."""
     response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
     await response.prepare(request)
@@ -39,7 +41,7 @@ async def replay_stream(
             out = _replayed(event, hide_usage_chunk, translator)
             if out:
                 await response.write(out)
-        await response.write(_DONE_EVENT if translator is None else await translator.finish())
+        await response.write(end if translator is None else await translator.finish())
     except GatewayError as error:
         with contextlib.suppress(ConnectionResetError):
             await response.write(

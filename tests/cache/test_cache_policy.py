@@ -14,12 +14,15 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from llmgw.accounting.usage import Usage
+from llmgw.api.models import ModelListCache
 from llmgw.cache.controls import Controls, read_controls
 from llmgw.cache.entry import Entry, assemble_completion, decode_entry, encode_entry
 from llmgw.cache.key import cache_key, cacheable, scope_of
 from llmgw.cache.policy import BYPASS, HIT, MISS, AliasCache, ResponseCache
 from llmgw.cache.store import CacheStore, MemoryCacheStore
 from llmgw.config.providers_file import ProviderConfigError, load_provider_config
+from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
+from tests.lifecycle.test_reload import builds, registry_of
 from tests.processes import Clock, free_port
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
@@ -344,3 +347,53 @@ def test_an_alias_says_cache_false_or_its_own_ttl_in_the_providers_file(tmp_path
     path.write_text(path.read_text().replace("= 60", "= 0"))
     with pytest.raises(ProviderConfigError, match="cache_ttl_seconds"):
         load_provider_config(path, {})
+
+
+async def test_a_reload_brings_what_each_alias_says_of_the_response_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("VENICE_API_KEY", "unused")
+    config = tmp_path / "llmgw.toml"
+    provider = '[[providers]]\nname = "local"\nkind = "openai-compatible"\nbase_url = "http://127.0.0.1:9/v1"\n'
+    alias = '[[models]]\nalias = "a"\ndeployments = ["local:m"]\n'
+    monkeypatch.setenv("LLMGW_CONFIG", str(config))
+    clock = Clock()
+    cache = ResponseCache(
+        MemoryCacheStore(max_bytes=1 << 20, clock=clock),
+        ttl_seconds=60,
+        max_entry_bytes=1 << 20,
+        clock=clock,
+    )
+    reloader = ConfigReloader(
+        registry_of("local"),
+        builds("local"),
+        ModelListCache(),
+        RequestGenerations(),
+        cache=cache,
+    )
+
+    async def looked_up() -> tuple[str, float]:
+        lookup = await cache.lookup(
+            api="chat",
+            model="a",
+            body={"model": "a", "messages": []},
+            key_id="k",
+            subject_id=None,
+            controls=Controls(),
+        )
+        cache.abandon(lookup)
+        return lookup.result, lookup.ttl
+
+    assert await looked_up() == (MISS, 60)
+    config.write_text(provider + alias + "cache_ttl_seconds = 5\n")
+    assert await reloader.reload() is True
+    assert await looked_up() == (MISS, 5)
+    config.write_text(provider + alias + "cache = false\n")
+    assert await reloader.reload() is True
+    assert (await looked_up())[0] == BYPASS
+    config.write_text(provider + alias)  # the alias's own say removed: the configured TTL
+    assert await reloader.reload() is True
+    assert await looked_up() == (MISS, 60)
+    await reloader.close()
+    await cache.close()

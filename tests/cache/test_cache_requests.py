@@ -16,8 +16,9 @@ import pytest
 from llmgw.clocks import Clocks
 from llmgw.config.providers_file import DeploymentSpec, ModelAlias
 from llmgw.key_format import key_prefix
+from llmgw.lifecycle.reload import RELOADER
 from llmgw.storage import api_keys
-from tests.conftest import Gateway
+from tests.conftest import FAKE_VENICE_KEY, Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import Clock, clean_env, eventually, free_port
 
@@ -560,4 +561,35 @@ async def test_an_alias_with_the_cache_off_is_a_bypass(start_gateway: Any) -> No
                 messages=MESSAGES,  # type: ignore[arg-type]
             )
             assert raw.headers["x-llmgw-cache"] == "bypass"
+    assert len(gateway.fake.chats()) == 2
+
+
+async def test_a_reload_turns_an_aliases_cache_off(
+    start_gateway: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    aliased = ModelAlias("aliased", (DeploymentSpec("venice", "qwen3-5-9b"),))
+    gateway: Gateway = await start_gateway(cache="memory", model_aliases=(aliased,))
+    key = await gateway.create_key()
+
+    async def cached_as() -> str:
+        async with gateway.client(key) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="aliased",
+                messages=MESSAGES,  # type: ignore[arg-type]
+            )
+            return str(raw.headers["x-llmgw-cache"])
+
+    assert await cached_as() == "miss"
+    assert await cached_as() == "hit"
+    config = tmp_path / "llmgw.toml"
+    config.write_text(
+        f'[[providers]]\nname = "venice"\nkind = "venice"\nbase_url = "{gateway.fake.base_url}"\n'
+        'api_key_env = "VENICE_API_KEY"\n'
+        '[[models]]\nalias = "aliased"\ndeployments = ["venice:qwen3-5-9b"]\ncache = false\n'
+    )
+    monkeypatch.setenv("LLMGW_CONFIG", str(config))
+    monkeypatch.setenv("VENICE_API_KEY", FAKE_VENICE_KEY)
+    monkeypatch.setenv("LLMGW_CACHE", "memory")
+    assert await gateway.server.app[RELOADER].reload() is True
+    assert await cached_as() == "bypass"
     assert len(gateway.fake.chats()) == 2
