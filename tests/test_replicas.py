@@ -361,6 +361,8 @@ def test_a_restart_on_a_taken_port_fails_with_its_log_and_only_once(
     port = cluster.replicas[0].port
     assert cluster.replicas[0].stop() == 0
     with socket.socket() as taker:
+        # As the replica binds: its connections' TIME_WAIT does not keep the port.
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taker.bind(("127.0.0.1", port))
         taker.listen()
         with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{port}"):
