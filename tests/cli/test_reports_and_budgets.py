@@ -112,7 +112,9 @@ async def test_csv_exports_neutralise_cells_a_spreadsheet_would_run(
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     for model in HOSTILE_MODELS:
         await gateway.db.execute(
-            "INSERT INTO usage_hourly VALUES ($1, $2, $3, NULL, 1, 0, 1, 1, 0, 0, 1, $4)",
+            "INSERT INTO usage_hourly (hour, api_key_id, model, subject_id, requests, errors,"
+            " input_tokens, output_tokens, cost_usd, duration_ms_sum, latency_buckets)"
+            " VALUES ($1, $2, $3, NULL, 1, 0, 1, 1, 0, 1, $4)",
             hour,
             uuid.uuid4(),
             model,
