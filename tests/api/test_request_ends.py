@@ -139,6 +139,14 @@ ENDS = {
         200,
         None,
     ),
+    "messages counted (the gateway's estimate)": End(
+        _request(
+            "/v1/messages/count_tokens", {"model": "qwen3-5-9b", "messages": MESSAGES["messages"]}
+        ),
+        "count_tokens qwen3-5-9b",
+        200,
+        None,
+    ),
     "responses answered (and stored)": End(
         _request("/v1/responses", {"model": "qwen3-5-9b", "input": "hi"}),
         "chat qwen3-5-9b",
