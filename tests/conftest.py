@@ -238,6 +238,10 @@ class Gateway:
     fake: FakeVenice
     telemetry: InMemoryTelemetry
     db: asyncpg.Connection
+    # The SDK clients a test made (client, anthropic_client): closed with the gateway, in the
+    # test's own loop. One left to the garbage collector closes itself in a task of a loop that
+    # is gone, and asyncio logs that task's error in whichever test is running then.
+    sdk_clients: list[openai.AsyncOpenAI | anthropic.AsyncAnthropic] = attrs.field(factory=list)
 
     @property
     def base_url(self) -> str:
@@ -253,13 +257,22 @@ class Gateway:
         return issued.plaintext
 
     def client(self, key: str, **kwargs: Any) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, **kwargs)
+        client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, **kwargs)
+        self.sdk_clients.append(client)
+        return client
 
     def anthropic_client(self, key: str, **kwargs: Any) -> anthropic.AsyncAnthropic:
         """The Anthropic SDK, as Claude Code's users point it: the root URL, the key as api_key."""
-        return anthropic.AsyncAnthropic(
+        client = anthropic.AsyncAnthropic(
             base_url=self.url("/"), api_key=key, max_retries=0, **kwargs
         )
+        self.sdk_clients.append(client)
+        return client
+
+    async def close_sdk_clients(self) -> None:
+        for client in self.sdk_clients:
+            await client.close()
+        self.sdk_clients.clear()
 
     async def post(self, path: str, key: str, body: Any) -> Answered:
         """``body`` POSTed as JSON to ``path``, ``key`` the bearer token; the answer read whole."""
@@ -310,6 +323,7 @@ async def start_gateway(
     """Start a gateway with settings overrides: ``gateway = await start_gateway(upstream_max_retries=0)``;
     ``clocks``: what its own timing reads (a test's, to move instead of waiting)."""
     servers: list[TestServer] = []
+    gateways: list[Gateway] = []
 
     async def start(clocks: Clocks = SYSTEM_CLOCKS, **overrides: Any) -> Gateway:
         settings = make_settings(fake_venice, database_url, **overrides)
@@ -321,9 +335,12 @@ async def start_gateway(
         # Closed as ``serve`` closes it: a request still running after the grace is cancelled.
         await server.start_server(shutdown_timeout=settings.shutdown_grace_seconds)
         servers.append(server)
-        return Gateway(server, fake_venice, telemetry, db)
+        gateways.append(Gateway(server, fake_venice, telemetry, db))
+        return gateways[-1]
 
     yield start
+    for gateway in gateways:
+        await gateway.close_sdk_clients()
     for server in servers:
         await server.close()
 
