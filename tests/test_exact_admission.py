@@ -31,29 +31,34 @@ ACTUAL_COST = expected_cost_usd(1, 5)
 ACTUAL_TOKENS = 1 + 5
 
 
-@pytest.fixture(
-    params=[
-        "postgres",
-        pytest.param(
-            "redis",
-            marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL"),
-        ),
-        "postgres with slices",  # capacity leases (docs/accounting.md)
-    ]
-)
+# The limit stores every exactness test runs on, and the settings that choose each.
+STORES = [
+    "postgres",
+    pytest.param(
+        "redis",
+        marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL"),
+    ),
+    "postgres with slices",  # capacity leases (docs/accounting.md)
+]
+
+
+def store_env(store: str) -> dict[str, str]:
+    return {
+        "postgres": {},
+        "redis": {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""},
+        # Every key takes slices (by default only busy ones do: these bursts are quiet).
+        "postgres with slices": {"LIMIT_SLICE_BUSY_RATE": "0"},
+    }[store]
+
+
+@pytest.fixture(params=STORES)
 def two_gateways(
     request: pytest.FixtureRequest,
     gateway_processes: StartGateways,
     database_url: str,
     fake_venice: FakeVenice,
 ) -> list[GatewayProcess]:
-    extra = {
-        "postgres": {},
-        "redis": {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""},
-        # Every key takes slices (by default only busy ones do: these bursts are quiet).
-        "postgres with slices": {"LIMIT_SLICE_BUSY_RATE": "0"},
-    }[request.param]
-    env = gateway_env(database_url, fake_venice.base_url, **extra)
+    env = gateway_env(database_url, fake_venice.base_url, **store_env(request.param))
     return gateway_processes(env, count=2)
 
 

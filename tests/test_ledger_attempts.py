@@ -19,11 +19,10 @@ import pytest
 from tests.conftest import Gateway
 from tests.fake_openai import providers_settings
 from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
-from tests.test_stream_continuation import MODEL, REPLY, ledger_row, provider
+from tests.test_stream_continuation import MESSAGES, MODEL, REPLY, ledger_row, provider
 
 OTHER = "llama-3.3-70b"  # the second deployment's model: its answers name it
 ADMIN_TOKEN = "ledger-attempts-admin-token-0123456789"
-MESSAGES = [{"role": "user", "content": "count for me"}]
 
 
 @pytest.fixture

@@ -15,34 +15,20 @@ import pytest
 from llmgw.storage import api_keys
 from tests.conftest import GatewayProcess, StartGateways, gateway_env
 from tests.fake_venice import FakeVenice
-from tests.test_exact_admission import BODY, REDIS_URL, WORST_COST
+from tests.test_exact_admission import BODY, STORES, WORST_COST, store_env
 
 pytestmark = pytest.mark.slow  # four gateway processes
 
 
-@pytest.fixture(
-    params=[
-        "postgres",
-        pytest.param(
-            "redis",
-            marks=pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL"),
-        ),
-        "postgres with slices",
-    ]
-)
+@pytest.fixture(params=STORES)
 def four_gateways(
     request: pytest.FixtureRequest,
     gateway_processes: StartGateways,
     database_url: str,
     fake_venice: FakeVenice,
 ) -> list[GatewayProcess]:
-    extra = {
-        "postgres": {},
-        "redis": {"RATE_LIMIT_BACKEND": "redis", "REDIS_URL": REDIS_URL or ""},
-        # Every key takes slices (by default only busy ones do: these bursts are quiet).
-        "postgres with slices": {"LIMIT_SLICE_BUSY_RATE": "0"},
-    }[request.param]
-    return gateway_processes(gateway_env(database_url, fake_venice.base_url, **extra), count=4)
+    env = gateway_env(database_url, fake_venice.base_url, **store_env(request.param))
+    return gateway_processes(env, count=4)
 
 
 def _admits(request: pytest.FixtureRequest, results: list[tuple[int, Any]], cap: int) -> None:
