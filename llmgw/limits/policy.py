@@ -210,6 +210,18 @@ def _seconds_until_next_month(moment: datetime) -> float:
     return start.timestamp() + days * 86400 - moment.timestamp()
 
 
+def _next_minute_wait(now: datetime) -> int:
+    """Whole seconds (at least 1) until a tokens-per-minute counter's next minute."""
+    return max(1, math.ceil(60 - now.timestamp() % 60))
+
+
+def _month_reset(now: datetime) -> tuple[date, dict[str, str]]:
+    """When a monthly budget resets (UTC), and the Retry-After that waits for it."""
+    reset = (_month(now).replace(day=28) + timedelta(days=4)).replace(day=1)
+    wait = max(1, math.ceil(_seconds_until_next_month(now)))
+    return reset, {"Retry-After": str(wait)}
+
+
 class LimitPolicy:
     def __init__(
         self,
@@ -618,7 +630,7 @@ class LimitPolicy:
                 headers={"Retry-After": "1"},
             )
         if kind == _TOKENS:
-            wait = max(1, math.ceil(60 - now.timestamp() % 60))
+            wait = _next_minute_wait(now)
             amount = int(refused.amount)
             if amount > (key.tokens_per_minute or 0):
                 message = (
@@ -633,12 +645,12 @@ class LimitPolicy:
             return RateLimited(
                 message, code="tokens_per_minute_exceeded", headers={"Retry-After": str(wait)}
             )
-        reset = (_month(now).replace(day=28) + timedelta(days=4)).replace(day=1)
+        reset, retry = _month_reset(now)
         return RateLimited(
             f"The monthly budget of subject {key.subject_id} cannot cover this request (worst "
             f"case ${refused.amount:.6f}); it resets on {reset.isoformat()} (UTC).",
             code="budget_exceeded",
-            headers={"Retry-After": str(max(1, math.ceil(_seconds_until_next_month(now))))},
+            headers=retry,
         )
 
     @staticmethod
@@ -661,19 +673,19 @@ class LimitPolicy:
                 headers={"Retry-After": "1"},
             )
         if kind == _TEAM_TOKENS:
-            wait = max(1, math.ceil(60 - now.timestamp() % 60))
+            wait = _next_minute_wait(now)
             return RateLimited(
                 f"The team's {int(refused.cap)} tokens per minute cannot cover this request's "
                 f"worst case of {int(refused.amount)} tokens now; retry in {wait}s.",
                 code="team_tokens_per_minute_exceeded",
                 headers={"Retry-After": str(wait)},
             )
-        reset = (_month(now).replace(day=28) + timedelta(days=4)).replace(day=1)
+        reset, retry = _month_reset(now)
         return RateLimited(
             f"The team's monthly budget cannot cover this request (worst case "
             f"${refused.amount:.6f}); it resets on {reset.isoformat()} (UTC).",
             code="team_budget_exceeded",
-            headers={"Retry-After": str(max(1, math.ceil(_seconds_until_next_month(now))))},
+            headers=retry,
         )
 
     # Settlement -------------------------------------------------------------------------------
