@@ -1,7 +1,8 @@
-"""One upstream call for identical requests in flight (within one replica).
+"""One upstream call for identical requests in flight.
 
 The first request of a cache key that misses leads: it calls the provider and publishes what
-it gets. Identical requests arriving meanwhile follow: a streamed one receives the leader's
+it gets (or, when another replica sharing the store fetches the answer, it waits for that
+replica's stored entry: ``ResponseCache``). Identical requests arriving meanwhile follow: a streamed one receives the leader's
 events as they arrive, a JSON one the whole answer at the end. When the leader's call fails
 (or its answer cannot be shared), each follower that has been sent nothing yet calls on its own.
 """
@@ -65,10 +66,10 @@ class Flight:
             if self.ended:
                 if self.entry is None:
                     raise FlightFailed
-                if self.entry.events is None:
-                    # A JSON leader: its chunks, all at once.
-                    for event in self.entry.chunk_events()[sent:]:
-                        yield event
+                # What was not published: all of a JSON leader's chunks, or all of an answer
+                # another replica fetched, at once (a streamed leader here published them all).
+                for event in self.entry.chunk_events()[sent:]:
+                    yield event
                 return
             await self._changed.wait()
 

@@ -4,8 +4,9 @@ complete answer, clear entries. The store is injected (memory or Redis), and so 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -16,7 +17,7 @@ from llmgw.cache.controls import Controls
 from llmgw.cache.entry import Entry, encode_entry
 from llmgw.cache.flight import Flight, Flights
 from llmgw.cache.key import NATIVE_MESSAGES, CacheKey, cache_key, cacheable, scope_of
-from llmgw.cache.store import CacheStore, CacheUnavailable
+from llmgw.cache.store import CacheStore, CacheUnavailable, Claim
 from llmgw.config.providers_file import ModelAlias
 from llmgw.telemetry import semconv as sc
 
@@ -71,6 +72,7 @@ class Lookup:
     age: float = 0.0
     follows: Flight | None = None  # a follower: the leader's flight
     leads: Flight | None = None  # the leader: the flight it publishes to
+    claim: Claim | None = None  # the leader's claim on fetching the answer, for every replica
     ttl: float = 0.0  # 0: the answer is not stored
     messages: bool = False  # the answer is in Anthropic's Messages form (see Entry.messages)
     # The streamed answer's events, held while it lasts (its size is checked when it is stored).
@@ -93,6 +95,12 @@ class Lookup:
     def completed(self) -> None:
         self.complete = True
 
+
+# How long this replica's requests wait for another replica's answer at most, and how often they
+# look for it (from a short first look, for a fetch about to end, up to a few a second).
+FOLLOW_SECONDS = 900.0
+_FIRST_WATCH_SECONDS = 0.02
+_LAST_WATCH_SECONDS = 0.25
 
 _BYPASS = Lookup(BYPASS)
 _NO_ALIAS = AliasCache()
@@ -122,6 +130,8 @@ class ResponseCache:
         self.flights = Flights()
         self._down = False
         self._writes: set[asyncio.Task[None]] = set()
+        self._watches: set[asyncio.Task[None]] = set()  # other replicas' fetches followed
+        self._landing: dict[str, asyncio.Task[None]] = {}  # by digest: claims being given up
         gauges = gauges or metrics.get_meter("llmgw.cache")
         meter = meter or gauges
         self._lookups: _Counter = meter.create_counter(
@@ -210,13 +220,55 @@ class ResponseCache:
         flight = self.flights.join(key.digest)  # one may have taken off while the store answered
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
+        # Led here before the store is asked who fetches: identical requests arriving meanwhile
+        # follow this flight, whoever turns out to fetch its answer.
+        flight = self.flights.lead(key.digest)
+        claim: Claim | None = None
+        try:
+            landing = self._landing.get(key.digest)
+            if landing is not None:
+                # This replica's last claim on it is still being given up: not someone else's.
+                await asyncio.wait([landing])
+            claim = await self.store.lead(key)
+            fetched_elsewhere = claim is None
+        except CacheUnavailable as error:
+            self._unavailable(error)
+            fetched_elsewhere = False  # no one can be told: fetched here, as without the cache
+        except BaseException:
+            self.flights.land(key.digest, flight, None)
+            raise
+        if fetched_elsewhere:
+            # Another replica fetches it: this replica's requests wait for its stored answer.
+            self._spawn(self._watches, self._watch(key, flight))
+            return Lookup(HIT, key, follows=flight)
         return Lookup(
-            MISS,
-            key,
-            leads=self.flights.lead(key.digest),
-            ttl=ttl,
-            messages=api == NATIVE_MESSAGES,
+            MISS, key, leads=flight, claim=claim, ttl=ttl, messages=api == NATIVE_MESSAGES
         )
+
+    async def _watch(self, key: CacheKey, flight: Flight) -> None:
+        """Follow another replica's fetching of ``key``'s answer: its stored entry ends this
+        replica's flight; a fetch that ends without one (failed, not storable, its replica gone:
+        the claim expired) sends each follower to the provider on its own."""
+        entry: Entry | None = None
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + FOLLOW_SECONDS
+        delay = _FIRST_WATCH_SECONDS
+        try:
+            while loop.time() < give_up_at:
+                await asyncio.sleep(delay)
+                found, fetching = await self.store.watch(key)
+                if found is not None and found.fresh(self._clock()):
+                    entry = found
+                    break
+                if not fetching:
+                    break
+                delay = min(delay * 2, _LAST_WATCH_SECONDS)
+        except CacheUnavailable as error:
+            self._unavailable(error)
+        except Exception:
+            log.exception("the response cache could not follow another replica's answer")
+        finally:
+            self.flights.land(key.digest, flight, entry)
 
     def settle(
         self,
@@ -250,32 +302,61 @@ class ResponseCache:
         if lookup.leads is not None:
             self.flights.land(lookup.key.digest, lookup.leads, entry)
             lookup.leads = None
-        if lookup.ttl <= 0:
+        claim, lookup.claim = lookup.claim, None
+        if lookup.ttl <= 0 and claim is None:
             return None
-        task = asyncio.ensure_future(self._put(lookup.key, entry))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        return task
+        return self._put(entry if lookup.ttl > 0 else None, claim, lookup.key)
 
     def abandon(self, lookup: Lookup) -> None:
         """The answer is not shared: each follower calls on its own. Idempotent."""
         if lookup.leads is not None and lookup.key is not None:
             self.flights.land(lookup.key.digest, lookup.leads, None)
             lookup.leads = None
+        claim, lookup.claim = lookup.claim, None
+        if claim is not None:
+            self._put(None, claim, claim.key)
 
-    async def _put(self, key: CacheKey, entry: Entry) -> None:
+    def _spawn(
+        self, tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]
+    ) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(work)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    def _put(self, entry: Entry | None, claim: Claim | None, key: CacheKey) -> asyncio.Task[None]:
+        """Store ``entry`` (None: nothing), then give the claim up, in the background: in that
+        order, so another replica's watch finds the entry stored."""
+        task = self._spawn(self._writes, self._put_then_land(entry, claim, key))
+        if claim is not None:
+            self._landing[key.digest] = task
+            task.add_done_callback(functools.partial(self._landed, key.digest))
+        return task
+
+    def _landed(self, digest: str, task: asyncio.Task[None]) -> None:
+        if self._landing.get(digest) is task:
+            del self._landing[digest]
+
+    async def _put_then_land(self, entry: Entry | None, claim: Claim | None, key: CacheKey) -> None:
+        try:
+            await self._store(key, entry)
+            if claim is not None:
+                await self.store.landed(claim)
+        except CacheUnavailable as error:
+            self._unavailable(error)
+        else:
+            self._available()
+
+    async def _store(self, key: CacheKey, entry: Entry | None) -> None:
+        if entry is None:
+            return
         try:
             value = encode_entry(entry)
         except UnicodeDecodeError:
             return  # bytes that are not text: not replayable as JSON or SSE
         if len(value) > self._max_entry_bytes:
             return
-        try:
-            await self.store.put(key, entry, value)
-        except CacheUnavailable as error:
-            self._unavailable(error)
-        else:
-            self._available()
+        await self.store.put(key, entry, value)
 
     async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
         return await self.store.clear(key_id=key_id, model=model)
@@ -286,6 +367,9 @@ class ResponseCache:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
     async def close(self) -> None:
+        for watching in list(self._watches):
+            watching.cancel()
+        await asyncio.gather(*self._watches, return_exceptions=True)
         await self.drained()
         await self.store.close()
 

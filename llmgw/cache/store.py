@@ -16,11 +16,19 @@ import attrs
 from llmgw.cache.entry import Entry
 from llmgw.cache.key import CacheKey
 
-__all__ = ["CacheStore", "CacheUnavailable", "MemoryCacheStore"]
+__all__ = ["CacheStore", "CacheUnavailable", "Claim", "MemoryCacheStore"]
 
 
 class CacheUnavailable(Exception):
     """The store did not answer in time: the request goes on without the cache."""
+
+
+@attrs.frozen
+class Claim:
+    """A process's claim on fetching one key's answer (see :meth:`CacheStore.lead`)."""
+
+    key: CacheKey
+    token: str  # this claim's own: a late give-up never removes a later claim
 
 
 class CacheStore(Protocol):
@@ -38,6 +46,21 @@ class CacheStore(Protocol):
 
     def bytes_held(self) -> int | None:
         """What the entries take, when the store knows it cheaply (None: it does not)."""
+        ...
+
+    async def lead(self, key: CacheKey) -> Claim | None:
+        """Claim the fetching of ``key``'s answer for every process sharing the store (None:
+        another one fetches it now). A claim lasts until :meth:`landed` (or, should its process
+        die, a few seconds)."""
+        ...
+
+    async def landed(self, claim: Claim) -> None:
+        """Give ``claim`` up (its answer stored, or not to be)."""
+        ...
+
+    async def watch(self, key: CacheKey) -> tuple[Entry | None, bool]:
+        """What a request that another process fetches for can see: the stored entry (None: not
+        yet, or not at all), and whether that process still fetches it."""
         ...
 
     async def close(self) -> None: ...
@@ -103,6 +126,16 @@ class MemoryCacheStore:
 
     def bytes_held(self) -> int:
         return self._held
+
+    # One process: its own flights (llmgw.cache.flight) are every flight there is.
+    async def lead(self, key: CacheKey) -> Claim:
+        return Claim(key, "")
+
+    async def landed(self, claim: Claim) -> None:
+        return None
+
+    async def watch(self, key: CacheKey) -> tuple[Entry | None, bool]:
+        return await self.get(key), False
 
     async def close(self) -> None:
         self._entries.clear()

@@ -165,6 +165,7 @@ async def test_an_answer_without_usage_or_larger_than_an_entry_is_not_stored(
     cache = _cache(store, clock)
     lookup = await _lookup(cache)
     assert cache.settle(lookup, usage=Usage(), body=COMPLETION) is None  # type: ignore[arg-type]
+    await cache.drained()  # its claim given up: the next cache (a replica) leads
     small = _cache(store, clock)
     small._max_entry_bytes = 100
     lookup = await _lookup(small)
@@ -216,7 +217,75 @@ async def test_a_failed_leader_releases_its_followers(
     cache.abandon(leader)  # type: ignore[arg-type]
     assert await follower.follows.answer() is None  # type: ignore[attr-defined]
     assert not await follower.follows.first_event()  # type: ignore[attr-defined]
+    await cache.drained()  # the claim given up, for every replica
     assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+
+
+def _replicas(claim_seconds: float = 5.0) -> tuple[ResponseCache, ResponseCache, Clock]:
+    """Two replicas' caches on one Redis (one prefix), one clock."""
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    from llmgw.cache.redis import RedisCacheStore
+
+    clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
+    one, two = (
+        _cache(RedisCacheStore(REDIS_URL, prefix=prefix, claim_seconds=claim_seconds), clock)
+        for _ in range(2)
+    )
+    return one, two, clock
+
+
+async def test_a_replica_waits_for_the_answer_another_replica_fetches() -> None:
+    one, two, _ = _replicas()
+    leader = await _lookup(one)
+    assert leader.result == MISS  # type: ignore[attr-defined]
+    followers = [await _lookup(two) for _ in range(3)]
+    assert [f.result for f in followers] == [HIT] * 3  # type: ignore[attr-defined]
+    flights = {id(f.follows) for f in followers}  # type: ignore[attr-defined]
+    assert len(flights) == 1  # one watch of the other replica, followed by all three
+    waiting = asyncio.ensure_future(followers[0].follows.answer())  # type: ignore[attr-defined]
+    await asyncio.sleep(0.1)  # a few looks at Redis while the answer is still being fetched
+    assert not waiting.done()
+    written = one.settle(leader, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
+    assert written is not None
+    await written
+    entry = await asyncio.wait_for(waiting, 5)
+    assert entry is not None and entry.json_body() == COMPLETION
+    events = [e async for e in followers[1].follows.stream()]  # type: ignore[attr-defined]
+    assert assemble_completion(tuple(events))["choices"][0]["message"]["content"] == "Hello"
+    assert (await _lookup(two)).entry is not None  # type: ignore[attr-defined]
+    await one.close()
+    await two.close()
+
+
+async def test_a_replica_whose_leader_failed_or_died_calls_on_its_own() -> None:
+    one, two, _ = _replicas(claim_seconds=0.3)
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    one.abandon(leader)  # type: ignore[arg-type]
+    assert await asyncio.wait_for(follower.follows.answer(), 5) is None  # type: ignore[attr-defined]
+    await one.drained()
+    # A leader whose replica dies holds nothing for long: its claim is not renewed, and expires.
+    assert (await _lookup(one)).result == MISS  # type: ignore[attr-defined]
+    await one.store.close()  # its claim's renewal stops, as with a process gone
+    follower = await _lookup(two)
+    assert follower.result == HIT  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(follower.follows.answer(), 5) is None  # type: ignore[attr-defined]
+    assert (await _lookup(two)).result == MISS  # type: ignore[attr-defined]
+    await two.close()
+
+
+async def test_a_claim_outlives_its_expiry_while_its_answer_is_fetched() -> None:
+    one, two, _ = _replicas(claim_seconds=0.3)
+    leader = await _lookup(one)
+    await asyncio.sleep(1.0)  # three expiries: renewed meanwhile
+    follower = await _lookup(two)
+    assert follower.result == HIT  # type: ignore[attr-defined]
+    one.settle(leader, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
+    entry = await asyncio.wait_for(follower.follows.answer(), 5)  # type: ignore[attr-defined]
+    assert entry is not None
+    await one.close()
+    await two.close()
 
 
 async def test_memory_never_exceeds_its_bytes_under_a_flood() -> None:

@@ -341,6 +341,27 @@ async def test_two_replicas_on_one_redis_share_hits(start_gateway: Any) -> None:
     assert len(one.fake.chats()) == 1
 
 
+async def test_ten_identical_requests_on_two_replicas_make_one_upstream_call(
+    start_gateway: Any,
+) -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    one = await start_gateway(cache="redis", redis_url=REDIS_URL)
+    two = await start_gateway(cache="redis", redis_url=REDIS_URL)
+    key = await one.create_key()
+    one.fake.enqueue(Behaviour(delay_before_headers=0.5))
+    leading = asyncio.ensure_future(_chat(one, key))
+    await eventually(lambda: len(one.fake.chats()) == 1)  # replica one fetches it
+    answers = await asyncio.gather(
+        *(_chat((one, two)[i % 2], key, stream=i % 3 == 0) for i in range(9))
+    )
+    answers.append(await leading)
+    assert len(one.fake.chats()) == 1
+    assert sorted(headers["x-llmgw-cache"] for headers, _ in answers) == ["hit"] * 9 + ["miss"]
+    texts = {a.choices[0].message.content if not isinstance(a, tuple) else a[0] for _, a in answers}
+    assert len(texts) == 1
+
+
 async def test_a_hit_counts_against_the_request_rate(start_gateway: Any) -> None:
     gateway: Gateway = await start_gateway(cache="memory")
     key = await gateway.create_key(rate_limit_requests=2, rate_limit_window_seconds=60)
