@@ -26,7 +26,7 @@ from llmgw.storage.responses import ResponseStore, StoredResponse
 from llmgw.streaming.translate import StreamTranslator
 from llmgw.telemetry import semconv as sc
 from llmgw.translation import responses as translation
-from llmgw.translation.responses_stream import ResponsesStreamTranslator
+from llmgw.translation.responses_stream import ResponsesStreamTranslator, response_event
 
 __all__ = [
     "OMITTED_TOOLS_HEADER",
@@ -168,14 +168,14 @@ class _NativeEvents:
         if kind in ("response.completed", "response.incomplete") and "response" in chunk:
             self._completed = chunk
             return b""
-        return _event(kind, chunk)
+        return response_event(kind, chunk)
 
     async def finish(self) -> bytes:
         completed, self._completed = self._completed, None
         if completed is None:
             return b""
         response = await self._codec.save(completed["response"])
-        return _event(completed["type"], {**completed, "response": response})
+        return response_event(completed["type"], {**completed, "response": response})
 
     def error(self, error: GatewayError) -> bytes:
         """``error`` then ``response.failed``: Codex ends a turn only on a terminal event."""
@@ -187,13 +187,11 @@ class _NativeEvents:
         )
         framed = []
         for kind, fields in events:
-            framed.append(_event(kind, {"type": kind, "sequence_number": self._sequence, **fields}))
+            framed.append(
+                response_event(kind, {"type": kind, "sequence_number": self._sequence, **fields})
+            )
             self._sequence += 1
         return b"".join(framed)
-
-
-def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 _TRANSLATED = Operation(

@@ -37,7 +37,13 @@ from llmgw.translation.responses import (
     status_for_finish,
 )
 
-__all__ = ["ResponsesStreamTranslator"]
+__all__ = ["ResponsesStreamTranslator", "response_event"]
+
+
+def response_event(kind: str, payload: dict[str, Any]) -> bytes:
+    """One Responses stream frame: ``event: <type>`` and its data (the SDKs read the data's
+    ``type``; Codex and curl users read the ``event:`` line)."""
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 @attrs.define
@@ -318,4 +324,4 @@ class ResponsesStreamTranslator:
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+        return response_event(kind, payload)
