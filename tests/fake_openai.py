@@ -3,12 +3,16 @@ configure a gateway with several providers from a TOML file.
 
 A real aiohttp server on 127.0.0.1 serving ``/v1/chat/completions`` (JSON, and SSE with a final
 usage chunk when ``stream_options.include_usage``; with ``tools`` it calls the first one unless the
-last message is a tool result), ``/v1/models`` and ``/v1/embeddings``. Tests
-script failures with :meth:`FakeOpenAI.fail_next` and read what it was sent in ``received``.
+last message is a tool result), ``/v1/responses`` (OpenAI's own Responses, JSON and its ``event:``
+framed stream without ``[DONE]``: a reasoning item with a summary when ``reasoning`` is asked for,
+then a call of the first tool or the reply; ``incomplete`` when ``max_output_tokens`` is below the
+reply's tokens), ``/v1/models`` and ``/v1/embeddings``. Tests script failures with
+:meth:`FakeOpenAI.fail_next` and read what it was sent in ``received``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import time
@@ -20,6 +24,7 @@ from aiohttp import web
 
 from llmgw.config import load_settings
 from tests.fake_venice import (
+    TOOL_ARGUMENTS,
     ReceivedRequest,
     _embeddings_body,  # OpenAI's embeddings shape already: data, model, object, usage
     count_prompt_tokens,
@@ -29,6 +34,18 @@ from tests.processes import ServedHere
 
 FAKE_OPENAI_KEY = "sk-fake-openai-key-51c0de"
 FAKE_OPENAI_MODELS = ("gpt-4o-mini", "text-embedding-3-small")
+REASONING_SUMMARY = "The user wants a sum."
+# An item's parts in a Responses stream: the index they are at, and the events that open and
+# close each part and fill its text.
+_PART_EVENTS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "reasoning": (
+        "summary_index",
+        "response.reasoning_summary_part",
+        "response.reasoning_summary_text",
+        {},
+    ),
+    "message": ("content_index", "response.content_part", "response.output_text", {"logprobs": []}),
+}
 
 JSON = "application/json"
 Failure = TypeVar("Failure")
@@ -73,6 +90,8 @@ class FakeOpenAI(RecordingFake[int]):
 
     def __init__(self, *, reply: str = "Hello from fake OpenAI!", chunks: int = 4) -> None:
         super().__init__(reply=reply, chunks=chunks)
+        # Set: a Responses stream waits for it before its last event (a test's answer in flight).
+        self.end_held: asyncio.Event | None = None
 
     @property
     def base_url(self) -> str:
@@ -82,6 +101,7 @@ class FakeOpenAI(RecordingFake[int]):
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -127,6 +147,142 @@ class FakeOpenAI(RecordingFake[int]):
             await response.write(_event({**chunk, "choices": [choice]}))
         finish = {"index": 0, "delta": {}, "finish_reason": finish_reason}
         return await end_stream(response, chunk, finish, body, usage)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._admit(request)
+        if isinstance(body, web.Response):
+            return body
+        response = self._response(body)
+        if body.get("stream") is not True:
+            return web.json_response(response)
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        events = self._response_events(response)
+        for number, event in enumerate(events):
+            if number == len(events) - 1 and self.end_held is not None:
+                await self.end_held.wait()
+            payload = {**event, "sequence_number": number}
+            await stream.write(f"event: {event['type']}\n".encode() + _event(payload))
+        return stream
+
+    def _response(self, body: dict[str, Any]) -> dict[str, Any]:
+        suffix = os.urandom(12).hex()
+        output: list[dict[str, Any]] = []
+        if body.get("reasoning") is not None:
+            output.append(
+                {
+                    "type": "reasoning",
+                    "id": "rs_" + suffix,
+                    "summary": [{"type": "summary_text", "text": REASONING_SUMMARY}],
+                    "encrypted_content": "enc_" + suffix,
+                }
+            )
+        inputs = body.get("input")
+        last = inputs[-1] if isinstance(inputs, list) and inputs else {}
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools and last.get("type") != "function_call_output":
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": "fc_" + suffix,
+                    "call_id": "call_" + suffix,
+                    "name": tools[0].get("name", "tool"),
+                    "arguments": TOOL_ARGUMENTS,
+                    "status": "completed",
+                }
+            )
+        else:
+            text = {"type": "output_text", "text": self.reply, "annotations": [], "logprobs": []}
+            output.append(
+                {
+                    "type": "message",
+                    "id": "msg_" + suffix,
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [text],
+                }
+            )
+        produced = self.chunks + (len(output) - 1)
+        limit = body.get("max_output_tokens")
+        incomplete = isinstance(limit, int) and limit < produced
+        prompt = max(1, len(orjson.dumps(inputs).split()))
+        return {
+            "id": "resp_" + suffix,
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": body["model"],
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "error": None,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": tools if isinstance(tools, list) else [],
+            "usage": {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": produced,
+                "output_tokens_details": {"reasoning_tokens": len(output) - 1},
+                "total_tokens": prompt + produced,
+            },
+        }
+
+    def _response_events(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """OpenAI's events for ``response``: each text and each call's arguments in pieces."""
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        events = [
+            {"type": "response.created", "response": started},
+            {"type": "response.in_progress", "response": started},
+        ]
+        for index, item in enumerate(response["output"]):
+            where = {"item_id": item["id"], "output_index": index}
+            kind = item["type"]
+            if kind == "function_call":
+                events.append(
+                    {
+                        "type": "response.output_item.added",
+                        "output_index": index,
+                        "item": {**item, "arguments": "", "status": "in_progress"},
+                    }
+                )
+                events += [
+                    {"type": "response.function_call_arguments.delta", **where, "delta": piece}
+                    for piece in split_reply(item["arguments"], self.chunks)
+                ]
+                done = {"arguments": item["arguments"], "name": item["name"]}
+                events.append({"type": "response.function_call_arguments.done", **where, **done})
+            else:
+                field = "summary" if kind == "reasoning" else "content"
+                opened = {**item, field: []}
+                if "status" in item:
+                    opened["status"] = "in_progress"
+                events.append(
+                    {"type": "response.output_item.added", "output_index": index, "item": opened}
+                )
+                for number, part in enumerate(item[field]):
+                    events += self._part_events(kind, where, number, part)
+            events.append(
+                {"type": "response.output_item.done", "output_index": index, "item": item}
+            )
+        ending = (
+            "response.completed" if response["status"] == "completed" else "response.incomplete"
+        )
+        events.append({"type": ending, "response": response})
+        return events
+
+    def _part_events(
+        self, kind: str, where: dict[str, Any], number: int, part: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        position, parts, texts, extra = _PART_EVENTS[kind]
+        at = {**where, position: number}
+        events = [{"type": f"{parts}.added", **at, "part": {**part, "text": ""}}]
+        events += [
+            {"type": f"{texts}.delta", **at, "delta": piece, **extra}
+            for piece in split_reply(part["text"], self.chunks)
+        ]
+        events.append({"type": f"{texts}.done", **at, "text": part["text"], **extra})
+        events.append({"type": f"{parts}.done", **at, "part": part})
+        return events
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await self._admit(request)

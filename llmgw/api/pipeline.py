@@ -896,9 +896,11 @@ async def _open_continuation(
 
 def _finished(document: dict[str, Any]) -> bool:
     """A whole answer: every choice of a completion ended (an embedding has none), a Messages
-    answer stopped."""
+    answer stopped, a Response completed (not incomplete, failed or still in progress)."""
     if document.get("type") == "message":
         return document.get("stop_reason") is not None
+    if document.get("object") == "response":
+        return document.get("status") == "completed"
     choices = document.get("choices")
     if choices is None:
         return True

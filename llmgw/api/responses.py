@@ -20,6 +20,7 @@ from llmgw import app_keys
 from llmgw.api.body import read_json_object
 from llmgw.api.pipeline import Operation, proxy
 from llmgw.auth.authenticator import AuthenticatedKey
+from llmgw.cache.key import NATIVE_RESPONSES as NATIVE_RESPONSES_API
 from llmgw.cache.key import RESPONSES as RESPONSES_API
 from llmgw.errors import GatewayError, InvalidRequest, NotFound
 from llmgw.storage.responses import ResponseStore, StoredResponse
@@ -208,6 +209,8 @@ _NATIVE = Operation(
         "/responses", call, accept="text/event-stream"
     ),
     sends_chat=False,
+    # Kept and replayed as Responses (llmgw.cache.responses), when it neither stores nor continues.
+    cache_api=NATIVE_RESPONSES_API,
 )
 
 

@@ -3,27 +3,39 @@
 An answer is kept as it came: a JSON answer as its body, a streamed chat answer as its events
 (without ``[DONE]``). A JSON answer is replayed to a streamed request as the chunks of that
 completion, and a streamed one to a JSON request as the completion its chunks make; text, tool
-calls, reasoning, finish reasons and usage are the same either way. An answer in Anthropic's own
-Messages form (a provider that speaks it, on a native ``/v1/messages``) is kept and replayed in
-that form (``llmgw.cache.messages``). The usage and the cost the
-answer had when it was fetched are kept beside it: a hit's ledger row and what it saved.
+calls, reasoning, finish reasons and usage are the same either way. An answer of a provider's own
+API (Anthropic's Messages on a native ``/v1/messages``, OpenAI's Responses on a native
+``/v1/responses``) is kept and replayed in that API's form (``llmgw.cache.messages``,
+``llmgw.cache.responses``). The usage and the cost the answer had when it was fetched are kept
+beside it: a hit's ledger row and what it saved.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import attrs
 import orjson
 
 from llmgw.accounting.usage import Usage
 from llmgw.cache.messages import message_events, message_from_events
+from llmgw.cache.responses import response_events, response_from_events
 from llmgw.providers.sse import SSEScanner, event_data
 from llmgw.streaming.completion import completion_events
 
-__all__ = ["Entry", "assemble_completion", "decode_entry", "encode_entry"]
+__all__ = ["Entry", "Form", "assemble_completion", "decode_entry", "encode_entry"]
 
 _DONE = b"[DONE]"
+
+# The API an answer is kept in: chat's (every translated one), or a provider's own.
+Form = Literal["chat", "messages", "responses"]
+
+
+@attrs.frozen
+class _Replays:
+    whole: Callable[[Iterable[bytes]], dict[str, Any]]  # the answer a complete stream makes
+    events: Callable[[dict[str, Any]], tuple[bytes, ...]]  # the stream that makes an answer
 
 
 @attrs.frozen
@@ -32,9 +44,9 @@ class Entry:
     ttl: float
     usage: Usage  # as reported (cost_usd: what the answer cost, what a hit saves)
     body: bytes | None = None  # a JSON answer as the provider sent it
-    events: tuple[bytes, ...] | None = None  # a streamed chat answer's events, no [DONE]
+    events: tuple[bytes, ...] | None = None  # a streamed answer's events (chat's: no [DONE])
     response_model: str | None = None
-    messages: bool = False  # Anthropic's Messages form (its message, its events), not chat's
+    form: Form = "chat"
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.stored_at)
@@ -45,20 +57,16 @@ class Entry:
     def json_body(self) -> bytes:
         if self.body is not None:
             return self.body  # sent as it is: no re-encoding
-        if self.messages:
-            return orjson.dumps(message_from_events(self.chunk_events()))
-        return orjson.dumps(assemble_completion(self.chunk_events()))
+        return orjson.dumps(_FORMS[self.form].whole(self.chunk_events()))
 
     def chunk_events(self) -> tuple[bytes, ...]:
-        """The answer as chat chunk events (a JSON completion made into them), no ``[DONE]``; or
-        as Messages events, ``message_start`` to ``message_stop``."""
+        """The answer as its form's events (a JSON answer made into them): chat chunks without
+        ``[DONE]``, Messages ``message_start`` to ``message_stop``, Responses
+        ``response.created`` to ``response.completed``."""
         if self.events is not None:
             return self.events
         assert self.body is not None
-        if self.messages:
-            return message_events(orjson.loads(self.body))
-        events = SSEScanner(1 << 62).feed(completion_events(orjson.loads(self.body)))
-        return tuple(e for e in events if event_data(e) != _DONE)
+        return _FORMS[self.form].events(orjson.loads(self.body))
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -68,7 +76,9 @@ def encode_entry(entry: Entry) -> bytes:
         # No extras: a hit paid no provider (its row has none).
         "usage": attrs.asdict(entry.usage, filter=attrs.filters.exclude("extras")),
         "model": entry.response_model,
-        "messages": entry.messages,
+        "form": entry.form,
+        # What a replica of the version before forms reads (a rolling upgrade shares Redis).
+        "messages": entry.form == "messages",
     }
     if entry.body is not None:
         document["body"] = entry.body.decode()
@@ -83,6 +93,10 @@ def decode_entry(raw: bytes) -> Entry | None:
         document = orjson.loads(raw)
         events = document.get("events")
         body = document.get("body")
+        # An entry of the version before forms says only whether it is Messages.
+        form = document.get("form", "messages" if document.get("messages") is True else "chat")
+        if form not in _FORMS:
+            return None
         return Entry(
             stored_at=float(document["at"]),
             ttl=float(document["ttl"]),
@@ -90,13 +104,13 @@ def decode_entry(raw: bytes) -> Entry | None:
             body=None if body is None else body.encode(),
             events=None if events is None else tuple(e.encode() for e in events),
             response_model=document.get("model"),
-            messages=document.get("messages") is True,
+            form=form,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
-def assemble_completion(events: tuple[bytes, ...]) -> dict[str, Any]:
+def assemble_completion(events: Iterable[bytes]) -> dict[str, Any]:
     """The chat completion a stream's chunks make: each choice's text, reasoning and tool calls
     joined, its finish reason, and the usage chunk's usage."""
     completion: dict[str, Any] = {"object": "chat.completion"}
@@ -124,6 +138,19 @@ def assemble_completion(events: tuple[bytes, ...]) -> dict[str, Any]:
             choice.setdefault("logprobs", delta_choice.get("logprobs"))
     completion["choices"] = [choices[i] for i in sorted(choices)]
     return completion
+
+
+def _completion_events(completion: dict[str, Any]) -> tuple[bytes, ...]:
+    """A JSON completion as the chunk events of its stream, no ``[DONE]``."""
+    events = SSEScanner(1 << 62).feed(completion_events(completion))
+    return tuple(e for e in events if event_data(e) != _DONE)
+
+
+_FORMS: dict[str, _Replays] = {
+    "chat": _Replays(assemble_completion, _completion_events),
+    "messages": _Replays(message_from_events, message_events),
+    "responses": _Replays(response_from_events, response_events),
+}
 
 
 def _add_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:

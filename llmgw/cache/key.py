@@ -15,9 +15,10 @@ __all__ = ["SCOPES", "CacheKey", "cache_key", "cacheable", "scope_of"]
 SCOPES = ("key", "subject", "team", "shared")
 
 # The APIs whose answers are cached, by the name the pipeline gives them. A native /v1/messages
-# (a provider that speaks Messages itself) keeps its answers apart: they are Messages, not chat.
+# or /v1/responses (a provider that speaks that API itself) keeps its answers apart: they are
+# Messages or Responses, not chat.
 CHAT, EMBEDDINGS, MESSAGES, RESPONSES = "chat", "embeddings", "messages", "responses"
-NATIVE_MESSAGES = "messages:native"
+NATIVE_MESSAGES, NATIVE_RESPONSES = "messages:native", "responses:native"
 
 _NOT_KEYED = ("stream", "stream_options")
 
@@ -48,6 +49,6 @@ def cache_key(api: str, model: str, scope: str, body: dict[str, Any], key_id: st
 def cacheable(api: str, body: dict[str, Any]) -> bool:
     """Responses only when it neither stores nor continues state: a replay would store nothing
     and could continue nothing."""
-    if api == RESPONSES:
+    if api in (RESPONSES, NATIVE_RESPONSES):
         return body.get("store") is False and body.get("previous_response_id") is None
     return True

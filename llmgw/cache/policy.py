@@ -14,9 +14,17 @@ from opentelemetry import metrics
 
 from llmgw.accounting.usage import Usage
 from llmgw.cache.controls import Controls
-from llmgw.cache.entry import Entry, encode_entry
+from llmgw.cache.entry import Entry, Form, encode_entry
 from llmgw.cache.flight import Flight, Flights
-from llmgw.cache.key import NATIVE_MESSAGES, CacheKey, cache_key, cacheable, scope_of
+from llmgw.cache.key import (
+    NATIVE_MESSAGES,
+    NATIVE_RESPONSES,
+    CacheKey,
+    cache_key,
+    cacheable,
+    scope_of,
+)
+from llmgw.cache.responses import response_completed
 from llmgw.cache.store import CacheStore, CacheUnavailable, Claim
 from llmgw.config.providers_file import ModelAlias
 from llmgw.telemetry import semconv as sc
@@ -36,6 +44,9 @@ log = logging.getLogger(__name__)
 
 HIT, MISS, BYPASS = "hit", "miss", "bypass"
 CACHE_HEADER = "X-LLMGW-Cache"
+
+# The form each API's answers are kept in (Entry.form): chat's, but for a provider's own API.
+_API_FORMS: dict[str, Form] = {NATIVE_MESSAGES: "messages", NATIVE_RESPONSES: "responses"}
 
 
 class _Counter(Protocol):
@@ -74,7 +85,7 @@ class Lookup:
     leads: Flight | None = None  # the leader: the flight it publishes to
     claim: Claim | None = None  # the leader's claim on fetching the answer, for every replica
     ttl: float = 0.0  # 0: the answer is not stored
-    messages: bool = False  # the answer is in Anthropic's Messages form (see Entry.messages)
+    form: Form = "chat"  # the API the answer is in (see Entry.form)
     # The streamed answer's events, held while it lasts (its size is checked when it is stored).
     events: list[bytes] = attrs.Factory(list)
     complete: bool = False
@@ -200,7 +211,7 @@ class ResponseCache:
         key = cache_key(api, model, scope_of(self._scope, key_id, subject_id), body, key_id)
         if not controls.read:
             # no-cache: not read, the fresh answer stored
-            return Lookup(BYPASS, key, ttl=ttl, messages=api == NATIVE_MESSAGES)
+            return Lookup(BYPASS, key, ttl=ttl, form=_API_FORMS.get(api, "chat"))
         flight = self.flights.join(key.digest)
         if flight is not None:
             return Lookup(HIT, key, follows=flight)
@@ -242,7 +253,7 @@ class ResponseCache:
             self._spawn(self._watches, self._watch(key, flight))
             return Lookup(HIT, key, follows=flight)
         return Lookup(
-            MISS, key, leads=flight, claim=claim, ttl=ttl, messages=api == NATIVE_MESSAGES
+            MISS, key, leads=flight, claim=claim, ttl=ttl, form=_API_FORMS.get(api, "chat")
         )
 
     async def _watch(self, key: CacheKey, flight: Flight) -> None:
@@ -290,6 +301,9 @@ class ResponseCache:
         ):
             self.abandon(lookup)
             return None
+        # A Responses stream ends as whole on response.incomplete: the followers, who were sent
+        # it as it came, get its end, but it is not kept.
+        kept = not stream or lookup.form != "responses" or response_completed(lookup.events)
         entry = Entry(
             stored_at=self._clock(),
             ttl=lookup.ttl,
@@ -297,15 +311,16 @@ class ResponseCache:
             body=body,
             events=tuple(lookup.events) if stream else None,
             response_model=response_model,
-            messages=lookup.messages,
+            form=lookup.form,
         )
         if lookup.leads is not None:
             self.flights.land(lookup.key.digest, lookup.leads, entry)
             lookup.leads = None
         claim, lookup.claim = lookup.claim, None
-        if lookup.ttl <= 0 and claim is None:
+        stored = entry if lookup.ttl > 0 and kept else None
+        if stored is None and claim is None:
             return None
-        return self._put(entry if lookup.ttl > 0 else None, claim, lookup.key)
+        return self._put(stored, claim, lookup.key)
 
     def abandon(self, lookup: Lookup) -> None:
         """The answer is not shared: each follower calls on its own. Idempotent."""
