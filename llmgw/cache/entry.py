@@ -12,7 +12,7 @@ beside it: a hit's ledger row and what it saved.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -34,7 +34,7 @@ Form = Literal["chat", "messages", "responses"]
 
 @attrs.frozen
 class _Replays:
-    whole: Callable[[Iterable[bytes]], dict[str, Any]]  # the answer a complete stream makes
+    whole: Callable[[Sequence[bytes]], dict[str, Any]]  # the answer a complete stream makes
     events: Callable[[dict[str, Any]], tuple[bytes, ...]]  # the stream that makes an answer
 
 

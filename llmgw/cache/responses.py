@@ -132,30 +132,33 @@ def _text_events(
     yield {"type": f"{prefix}.done", **at, field: value, **logprobs}
 
 
-def response_from_events(events: Iterable[bytes]) -> dict[str, Any]:
+def response_from_events(events: Sequence[bytes]) -> dict[str, Any]:
     """The Response a stream's events make: the last one a lifecycle event carries (a complete
     stream's: ``response.completed``'s), with the done items as its output when it has none."""
-    response: dict[str, Any] = {}
-    done: dict[int, Any] = {}
-    for document in _documents(events):
-        if isinstance(document.get("response"), dict):
-            response = document["response"]
-        elif document.get("type") == "response.output_item.done":
-            index = document.get("output_index")
-            if isinstance(index, int):
-                done[index] = document.get("item")
+    response = _last_response(events)
     if response.get("output") is None:
+        done = {
+            document["output_index"]: document.get("item")
+            for document in _documents(events)
+            if document.get("type") == "response.output_item.done"
+            and isinstance(document.get("output_index"), int)
+        }
         response = {**response, "output": [done[index] for index in sorted(done)]}
     return response
 
 
 def response_completed(events: Sequence[bytes]) -> bool:
-    """Whether a stream ended with its Response completed (not incomplete or failed): the last
-    event that carries the Response says."""
+    """Whether a stream ended with its Response completed (not incomplete or failed)."""
+    return bool(_last_response(events).get("status") == "completed")
+
+
+def _last_response(events: Sequence[bytes]) -> dict[str, Any]:
+    """The Response the last lifecycle event carries: read from the end, the rest not decoded."""
     for document in _documents(reversed(events)):
-        if isinstance(document.get("response"), dict):
-            return bool(document["response"].get("status") == "completed")
-    return False
+        response = document.get("response")
+        if isinstance(response, dict):
+            return response
+    return {}
 
 
 def _documents(events: Iterable[bytes]) -> Iterator[dict[str, Any]]:

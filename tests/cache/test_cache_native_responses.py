@@ -16,10 +16,12 @@ import pytest
 
 from llmgw import app_keys
 from llmgw.config import load_settings
+from llmgw.config.providers_file import ProviderSpec
+from llmgw.providers.plugin import Capabilities
 from tests.cache.test_cache_requests import BACKENDS
 from tests.conftest import Gateway
 from tests.fake_openai import FAKE_OPENAI_KEY, REASONING_SUMMARY, FakeOpenAI
-from tests.fake_venice import TOOL_ARGUMENTS
+from tests.fake_venice import FAKE_VENICE_KEY, TOOL_ARGUMENTS, FakeVenice
 from tests.test_responses_api import TOOLS, ledger_rows
 
 MODEL = "gpt"
@@ -103,12 +105,17 @@ def _joined(events: list[Any], kind: str) -> str:
 
 
 def _same(a: Any, b: Any) -> None:
-    # (The stream's final response is the SDK's parsed one: ``parsed: None`` on its texts.)
-    assert [item.model_dump(exclude_none=True) for item in a.output] == [
-        item.model_dump(exclude_none=True) for item in b.output
-    ]
+    assert [_sent(item) for item in a.output] == [_sent(item) for item in b.output]
     assert (a.status, a.output_text, a.model) == (b.status, b.output_text, b.model)
     assert a.usage.model_dump() == b.usage.model_dump()
+
+
+def _sent(item: Any) -> dict[str, Any]:
+    """An output item as it was sent, without what the SDK's stream adds to it (its own parse
+    of a text or a strict tool's arguments)."""
+    dumped: dict[str, Any] = item.model_dump(exclude_none=True)
+    dumped.pop("parsed_arguments", None)
+    return dumped
 
 
 async def _stored(gateway: Gateway) -> None:
@@ -137,6 +144,30 @@ async def test_a_native_response_is_replayed_in_both_forms(
         _same(again, answer)
         assert again.id != answer.id  # each answer is the gateway's own response
     assert len(fake_openai.calls("/v1/responses")) == 1
+
+
+@pytest.mark.parametrize("first", [_json, _streamed], ids=["stored-as-json", "stored-as-stream"])
+async def test_venices_own_responses_are_cached_too(
+    start_gateway: Any, fake_venice: FakeVenice, first: Any
+) -> None:
+    """Venice's stream is data-only frames and a final ``[DONE]``: replayed as OpenAI's."""
+    spec = ProviderSpec(
+        name="venice",
+        kind="venice",
+        base_url=fake_venice.base_url,
+        api_key=FAKE_VENICE_KEY,
+        capabilities=Capabilities(native_responses=True),
+    )
+    gateway: Gateway = await start_gateway(providers=(spec,), cache="memory")
+    client = gateway.client(await gateway.create_key())
+    ask = {"model": "qwen3-5-9b", "input": "4 + 6?", "tools": TOOLS, "store": False}
+    result, answer = await first(client, ask)
+    assert result == "miss" and answer.output[0].arguments == TOOL_ARGUMENTS
+    for form in (_json, _streamed):
+        result, again = await form(client, ask)
+        assert result == "hit"
+        _same(again, answer)
+    assert len([r for r in fake_venice.received if r.path == "/api/v1/responses"]) == 1
 
 
 async def test_a_request_that_stores_or_continues_state_bypasses(
