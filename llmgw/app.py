@@ -247,13 +247,15 @@ def create_app(
     if cache is not None:
         app[app_keys.CACHE] = cache
 
-    async def close_cache(app: web.Application) -> AsyncIterator[None]:
+    async def open_and_close_cache(app: web.Application) -> AsyncIterator[None]:
+        if cache is not None:
+            await cache.open()
         yield
         if cache is not None:
             await cache.close()
 
     app.cleanup_ctx.extend(
-        [telemetry_flush, refusal_summaries, database, provider_sessions, close_cache]
+        [telemetry_flush, refusal_summaries, database, provider_sessions, open_and_close_cache]
     )
     supervisor.install(  # after the cleanup contexts above: its drains end before they close
         app,

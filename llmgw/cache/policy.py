@@ -381,6 +381,14 @@ class ResponseCache:
         while self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
+    async def open(self) -> None:
+        """Ready the store at start; one that cannot be reached yet is one warning, and
+        requests bypass the cache until it can."""
+        try:
+            await self.store.open()
+        except CacheUnavailable as error:
+            self._unavailable(error)
+
     async def close(self) -> None:
         for watching in list(self._watches):
             watching.cancel()

@@ -63,6 +63,11 @@ class CacheStore(Protocol):
         yet, or not at all), and whether that process still fetches it."""
         ...
 
+    async def open(self) -> None:
+        """Be ready for the first request (a connection made at start, not in its time budget);
+        :class:`CacheUnavailable` when the store cannot be reached now."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -136,6 +141,9 @@ class MemoryCacheStore:
 
     async def watch(self, key: CacheKey) -> tuple[Entry | None, bool]:
         return await self.get(key), False
+
+    async def open(self) -> None:
+        return None
 
     async def close(self) -> None:
         self._entries.clear()
