@@ -440,3 +440,31 @@ async def test_charts_read_like_charts_with_one_day_and_thirty_days_of_data(
     finally:
         in_flight.cancel()
         await context.close()
+
+
+async def test_a_page_left_before_its_data_came_never_replaces_the_next_one(
+    console_gateway: Gateway, browser: Browser
+) -> None:
+    page = await (await browser.new_context()).new_page()
+    await _sign_in(page, console_gateway)
+    # The overview's data held back until the keys page is drawn: it must not be drawn over it.
+    held: list[Any] = []
+    arrived = asyncio.Event()
+
+    async def hold(route: Any) -> None:
+        held.append(route)
+        arrived.set()
+
+    await page.route("**/console/api/overview", hold)
+    await page.get_by_role("link", name="Usage", exact=True).click()
+    await expect(page.get_by_role("heading", name="Usage", exact=True)).to_be_visible()
+    await page.get_by_role("link", name="Overview", exact=True).click()
+    await asyncio.wait_for(arrived.wait(), 10)
+    await _open(page, "Keys")
+    await held[0].continue_()
+    name = page.get_by_label("Name", exact=True)
+    await name.focus()
+    await page.wait_for_load_state("networkidle")  # the overview's answer came and was read
+    await expect(page.get_by_role("heading", name="Keys", exact=True)).to_be_visible()
+    await expect(name).to_be_focused()
+    assert await page.title() == "Keys · llmgw console"

@@ -789,7 +789,12 @@ if (ROLE !== "admin") {
   for (const button of document.querySelectorAll('button[value="everywhere"]')) button.hidden = true;
 }
 
+// Renders overlap when a page is left before its data came: only the latest one is drawn, so a
+// slow earlier one never replaces the page (and the focus) the user has moved on to.
+let renders = 0;
+
 async function render() {
+  const mine = ++renders;
   const wanted = (window.location.hash || `#${FIRST}`).slice(1);
   const name = wanted in pages ? wanted : FIRST;
   const draw = pages[name];
@@ -797,13 +802,18 @@ async function render() {
     if (link.getAttribute("href") === `#${name}`) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
+  let children;
   try {
-    page.replaceChildren(...(await draw()));
-    document.title = `${name[0].toUpperCase()}${name.slice(1)} · llmgw console`;
+    children = await draw();
   } catch (error) {
-    page.replaceChildren(el("h1", {}, "Something went wrong"), el("p", { class: "error", role: "alert" }, error.message));
+    children = [el("h1", {}, "Something went wrong"), el("p", { class: "error", role: "alert" }, error.message)];
   }
+  if (mine !== renders) return;
+  page.replaceChildren(...children);
+  document.title = `${name[0].toUpperCase()}${name.slice(1)} · llmgw console`;
 }
 
+// The first page's own address, so following its link does not draw it a second time.
+if (!window.location.hash) history.replaceState(null, "", `#${FIRST}`);
 window.addEventListener("hashchange", render);
 render();
