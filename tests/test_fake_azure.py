@@ -28,14 +28,30 @@ async def fake() -> AsyncIterator[FakeAzure]:
         yield fake
 
 
-def azure_sdk(fake: FakeAzure, api_version: str = GA_API_VERSION) -> openai.AsyncAzureOpenAI:
-    return openai.AsyncAzureOpenAI(
+@pytest.fixture
+async def clients() -> AsyncIterator[list[openai.AsyncOpenAI]]:
+    """The SDK clients a test made, closed in its own loop (not by the garbage collector, in
+    whichever test's loop runs then)."""
+    made: list[openai.AsyncOpenAI] = []
+    yield made
+    for client in made:
+        await client.close()
+
+
+def azure_sdk(
+    fake: FakeAzure, clients: list[openai.AsyncOpenAI], api_version: str = GA_API_VERSION
+) -> openai.AsyncAzureOpenAI:
+    client = openai.AsyncAzureOpenAI(
         azure_endpoint=fake.endpoint, api_version=api_version, api_key=FAKE_AZURE_KEY, max_retries=0
     )
+    clients.append(client)
+    return client
 
 
-async def test_the_azure_sdk_reaches_a_deployment_and_reads_its_stream(fake: FakeAzure) -> None:
-    client = azure_sdk(fake)
+async def test_the_azure_sdk_reaches_a_deployment_and_reads_its_stream(
+    fake: FakeAzure, clients: list[openai.AsyncOpenAI]
+) -> None:
+    client = azure_sdk(fake, clients)
     completion = await client.chat.completions.create(model="prod-chat", messages=MESSAGES)
     assert completion.choices[0].message.content == "Hello from fake Azure!"
     assert completion.model == "gpt-4o-2024-11-20"
@@ -54,10 +70,12 @@ async def test_the_azure_sdk_reaches_a_deployment_and_reads_its_stream(fake: Fak
 
 async def test_the_plain_sdk_reaches_the_v1_api_with_the_key_as_a_bearer_token(
     fake: FakeAzure,
+    clients: list[openai.AsyncOpenAI],
 ) -> None:
     client = openai.AsyncOpenAI(
         base_url=f"{fake.endpoint}/openai/v1/", api_key=FAKE_AZURE_KEY, max_retries=0
     )
+    clients.append(client)
     completion = await client.chat.completions.create(model="prod-chat", messages=MESSAGES)
     assert completion.choices[0].finish_reason == "stop"
     with pytest.raises(openai.NotFoundError) as missing:
@@ -65,8 +83,8 @@ async def test_the_plain_sdk_reaches_the_v1_api_with_the_key_as_a_bearer_token(
     assert missing.value.code == "DeploymentNotFound"
 
 
-async def test_errors_are_azures(fake: FakeAzure) -> None:
-    client = azure_sdk(fake)
+async def test_errors_are_azures(fake: FakeAzure, clients: list[openai.AsyncOpenAI]) -> None:
+    client = azure_sdk(fake, clients)
     fake.fail_next(PROMPT_FILTERED, RateLimited(retry_after_ms=1500))
     with pytest.raises(openai.BadRequestError) as filtered:
         await client.chat.completions.create(model="prod-chat", messages=MESSAGES)
@@ -86,7 +104,7 @@ async def test_errors_are_azures(fake: FakeAzure) -> None:
         ).chat.completions.create(model="prod-chat", messages=MESSAGES)
     assert refused.value.code == "401"
     with pytest.raises(openai.NotFoundError) as unknown_version:
-        await azure_sdk(fake, "2099-01-01").chat.completions.create(
+        await azure_sdk(fake, clients, "2099-01-01").chat.completions.create(
             model="prod-chat", messages=MESSAGES
         )
     assert unknown_version.value.message.endswith("Resource not found")
@@ -94,9 +112,10 @@ async def test_errors_are_azures(fake: FakeAzure) -> None:
 
 async def test_an_old_api_version_refuses_stream_options_and_the_key_must_be_api_key(
     fake: FakeAzure,
+    clients: list[openai.AsyncOpenAI],
 ) -> None:
     with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied"):
-        await azure_sdk(fake, "2024-06-01").chat.completions.create(
+        await azure_sdk(fake, clients, "2024-06-01").chat.completions.create(
             model="prod-chat",
             messages=MESSAGES,
             stream=True,

@@ -39,6 +39,7 @@ async def test_spans_and_metrics_reach_an_otlp_receiver(
         )
         async for _ in stream:
             pass
+        await client.close()
     finally:
         assert await asyncio.to_thread(stop, gateway) == 0  # shutdown flushes the exporters
 

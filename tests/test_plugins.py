@@ -82,3 +82,4 @@ async def test_the_example_plugin_is_listed_and_serves_chat(
     with pytest.raises(openai.NotFoundError) as refused:
         await client.embeddings.create(model="talk", input="x")
     assert "parrot (kind echo) does not serve embeddings" in str(refused.value)
+    await client.close()

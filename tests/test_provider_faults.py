@@ -13,7 +13,7 @@ import itertools
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +194,13 @@ def backup(fakes: tuple[ThreadedFakeVenice, ThreadedFakeVenice]) -> Iterator[Thr
 
 
 @pytest.fixture
-def client(served: tuple[GatewayProcess, str], gateway: GatewayProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
+async def client(
+    served: tuple[GatewayProcess, str], gateway: GatewayProcess
+) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(
         base_url=f"{gateway.url}/v1", api_key=served[1], max_retries=0, timeout=15
-    )
+    ) as client:
+        yield client
 
 
 async def ask(

@@ -109,7 +109,7 @@ async def test_an_operator_runs_the_gateway_from_the_console(
     assert plaintext not in await page.content()
 
     # The key works through the gateway, and the request shows up.
-    client = openai.AsyncOpenAI(base_url=console_gateway.base_url, api_key=plaintext, max_retries=0)
+    client = console_gateway.client(plaintext)
     await client.chat.completions.create(
         model="qwen3-5-9b", messages=[{"role": "user", "content": "hello console"}]
     )
@@ -309,14 +309,12 @@ async def test_charts_read_like_charts_with_one_day_and_thirty_days_of_data(
 
     # Refused by the gateway itself: a 429 (window of one request) and a 413 (too large a body).
     limited = await gateway.create_key(name="limited", rate_limit_requests=1)
-    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=limited, max_retries=0)
+    client = gateway.client(limited)
     chat: dict[str, Any] = {"model": "qwen3-5-9b", "messages": [{"role": "user", "content": "hi"}]}
     await client.chat.completions.create(**chat)
     with pytest.raises(openai.RateLimitError):
         await client.chat.completions.create(**chat)
-    big = openai.AsyncOpenAI(
-        base_url=gateway.base_url, api_key=await gateway.create_key(name="big"), max_retries=0
-    )
+    big = gateway.client(await gateway.create_key(name="big"))
     limit = gateway.server.app[app_keys.SETTINGS].request_body_limit_bytes
     with pytest.raises(openai.APIStatusError) as too_large:
         await big.chat.completions.create(**chat, user="x" * limit)
@@ -325,7 +323,7 @@ async def test_charts_read_like_charts_with_one_day_and_thirty_days_of_data(
     # A request of the subject in flight holds its worst case against the budget.
     gateway.fake.enqueue(Behaviour(delay_before_headers=300))
     alpha_key = await gateway.create_key(name="alpha-live", subject_id=subject)
-    live = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=alpha_key, max_retries=0)
+    live = gateway.client(alpha_key)
     in_flight = asyncio.create_task(live.chat.completions.create(**chat))
 
     # Refusal counts are written every few seconds.
