@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import operator
+import os
+import random
 import re
 import uuid
 from collections.abc import Mapping
@@ -236,6 +238,21 @@ def anthropic_usage(usage: dict[str, Any]) -> Usage:
     )
 
 
+# Event ids are random version-4 UUIDs as uuid.uuid4 makes them, from a generator of this module's
+# own instead of os.urandom: the same 122 random bits, without a system call per request. It is
+# seeded from os.urandom when the module is imported and again in every child a fork makes (which
+# would otherwise repeat its parent's ids), and no other code draws from it or seeds it (a test's
+# random.seed does not reach it), so two processes' ids are as unlikely to meet as uuid4's.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+_VERSION_4: Final = (0x4 << 76) | (0x8 << 60)  # the version and RFC 4122 variant bits
+_RANDOM_BITS: Final = (1 << 128) - 1 ^ (0xF << 76) ^ (0xC << 60)
+
+
+def _event_id() -> uuid.UUID:
+    return uuid.UUID(int=_ids.getrandbits(128) & _RANDOM_BITS | _VERSION_4)
+
+
 @attrs.frozen(slots=True)
 class UsageRecord:
     """One finished request, as billed: the billing log line and the usage ledger row."""
@@ -284,7 +301,7 @@ class UsageRecord:
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
     # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
-    event_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
+    event_id: uuid.UUID = attrs.field(factory=_event_id)
 
     def __attrs_post_init__(self) -> None:
         # The constructor is the one place every record passes, so no caller (and no provider's

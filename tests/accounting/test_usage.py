@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -282,3 +283,24 @@ async def test_the_ledger_keeps_an_anthropic_answers_exact_bill_and_its_counts(
         row["cache_creation_1h_input_tokens"], row["output_tokens"],
     )  # fmt: skip
     assert counts == (58_234, 50_000, 7_000, 4_000, 789)
+
+
+def test_event_ids_are_version_4_uuids_none_repeated_by_a_forked_child() -> None:
+    """Made without a system call (see usage._event_id), they are what uuid4 makes: random
+    version-4 UUIDs; a child a fork makes draws its own, not its parent's next ones."""
+    ids = [usage_record().event_id for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    assert all(i.version == 4 and i.variant == uuid.RFC_4122 for i in ids)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the child: its ids go to the parent, then it leaves)
+        os.write(write, b"".join(usage_record().event_id.bytes for _ in range(10)))
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        children = pipe.read()
+    parents = [usage_record().event_id for _ in range(10)]
+    theirs = {uuid.UUID(bytes=children[i : i + 16]) for i in range(0, len(children), 16)}
+    assert len(theirs) == 10
+    assert not theirs & {*parents, *ids}
