@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from llmgw.accounting.charges import charge
 from llmgw.accounting.price import Price
 from llmgw.accounting.usage import (
+    _UNSTORABLE,
     MAX_COST,
     MAX_EXTRAS,
     MAX_TEXT_CHARS,
@@ -32,6 +33,7 @@ from llmgw.accounting.usage import (
     add_extras,
     anthropic_usage,
     parse_usage,
+    storable_text,
 )
 from llmgw.storage.usage import write_batch
 from tests.usage_records import unsanitized, usage_record
@@ -304,3 +306,33 @@ def test_event_ids_are_version_4_uuids_none_repeated_by_a_forked_child() -> None
     theirs = {uuid.UUID(bytes=children[i : i + 16]) for i in range(0, len(children), 16)}
     assert len(theirs) == 10
     assert not theirs & {*parents, *ids}
+
+
+def test_no_unstorable_character_is_printable() -> None:
+    """What the fast paths of storable_text and of the extras' names rely on: a printable text
+    holds nothing storable_text would remove."""
+    unstorable = [chr(c) for c in range(0x110000) if _UNSTORABLE.search(chr(c))]
+    assert len(unstorable) == 0x20 + 0x21 + 0x800
+    assert not any(c.isprintable() for c in unstorable)
+    assert storable_text("qwen3-5-9b") == "qwen3-5-9b"
+    assert storable_text("qwen\x00 3\ud800") == "qwen 3"
+    assert storable_text("m" * 9, limit=4) == "mmmm"
+
+
+@pytest.mark.parametrize("subject_id", [None, uuid.uuid4()])
+def test_log_fields_are_the_record_as_json_ready_fields_in_field_order(
+    subject_id: uuid.UUID | None,
+) -> None:
+    record = usage_record(subject_id=subject_id, provider_extras={"p.x": 0.5})
+    expected = attrs.asdict(record, recurse=False)
+    expected.update(
+        occurred_at=record.occurred_at.isoformat(),
+        api_key_id=str(record.api_key_id),
+        subject_id=None if subject_id is None else str(subject_id),
+        event_id=str(record.event_id),
+        provider_extras={"p.x": 0.5},
+    )
+    fields = record.log_fields()
+    assert list(fields.items()) == list(expected.items())
+    assert record.log_fields() == fields  # made afresh each time (the ids' texts remembered)
+    assert fields is not record.log_fields()
