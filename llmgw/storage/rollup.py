@@ -126,6 +126,8 @@ class Exact:
     """What the ledger writer made of a record for its row, and the rollup adds up as it is."""
 
     minute: datetime  # its occurred_at's minute, in UTC
+    hour: datetime  # that minute's hour (hour_start)
+    month: date  # that minute's month (its first day)
     cost_usd: Decimal | None  # cost_decimal of its cost_usd
     provider_extras: dict[str, Decimal]  # exact_values of its provider_extras
 
@@ -136,7 +138,7 @@ async def add_to_rollup(
     """Add a batch to the hourly rollup; call inside the transaction that writes the raw rows."""
     cells: dict[tuple[datetime, uuid.UUID, str], _Cell] = {}
     for r, exact in records:
-        key = (exact.minute.replace(minute=0), r.api_key_id, r.model)
+        key = (exact.hour, r.api_key_id, r.model)
         cell = cells.get(key)
         if cell is None:
             cell = cells[key] = _Cell(r.subject_id)

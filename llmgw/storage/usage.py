@@ -85,11 +85,19 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
 
 
 async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
-    # Each record's exact figures and minute, made once for its row, the totals and the rollup.
-    exact = [
-        Exact(minute_start(r.occurred_at), _decimal(r.cost_usd), exact_values(r.provider_extras))
-        for r in records
-    ]
+    # Each record's exact figures and times, made once for its row, the totals and the rollup.
+    # A batch's rows fall in a few minutes: each minute, its hour and its month are made once,
+    # not per row (a minute told by the seconds since the epoch: timestamp() is cheaper than
+    # replace()).
+    times: dict[float, tuple[datetime, datetime, date]] = {}
+    exact = []
+    for r in records:
+        number = r.occurred_at.timestamp() // 60
+        when = times.get(number)
+        if when is None:
+            minute = minute_start(r.occurred_at)
+            when = times[number] = (minute, minute.replace(minute=0), month_start(minute))
+        exact.append(Exact(*when, _decimal(r.cost_usd), exact_values(r.provider_extras)))
     rows = [
         (
             r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
@@ -119,7 +127,7 @@ async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
     for r, e in fresh:
         if r.subject_id is not None and e.cost_usd:
-            spend[(r.subject_id, e.minute.date().replace(day=1))] += e.cost_usd
+            spend[(r.subject_id, e.month)] += e.cost_usd
         used = 0 if r.cache_hit else (r.input_tokens or 0) + (r.output_tokens or 0)
         if used:
             tokens[(r.api_key_id, e.minute)] += used
