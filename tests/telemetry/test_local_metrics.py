@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from llmgw.telemetry.local_metrics import CARDINALITY_LIMIT, LocalMeter
+from llmgw.telemetry.local_metrics import CARDINALITY_LIMIT, AttributeSet, LocalMeter
 
 BOUNDARIES = (0.0, 0.01, 0.1, 1.0, 10.0)
 SCOPE = InstrumentationScope("llmgw", "1")
@@ -114,6 +114,26 @@ def test_histogram_and_counter_export_as_the_sdk_would(
         pair.histogram.record(value, attributes)
         pair.sdk_counter.add(value, attributes)
         pair.counter.add(value, attributes)
+    _close(*pair.points())
+
+
+@PATHS
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(values, attribute_sets), max_size=40))
+def test_an_attribute_set_made_once_records_as_its_attributes_would(
+    hooked: bool, measurements: list[tuple[float, dict[str, Any]]]
+) -> None:
+    pair = Pair(hooked=hooked)
+    for value, attributes in measurements:
+        pair.sdk_histogram.record(value, attributes)
+        pair.histogram.record(value, AttributeSet(attributes))
+        pair.sdk_counter.add(value, attributes)
+        pair.counter.add(value, AttributeSet(attributes))
+    gaps = pair.histogram.gaps()
+    for value, attributes in measurements[:1]:
+        pair.sdk_histogram.record(value, attributes)
+        gaps.add(value)
+        pair.histogram.add_all(gaps, AttributeSet(attributes))
     _close(*pair.points())
 
 
