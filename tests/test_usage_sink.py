@@ -13,6 +13,7 @@ import pytest
 
 from llmgw.accounting.usage import UsageRecord
 from llmgw.usage_sink import BILLING_EVENT, UsageAccounting, billing_log
+from tests.telemetry.test_logs import Records
 from tests.usage_records import usage_record
 
 # What differs between two records made at two moments, from two places in the code.
@@ -21,18 +22,9 @@ _WHEN_AND_WHERE = {
 }  # fmt: skip
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def records() -> Iterator[list[logging.LogRecord]]:
-    handler, level = _Records(), billing_log.level
+    handler, level = Records(), billing_log.level
     billing_log.addHandler(handler)
     billing_log.setLevel(logging.INFO)
     yield handler.records
