@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from llmgw.accounting.usage import CostReport, Usage
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.local_metrics import AttributeSet, GapHistogram, LocalMeter
-from llmgw.telemetry.model_names import metric_model_name, remember_answered
+from llmgw.telemetry.model_names import metric_model_name
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment
@@ -306,12 +306,14 @@ class ChatObservation:
     def _bounded_metric_attributes(self, *, answered: bool) -> dict[str, Any]:
         """The metric attributes with model names only the gateway knows (see model_names)."""
         requested = self.metric_attributes[sc.GEN_AI_REQUEST_MODEL]
-        if answered:
-            remember_answered(requested)
-            remember_answered(self.response_model)
-        bounded = {**self.metric_attributes, sc.GEN_AI_REQUEST_MODEL: metric_model_name(requested)}
+        bounded = {
+            **self.metric_attributes,
+            sc.GEN_AI_REQUEST_MODEL: metric_model_name(requested, answered=answered),
+        }
         if self.response_model is not None:
-            bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(self.response_model)
+            bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(
+                self.response_model, answered=answered
+            )
         return bounded
 
     def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
