@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,12 +134,7 @@ _COSTS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
 @given(
     usage=st.builds(
         Usage,
-        input_tokens=_COUNTS,
-        output_tokens=_COUNTS,
-        cache_read_input_tokens=_COUNTS,
-        cache_creation_input_tokens=_COUNTS,
-        reasoning_output_tokens=_COUNTS,
-        cache_creation_1h_input_tokens=_COUNTS,
+        **{field.name: _COUNTS for field in attrs.fields(Usage) if field.name.endswith("tokens")},
         cost_usd=st.none() | _COSTS,
         extras=st.dictionaries(st.sampled_from(["p.a", "p.b"]), _COSTS, max_size=2),
     )
