@@ -78,21 +78,30 @@ def charge(
 
 def _kept(usage: Usage) -> bool:
     """True when every figure of ``usage`` is kept as reported: both totals counts, each part a
-    count within its total, each cost a cost (the usual answer, told without building anything)."""
+    count within its total, each cost a cost (the usual answer, told without building anything).
+
+    _is_count's and _is_cost's tests are written out here: this runs for every request, and a call
+    for each figure cost more than the tests. Comparisons are false for NaN, so they say finite.
+    """
     total_in, total_out = usage.input_tokens, usage.output_tokens
-    if total_in is None or total_out is None or not (_is_count(total_in) and _is_count(total_out)):
+    if not (type(total_in) is int and type(total_out) is int):
+        return False
+    if not (0 <= total_in <= MAX_TOKENS and 0 <= total_out <= MAX_TOKENS):
         return False
     read, write = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
     hour, reasoning = usage.cache_creation_1h_input_tokens, usage.reasoning_output_tokens
     for part in (read, write, hour, reasoning):
-        if part is not None and not _is_count(part):
+        if part is not None and not (type(part) is int and 0 <= part <= MAX_TOKENS):
             return False
     if (read or 0) + (write or 0) > total_in or (hour or 0) > (write or 0):
         return False
     if (reasoning or 0) > total_out:
         return False
-    cost = usage.cost_usd
-    return (cost is None or _is_cost(cost)) and all(map(_is_cost, usage.extras.values()))
+    extras = usage.extras.values()
+    for cost in extras if usage.cost_usd is None else (usage.cost_usd, *extras):
+        if not ((type(cost) is float or type(cost) is int) and 0 <= cost <= MAX_COST):
+            return False
+    return True
 
 
 def _usable(

@@ -3,8 +3,11 @@ by the provider's :class:`CostReport`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import os
+import random
 import re
 import uuid
 from collections.abc import Mapping
@@ -236,6 +239,21 @@ def anthropic_usage(usage: dict[str, Any]) -> Usage:
     )
 
 
+# Event ids are random version-4 UUIDs as uuid.uuid4 makes them, from a generator of this module's
+# own instead of os.urandom: the same 122 random bits, without a system call per request. It is
+# seeded from os.urandom when the module is imported and again in every child a fork makes (which
+# would otherwise repeat its parent's ids), and no other code draws from it or seeds it (a test's
+# random.seed does not reach it), so two processes' ids are as unlikely to meet as uuid4's.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+_VERSION_4: Final = (0x4 << 76) | (0x8 << 60)  # the version and RFC 4122 variant bits
+_RANDOM_BITS: Final = (1 << 128) - 1 ^ (0xF << 76) ^ (0xC << 60)
+
+
+def _event_id() -> uuid.UUID:
+    return uuid.UUID(int=_ids.getrandbits(128) & _RANDOM_BITS | _VERSION_4)
+
+
 @attrs.frozen(slots=True)
 class UsageRecord:
     """One finished request, as billed: the billing log line and the usage ledger row."""
@@ -284,7 +302,7 @@ class UsageRecord:
     # "field:reason" for every value the constructor had to drop or change to make the row storable.
     flags: tuple[str, ...] = ()
     # The row's identity: a record written twice (a spool replayed after a crash) is stored once.
-    event_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
+    event_id: uuid.UUID = attrs.field(factory=_event_id)
 
     def __attrs_post_init__(self) -> None:
         # The constructor is the one place every record passes, so no caller (and no provider's
@@ -345,11 +363,13 @@ class UsageRecord:
 
     def log_fields(self) -> dict[str, Any]:
         """The record as JSON-ready fields (ids and times as strings)."""
-        # attrs.asdict(self, recurse=False), without its per-field Python loop (one per request).
-        fields = dict(zip(_FIELD_NAMES, _field_values(self), strict=True))
+        # attrs.asdict(self, recurse=False), without its per-field Python loop (one per request),
+        # into a copy of a dict that holds every name already: filled in C, never resized.
+        fields = _EVERY_FIELD.copy()
+        fields.update(zip(_FIELD_NAMES, _field_values(self), strict=True))
         fields["occurred_at"] = self.occurred_at.isoformat()
-        fields["api_key_id"] = str(self.api_key_id)
-        fields["subject_id"] = None if self.subject_id is None else str(self.subject_id)
+        fields["api_key_id"] = _id_text(self.api_key_id)
+        fields["subject_id"] = None if self.subject_id is None else _id_text(self.subject_id)
         fields["event_id"] = str(self.event_id)
         fields["provider_extras"] = dict(self.provider_extras)
         return fields
@@ -357,6 +377,9 @@ class UsageRecord:
 
 _FIELD_NAMES: Final = tuple(field.name for field in attrs.fields(UsageRecord))
 _field_values: Final = operator.attrgetter(*_FIELD_NAMES)
+_EVERY_FIELD: Final = dict.fromkeys(_FIELD_NAMES)
+# A key's and a subject's id are the same on every request of theirs: their text is made once.
+_id_text: Final = functools.lru_cache(maxsize=4096)(str)
 _text_values: Final = operator.attrgetter(*_TEXT_FIELDS)
 _count_values: Final = operator.attrgetter(*_COUNT_FIELDS)
 
@@ -412,6 +435,8 @@ def cost_decimal(value: float) -> Decimal:
 
 def storable_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     """``text`` without what Postgres cannot (or should not) hold, at most ``limit`` long."""
+    if text.__class__ is str and len(text) <= limit and text.isprintable():
+        return text  # the usual text, told in C: no character of _UNSTORABLE is printable
     return _UNSTORABLE.sub("", text)[:limit]
 
 
@@ -419,8 +444,7 @@ def _is_extra_name(name: Any) -> bool:
     return (
         isinstance(name, str)
         and 0 < len(name) <= MAX_EXTRA_NAME_CHARS
-        and name.isprintable()
-        and _UNSTORABLE.search(name) is None
+        and name.isprintable()  # so none of _UNSTORABLE's characters, which are not
     )
 
 

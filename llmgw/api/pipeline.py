@@ -352,7 +352,7 @@ class Exchange:
             usage_source=source,
             attempts=max(1, len(self.attempts)),
             started_deployment=self.earlier[0].deployment if self.earlier else None,
-            attempt_log=tuple(attempt.as_json() for attempt in self.attempts),
+            attempt_log=tuple(map(Attempt.as_json, self.attempts)),
             cost_computed=charged.cost_computed,
             flags=charged.flags,
         )

@@ -9,6 +9,8 @@ from the raw rows.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import uuid
 from collections import defaultdict
@@ -26,9 +28,11 @@ from llmgw.storage.refusals import refusals_since
 __all__ = [
     "LATENCY_BUCKETS_MS",
     "REPORT_GROUPINGS",
+    "Exact",
     "UsageReportQuery",
     "add_to_rollup",
     "exact_extras",
+    "exact_values",
     "extras_json",
     "hour_start",
     "overview",
@@ -69,10 +73,9 @@ def hour_start(moment: datetime) -> datetime:
 
 
 def _bucket(duration_ms: float) -> int:
-    for index, bound in enumerate(LATENCY_BUCKETS_MS):
-        if duration_ms <= bound:
-            return index
-    return len(LATENCY_BUCKETS_MS)
+    """The first bucket whose bound is at least ``duration_ms`` (the open last one past them all),
+    found by bisection: a record's duration is finite (UsageRecord bounds it)."""
+    return bisect.bisect_left(LATENCY_BUCKETS_MS, duration_ms)
 
 
 @attrs.define
@@ -94,14 +97,22 @@ def _decimal(value: float | None) -> Decimal:
     return Decimal(0) if value is None else cost_decimal(value)
 
 
-def extras_json(extras: Mapping[str, float | Decimal]) -> str:
+def exact_values(extras: Mapping[str, float]) -> dict[str, Decimal]:
+    """A record's provider extras as the exact decimals the provider wrote (see cost_decimal)."""
+    return {name: cost_decimal(value) for name, value in extras.items()}
+
+
+def extras_json(extras: Mapping[str, Decimal]) -> str:
     """Provider extras as the JSON object their columns hold, each number exactly as written."""
-    members = (
-        f"{json.dumps(name, ensure_ascii=True)}:"
-        f"{format(value if isinstance(value, Decimal) else cost_decimal(value), 'f')}"
-        for name, value in extras.items()
-    )
+    members = (f"{_json_name(name)}:{format(value, 'f')}" for name, value in extras.items())
     return "{" + ",".join(members) + "}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_name(name: str) -> str:
+    # Every row names the same few extras (a provider's CostReport's): encoded once each, not per
+    # row; the cache bounds what names no provider repeats can hold.
+    return json.dumps(name, ensure_ascii=True)
 
 
 def exact_extras(text: str) -> dict[str, Decimal]:
@@ -110,11 +121,24 @@ def exact_extras(text: str) -> dict[str, Decimal]:
     return extras
 
 
-async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
+@attrs.frozen(slots=True)
+class Exact:
+    """What the ledger writer made of a record for its row, and the rollup adds up as it is."""
+
+    minute: datetime  # its occurred_at's minute, in UTC
+    hour: datetime  # that minute's hour (hour_start)
+    month: date  # that minute's month (its first day)
+    cost_usd: Decimal | None  # cost_decimal of its cost_usd
+    provider_extras: dict[str, Decimal]  # exact_values of its provider_extras
+
+
+async def add_to_rollup(
+    conn: asyncpg.Connection, records: Sequence[tuple[UsageRecord, Exact]]
+) -> None:
     """Add a batch to the hourly rollup; call inside the transaction that writes the raw rows."""
     cells: dict[tuple[datetime, uuid.UUID, str], _Cell] = {}
-    for r in records:
-        key = (hour_start(r.occurred_at), r.api_key_id, r.model)
+    for r, exact in records:
+        key = (exact.hour, r.api_key_id, r.model)
         cell = cells.get(key)
         if cell is None:
             cell = cells[key] = _Cell(r.subject_id)
@@ -122,9 +146,10 @@ async def add_to_rollup(conn: asyncpg.Connection, records: Sequence[UsageRecord]
         cell.errors += r.status is None or r.status >= 400  # None: a status no HTTP has
         cell.input_tokens += r.input_tokens or 0
         cell.output_tokens += r.output_tokens or 0
-        cell.cost_usd += _decimal(r.cost_usd)
-        for name, value in r.provider_extras.items():
-            cell.provider_extras[name] += _decimal(value)
+        if exact.cost_usd is not None:
+            cell.cost_usd += exact.cost_usd
+        for name, value in exact.provider_extras.items():
+            cell.provider_extras[name] += value
         cell.duration_ms_sum += r.duration_ms
         cell.latency[_bucket(r.duration_ms)] += 1
         if r.cache_hit:

@@ -16,7 +16,7 @@ import attrs
 import orjson
 
 from llmgw.accounting.usage import UsageRecord, cost_decimal, storable_text
-from llmgw.storage.rollup import add_to_rollup, exact_extras, extras_json
+from llmgw.storage.rollup import Exact, add_to_rollup, exact_extras, exact_values, extras_json
 
 __all__ = [
     "GROUPINGS",
@@ -85,36 +85,52 @@ async def write_batch(conn: asyncpg.Connection, records: Sequence[UsageRecord]) 
 
 
 async def _write_new(conn: asyncpg.Connection, records: Sequence[UsageRecord]) -> None:
+    # Each record's exact figures and times, made once for its row, the totals and the rollup.
+    # A batch's rows fall in a few minutes: each minute, its hour and its month are made once,
+    # not per row (a minute told by the seconds since the epoch: timestamp() is cheaper than
+    # replace()).
+    times: dict[float, tuple[datetime, datetime, date]] = {}
+    exact = []
+    for r in records:
+        number = r.occurred_at.timestamp() // 60
+        when = times.get(number)
+        if when is None:
+            minute = minute_start(r.occurred_at)
+            when = times[number] = (minute, minute.replace(minute=0), month_start(minute))
+        exact.append(Exact(*when, _decimal(r.cost_usd), exact_values(r.provider_extras)))
     rows = [
         (
             r.occurred_at, r.api_key_id, r.subject_id, r.request_id, r.response_id,
             r.operation, r.provider, r.model, r.stream, r.status, r.error_type,
-            r.input_tokens, r.output_tokens, _decimal(r.cost_usd), r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
+            r.input_tokens, r.output_tokens, e.cost_usd, r.duration_ms, r.time_to_first_chunk_ms, r.usage_source, list(r.flags),
             r.cost_computed, r.event_id, r.cache_read_input_tokens,
             r.cache_creation_input_tokens, r.cache_creation_1h_input_tokens,
             r.reasoning_output_tokens, r.deployment, r.attempts, r.cache_hit,
             _decimal(r.saved_cost_usd), r.response_model, r.started_deployment,
             orjson.dumps(r.attempt_log, default=str).decode(),
-            extras_json(r.provider_extras),
+            extras_json(e.provider_extras),
         )
-        for r in records
+        for r, e in zip(records, exact, strict=True)
     ]  # fmt: skip
     # Only the rows this insert stored are counted. Those already stored (a replayed spool, a
     # batch retried after its commit was cut off, one still committing when this one began, which
     # the insert waits for) or twice in the batch are not, so no total counts a row twice.
     stored = {row[0] for row in await conn.fetchmany(_INSERT, rows)}
-    fresh = list({r.event_id: r for r in records if r.event_id in stored}.values())
+    fresh = list(
+        {
+            r.event_id: (r, e) for r, e in zip(records, exact, strict=True) if r.event_id in stored
+        }.values()
+    )
     if not fresh:
         return
     spend: defaultdict[tuple[uuid.UUID, date], Decimal] = defaultdict(Decimal)
     tokens: defaultdict[tuple[uuid.UUID, datetime], int] = defaultdict(int)
-    for r in fresh:
-        cost_usd = _decimal(r.cost_usd)
-        if r.subject_id is not None and cost_usd:
-            spend[(r.subject_id, month_start(r.occurred_at))] += cost_usd
+    for r, e in fresh:
+        if r.subject_id is not None and e.cost_usd:
+            spend[(r.subject_id, e.month)] += e.cost_usd
         used = 0 if r.cache_hit else (r.input_tokens or 0) + (r.output_tokens or 0)
         if used:
-            tokens[(r.api_key_id, minute_start(r.occurred_at))] += used
+            tokens[(r.api_key_id, e.minute)] += used
     if spend:
         await conn.executemany(_ADD_SPEND, [(s, m, usd) for (s, m), usd in spend.items()])
     if tokens:

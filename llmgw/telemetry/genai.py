@@ -19,8 +19,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmgw.accounting.usage import CostReport, Usage
 from llmgw.telemetry import semconv as sc
-from llmgw.telemetry.local_metrics import GapHistogram, LocalMeter
-from llmgw.telemetry.model_names import metric_model_name, remember_answered
+from llmgw.telemetry.local_metrics import AttributeSet, GapHistogram, LocalMeter
+from llmgw.telemetry.model_names import metric_model_name
 
 if TYPE_CHECKING:
     from llmgw.providers.base import Deployment
@@ -134,6 +134,42 @@ def content_messages(messages: Any) -> str:
             )
         converted.append({"role": message.get("role"), "parts": parts})
     return orjson.dumps(converted).decode()
+
+
+@attrs.frozen(slots=True)
+class _MetricSets:
+    """The attribute sets of a request's end's metric points, made once for all the requests
+    whose (bounded) metric attributes and error type are the same."""
+
+    answered: AttributeSet  # the operation's: time to first chunk, the chunks' gaps
+    input_tokens: AttributeSet  # with gen_ai.token.type
+    output_tokens: AttributeSet
+    cost: AttributeSet  # the requested model's alone
+    ended: AttributeSet  # the answered ones and the error type, if any: duration, retries
+
+
+# Process-wide, like the instruments; bounded as model_names bounds the names in them.
+_SETS: dict[tuple[Any, ...], _MetricSets] = {}
+_MAX_SETS = 4096
+
+
+def _metric_sets(attributes: dict[str, Any], error_type: str | None) -> _MetricSets:
+    key = (*attributes.items(), error_type)
+    sets = _SETS.get(key)
+    if sets is None:
+        if len(_SETS) >= _MAX_SETS:
+            _SETS.clear()
+        answered = AttributeSet(attributes)
+        sets = _SETS[key] = _MetricSets(
+            answered=answered,
+            input_tokens=AttributeSet({**attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}),
+            output_tokens=AttributeSet({**attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}),
+            cost=AttributeSet({sc.GEN_AI_REQUEST_MODEL: attributes[sc.GEN_AI_REQUEST_MODEL]}),
+            ended=answered
+            if error_type is None
+            else AttributeSet({**attributes, sc.ERROR_TYPE: error_type}),
+        )
+    return sets
 
 
 @attrs.define(slots=True)
@@ -270,12 +306,14 @@ class ChatObservation:
     def _bounded_metric_attributes(self, *, answered: bool) -> dict[str, Any]:
         """The metric attributes with model names only the gateway knows (see model_names)."""
         requested = self.metric_attributes[sc.GEN_AI_REQUEST_MODEL]
-        if answered:
-            remember_answered(requested)
-            remember_answered(self.response_model)
-        bounded = {**self.metric_attributes, sc.GEN_AI_REQUEST_MODEL: metric_model_name(requested)}
+        bounded = {
+            **self.metric_attributes,
+            sc.GEN_AI_REQUEST_MODEL: metric_model_name(requested, answered=answered),
+        }
         if self.response_model is not None:
-            bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(self.response_model)
+            bounded[sc.GEN_AI_RESPONSE_MODEL] = metric_model_name(
+                self.response_model, answered=answered
+            )
         return bounded
 
     def finish(self, *, status: int, outcome: str, error_type: str | None = None) -> None:
@@ -285,6 +323,7 @@ class ChatObservation:
         duration = now - self.started
         span = self.tracer_span
         metric_attributes = self._bounded_metric_attributes(answered=status < 400)
+        sets = _metric_sets(metric_attributes, error_type)
         span_attributes: dict[str, Any] = {
             sc.LLMGW_RETRY_COUNT: self.retries,
             sc.HTTP_RESPONSE_STATUS_CODE: status,
@@ -306,20 +345,18 @@ class ChatObservation:
         if self.first_chunk_at is not None:
             ttfc = self.first_chunk_at - self.started
             span_attributes[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttfc
-            self.instruments.time_to_first_chunk.record(ttfc, metric_attributes)
+            self.instruments.time_to_first_chunk.record(ttfc, sets.answered)
         if self.chunk_gaps is not None:
             # The gaps of every chunk that arrived, as the points they would have been: chunks
             # came, so the models answered; an error type describes the operation's end, not
-            # the chunks before it (it joins metric_attributes below).
+            # the chunks before it (only the operation's duration carries it).
             self.instruments.time_per_output_chunk.add_all(
                 self.chunk_gaps,
-                metric_attributes
-                if status < 400
-                else self._bounded_metric_attributes(answered=True),
+                sets.answered if status < 400 else self._bounded_metric_attributes(answered=True),
             )
         if self.usage is not None:
             span_attributes[sc.LLMGW_USAGE_SOURCE] = self.usage_source
-            self._record_usage(self.usage, span_attributes, metric_attributes)
+            self._record_usage(self.usage, span_attributes, sets)
         if self.capture_content and self.output_text:
             span_attributes[sc.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(
                 [
@@ -332,12 +369,11 @@ class ChatObservation:
             ).decode()
         if error_type is not None:
             span_attributes[sc.ERROR_TYPE] = error_type
-            metric_attributes[sc.ERROR_TYPE] = error_type
             span.set_status(Status(StatusCode.ERROR, error_type))
         span.set_attributes(span_attributes)
-        self.instruments.operation_duration.record(duration, metric_attributes)
+        self.instruments.operation_duration.record(duration, sets.ended)
         if self.retries:
-            self.instruments.upstream_retries.add(self.retries, metric_attributes)
+            self.instruments.upstream_retries.add(self.retries, sets.ended)
         span.end()
 
     def abandon(self) -> None:
@@ -351,7 +387,7 @@ class ChatObservation:
             span.end()
 
     def _record_usage(
-        self, usage: Usage, span_attributes: dict[str, Any], metric_attributes: dict[str, Any]
+        self, usage: Usage, span_attributes: dict[str, Any], sets: _MetricSets
     ) -> None:
         optional = (
             (sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens),
@@ -366,16 +402,8 @@ class ChatObservation:
         span_attributes.update(usage.extras)  # each under the name its provider gave it
         token_usage = self.instruments.token_usage
         if usage.input_tokens is not None:
-            token_usage.record(
-                usage.input_tokens, {**metric_attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_INPUT}
-            )
+            token_usage.record(usage.input_tokens, sets.input_tokens)
         if usage.output_tokens is not None:
-            token_usage.record(
-                usage.output_tokens,
-                {**metric_attributes, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT},
-            )
+            token_usage.record(usage.output_tokens, sets.output_tokens)
         if usage.cost_usd is not None:
-            self.instruments.provider_cost.add(
-                usage.cost_usd,
-                {sc.GEN_AI_REQUEST_MODEL: metric_attributes[sc.GEN_AI_REQUEST_MODEL]},
-            )
+            self.instruments.provider_cost.add(usage.cost_usd, sets.cost)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -132,6 +133,8 @@ class _LeanSpan(trace_api.Span):
         own = self._attributes
         limits = self._tracer.limits
         most, length = limits.max_span_attributes, limits.max_span_attribute_length
+        # How many more fit: counted down as they go in, not a len() per attribute.
+        room = math.inf if most is None else most - len(own)
         for key, value in attributes.items():
             kind = type(value)
             # The usual attribute, inline: a new key with a value kept as it is, and room for it.
@@ -140,11 +143,13 @@ class _LeanSpan(trace_api.Span):
                 and type(key) is str
                 and key
                 and key not in own
-                and (most is None or len(own) < most)
+                and room > 0
             ):
                 own[key] = value
+                room -= 1
             else:
                 self._set(key, value)
+                room = math.inf if most is None else most - len(own)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         if self._end_time is not None:

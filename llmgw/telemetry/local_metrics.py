@@ -47,7 +47,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmgw.compat.opentelemetry_sdk import join_collection, wants_delta
 
-__all__ = ["GapHistogram", "LocalCounter", "LocalHistogram", "LocalMeter"]
+__all__ = ["AttributeSet", "GapHistogram", "LocalCounter", "LocalHistogram", "LocalMeter"]
 
 AttributeValue = str | int | float | bool
 Attributes = Mapping[str, AttributeValue]
@@ -56,6 +56,24 @@ Attributes = Mapping[str, AttributeValue]
 CARDINALITY_LIMIT = 2000
 _OVERFLOW_ATTRIBUTES: dict[str, AttributeValue] = {"otel.metric.overflow": True}
 _OVERFLOW_KEY = frozenset(_OVERFLOW_ATTRIBUTES.items())
+
+
+class AttributeSet:
+    """An attribute set recorded again and again (every request to a model names the same):
+    copied, and hashed into its points' key, once instead of at every point."""
+
+    __slots__ = ("attributes", "key")
+
+    def __init__(self, attributes: Attributes) -> None:
+        self.attributes: dict[str, AttributeValue] = dict(attributes)
+        self.key = frozenset(self.attributes.items())
+
+
+AnyAttributes = Attributes | AttributeSet
+
+
+def _mapping(attributes: AnyAttributes | None) -> Attributes | None:
+    return attributes.attributes if isinstance(attributes, AttributeSet) else attributes
 
 
 class GapHistogram:
@@ -124,19 +142,23 @@ class _Instrument:
     def use_sdk(self, meter: metrics.Meter) -> None:
         raise NotImplementedError
 
-    def _points(self, attributes: Attributes) -> list[_Point]:
+    def _points(self, attributes: AnyAttributes) -> list[_Point]:
         """This attribute set's point in every reader's accumulation (made on first use)."""
-        key = frozenset(attributes.items())
+        mapping: Attributes
+        if isinstance(attributes, AttributeSet):
+            key, mapping = attributes.key, attributes.attributes
+        else:
+            key, mapping = frozenset(attributes.items()), attributes
         found = []
         for state in self.meter.readers:
             points = state.points.setdefault(self.name, {})
             point = points.get(key)
             if point is None:
                 if len(points) >= CARDINALITY_LIMIT:
-                    key, attributes = _OVERFLOW_KEY, _OVERFLOW_ATTRIBUTES
+                    key, mapping = _OVERFLOW_KEY, _OVERFLOW_ATTRIBUTES
                     point = points.get(key)
                 if point is None:
-                    point = points[key] = _Point(dict(attributes), self.buckets, time.time_ns())
+                    point = points[key] = _Point(dict(mapping), self.buckets, time.time_ns())
             found.append(point)
         return found
 
@@ -162,12 +184,12 @@ class LocalCounter(_Instrument):
     def use_sdk(self, meter: metrics.Meter) -> None:
         self.sdk = meter.create_counter(self.name, self.unit, self.description)
 
-    def add(self, amount: float, attributes: Attributes | None = None) -> None:
+    def add(self, amount: float, attributes: AnyAttributes | None = None) -> None:
         if amount < 0:
             return
         if not self.meter.readers:
             if self.sdk is not None:
-                self.sdk.add(amount, attributes)
+                self.sdk.add(amount, _mapping(attributes))
             return
         with self.meter.lock:
             for point in self._points(attributes or {}):
@@ -220,10 +242,10 @@ class LocalHistogram(_Instrument):
             explicit_bucket_boundaries_advisory=self.boundaries,
         )
 
-    def record(self, value: float, attributes: Attributes | None = None) -> None:
+    def record(self, value: float, attributes: AnyAttributes | None = None) -> None:
         if not self.meter.readers:
             if self.sdk is not None:
-                self.sdk.record(value, attributes)
+                self.sdk.record(value, _mapping(attributes))
             return
         index = bisect.bisect_left(self.boundaries, value)
         with self.meter.lock:
@@ -236,14 +258,14 @@ class LocalHistogram(_Instrument):
                 if value > point.maximum:
                     point.maximum = value
 
-    def add_all(self, run: GapHistogram, attributes: Attributes | None = None) -> None:
+    def add_all(self, run: GapHistogram, attributes: AnyAttributes | None = None) -> None:
         """Every value of ``run``, as if each had been recorded with ``attributes``."""
         if not run.count:
             return
         if not self.meter.readers:
             if self.sdk is not None and run.values is not None:
                 for value in run.values:
-                    self.sdk.record(value, attributes)
+                    self.sdk.record(value, _mapping(attributes))
             return
         assert run.boundaries == self.boundaries, "a run belongs to the histogram that made it"
         with self.meter.lock:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["OVERFLOW_MODEL_NAME", "metric_model_name", "remember_answered", "remember_listed"]
+__all__ = ["OVERFLOW_MODEL_NAME", "metric_model_name", "remember_listed"]
 
 OVERFLOW_MODEL_NAME = "_OTHER"
 _MAX_LISTED = 10_000
@@ -29,13 +29,12 @@ def remember_listed(names: Iterable[str]) -> None:
         _listed.add(name)
 
 
-def remember_answered(name: str | None) -> None:
-    """A name a provider answered with success: known too, while few are."""
-    if name is not None and len(_answered) < _MAX_ANSWERED and name not in _listed:
-        _answered.add(name)
-
-
-def metric_model_name(name: str) -> str:
-    if name in _listed or name in _answered:
+def metric_model_name(name: str, *, answered: bool = False) -> str:
+    """``name`` as a metric attribute may carry it. ``answered``: a provider answered it with
+    success, so it is known from now on, while few are (remembered here, in the same call as a
+    request's end bounds it: one call per name, not two)."""
+    if name in _listed:
         return name
-    return OVERFLOW_MODEL_NAME
+    if answered and name not in _answered and len(_answered) < _MAX_ANSWERED:
+        _answered.add(name)
+    return name if name in _answered else OVERFLOW_MODEL_NAME

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from llmgw.accounting.charges import charge
+import math
+from decimal import Decimal
+
+import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw.accounting.charges import _kept, _usable, charge
 from llmgw.accounting.price import Metered, Price
-from llmgw.accounting.usage import Usage
+from llmgw.accounting.usage import MAX_COST, MAX_TOKENS, Usage
 
 PRICE = Price(1.0, 2.0)
 
@@ -111,3 +118,29 @@ def test_a_media_call_without_its_price_has_no_cost() -> None:
         metered=Metered("audio_second", 3),
     )  # fmt: skip
     assert (charged.usage.cost_usd, charged.cost_computed) == (None, False)
+
+
+_COUNTS = (
+    st.none()
+    | st.integers(min_value=-2, max_value=MAX_TOKENS + 2)
+    | st.sampled_from([0, 1, 5, 9, MAX_TOKENS, True, 5.0, math.nan])
+)
+_COSTS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [0, 1, MAX_COST, MAX_COST + 1, -1, 0.5, True, Decimal("0.5")]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    usage=st.builds(
+        Usage,
+        **{field.name: _COUNTS for field in attrs.fields(Usage) if field.name.endswith("tokens")},
+        cost_usd=st.none() | _COSTS,
+        extras=st.dictionaries(st.sampled_from(["p.a", "p.b"]), _COSTS, max_size=2),
+    )
+)
+def test_usage_is_told_kept_exactly_when_checking_each_figure_keeps_it(usage: Usage) -> None:
+    """charge's fast path (_kept) says "kept" only, and always, when its figure-by-figure path
+    would keep everything as reported, estimate nothing and flag nothing."""
+    checked = _usable(usage, True, lambda: (7, 7), True)
+    assert _kept(usage) == (checked == (usage, False, ()))

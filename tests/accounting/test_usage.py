@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from llmgw.accounting.charges import charge
 from llmgw.accounting.price import Price
 from llmgw.accounting.usage import (
+    _UNSTORABLE,
     MAX_COST,
     MAX_EXTRAS,
     MAX_TEXT_CHARS,
@@ -31,6 +33,7 @@ from llmgw.accounting.usage import (
     add_extras,
     anthropic_usage,
     parse_usage,
+    storable_text,
 )
 from llmgw.storage.usage import write_batch
 from tests.usage_records import unsanitized, usage_record
@@ -282,3 +285,54 @@ async def test_the_ledger_keeps_an_anthropic_answers_exact_bill_and_its_counts(
         row["cache_creation_1h_input_tokens"], row["output_tokens"],
     )  # fmt: skip
     assert counts == (58_234, 50_000, 7_000, 4_000, 789)
+
+
+def test_event_ids_are_version_4_uuids_none_repeated_by_a_forked_child() -> None:
+    """Made without a system call (see usage._event_id), they are what uuid4 makes: random
+    version-4 UUIDs; a child a fork makes draws its own, not its parent's next ones."""
+    ids = [usage_record().event_id for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    assert all(i.version == 4 and i.variant == uuid.RFC_4122 for i in ids)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the child: its ids go to the parent, then it leaves)
+        os.write(write, b"".join(usage_record().event_id.bytes for _ in range(10)))
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read, "rb") as pipe:
+        children = pipe.read()
+    parents = [usage_record().event_id for _ in range(10)]
+    theirs = {uuid.UUID(bytes=children[i : i + 16]) for i in range(0, len(children), 16)}
+    assert len(theirs) == 10
+    assert not theirs & {*parents, *ids}
+
+
+def test_no_unstorable_character_is_printable() -> None:
+    """What the fast paths of storable_text and of the extras' names rely on: a printable text
+    holds nothing storable_text would remove."""
+    unstorable = [chr(c) for c in range(0x110000) if _UNSTORABLE.search(chr(c))]
+    assert len(unstorable) == 0x20 + 0x21 + 0x800
+    assert not any(c.isprintable() for c in unstorable)
+    assert storable_text("qwen3-5-9b") == "qwen3-5-9b"
+    assert storable_text("qwen\x00 3\ud800") == "qwen 3"
+    assert storable_text("m" * 9, limit=4) == "mmmm"
+
+
+@pytest.mark.parametrize("subject_id", [None, uuid.uuid4()])
+def test_log_fields_are_the_record_as_json_ready_fields_in_field_order(
+    subject_id: uuid.UUID | None,
+) -> None:
+    record = usage_record(subject_id=subject_id, provider_extras={"p.x": 0.5})
+    expected = attrs.asdict(record, recurse=False)
+    expected.update(
+        occurred_at=record.occurred_at.isoformat(),
+        api_key_id=str(record.api_key_id),
+        subject_id=None if subject_id is None else str(subject_id),
+        event_id=str(record.event_id),
+        provider_extras={"p.x": 0.5},
+    )
+    fields = record.log_fields()
+    assert list(fields.items()) == list(expected.items())
+    assert record.log_fields() == fields  # made afresh each time (the ids' texts remembered)
+    assert fields is not record.log_fields()

@@ -201,6 +201,23 @@ def test_the_count_and_length_limits_apply_as_in_the_sdk(monkeypatch: pytest.Mon
     assert span.dropped_attributes == 2
 
 
+def test_the_count_limit_applies_as_in_the_sdk_to_attributes_set_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "3")
+    twin = Twin()
+
+    def run(tracer: trace.Tracer) -> None:
+        span = tracer.start_span("s", attributes={"a": 1, "b": 2.5})
+        span.set_attributes({"c": True, "a": 4, "d": "x", "e": 5, "f": ["y"], "g": 6})
+        span.end()
+
+    twin.both(run)
+    twin.compare()
+    [span] = twin.lean_spans.get_finished_spans()
+    assert dict(span.attributes or {}) == {"e": 5, "f": ("y",), "g": 6}
+
+
 def test_an_unsampled_span_records_nothing() -> None:
     twin = Twin(sampler=ALWAYS_OFF)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
+from llmgw.telemetry import model_names
 from llmgw.telemetry import semconv as sc
 from llmgw.telemetry.model_names import OVERFLOW_MODEL_NAME, metric_model_name
 from tests.conftest import Gateway
@@ -51,3 +53,14 @@ async def test_listed_models_and_aliases_are_known(gateway: Gateway, api_key: st
     assert listed
     assert all(metric_model_name(name) == name for name in listed)
     assert metric_model_name("never-listed-anywhere") == OVERFLOW_MODEL_NAME
+
+
+def test_names_answered_with_success_are_known_while_few_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(model_names, "_answered", set())
+    monkeypatch.setattr(model_names, "_MAX_ANSWERED", 1)
+    assert metric_model_name("first") == OVERFLOW_MODEL_NAME  # not answered: not remembered
+    assert metric_model_name("first", answered=True) == "first"
+    assert metric_model_name("first") == "first"
+    assert metric_model_name("second", answered=True) == OVERFLOW_MODEL_NAME  # no room left
