@@ -353,40 +353,38 @@ class LeasedLimitStore:
             window_reservation, reset = self._window_reservation(window, now)
             window_counter = window_reservation.counter
             reservations.append(window_reservation)
-        # One locking order (by name) for every store, as the policy's admissions.
-        reservations.sort(key=lambda r: r.counter)
+        if len(reservations) > 1:
+            # One locking order (by name) for every store, as the policy's admissions.
+            reservations.sort(key=lambda r: r.counter)
         # A bare hit (a key with nothing else to reserve) is held until its window ends: no
-        # settlement to send, and none to lose should this replica die.
+        # settlement to send, and none to lose should this replica die. Nobody settles, renews
+        # or cancels it (its lease id is this module's own): it is never one of ``_direct``.
         bare = not admission.reservations
         lease_seconds = reset + _WINDOW_MARGIN_SECONDS if bare else admission.lease_seconds
-        local = [c for c in settling if c.lease_id in self._requests]
-        if local:
-            await self.settle(local)
-        carried = [c for c in settling if c.lease_id not in self._requests]
+        carried = settling
+        if settling:
+            local = [c for c in settling if c.lease_id in self._requests]
+            if local:
+                await self.settle(local)
+            carried = [c for c in settling if c.lease_id not in self._requests]
         hits, since = self._take_hits()
-        self._direct.add(admission.lease_id)
+        if not bare:
+            self._direct.add(admission.lease_id)
         try:
             result = await self.store.admit(
-                attrs.evolve(
-                    admission,
-                    lease_seconds=lease_seconds,
-                    window=None,
-                    reservations=tuple(reservations),
-                ),
+                Admission(admission.lease_id, lease_seconds, None, tuple(reservations)),
                 [*carried, *hits],
             )
         except BaseException:
             # Sent again: a hit settled twice refuses early, never late.
             self._keep_hits(hits, since)
-            if bare:
-                self._direct.discard(admission.lease_id)  # nobody cancels a bare hit
             if window_counter:
                 # It may still land: its window hit is taken back with the next push.
                 self._cancels.append((admission.lease_id, (window_counter,)))
             raise
         finally:
             state.waited += self._clock() - now
-        if not result.admitted or bare:
+        if not result.admitted and not bare:
             self._direct.discard(admission.lease_id)  # nothing for anyone to settle
         if result.cancelled or window is None:
             return result
@@ -398,7 +396,11 @@ class LeasedLimitStore:
                 # Used, not reserved: a hit never comes back within its window.
                 self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
                 self._hits_since = min(self._hits_since, self._clock())
-            at = next(i for i, r in enumerate(reservations) if r.counter == window_counter)
+            at = (
+                0
+                if bare
+                else next(i for i, r in enumerate(reservations) if r.counter == window_counter)
+            )
             remaining = max(0, math.floor(window.limit - result.taken[at] + 1e-9))
         decision = RateLimitDecision(True, window.limit, remaining, reset)
         return AdmissionResult(decision, result.refused, taken=result.taken)

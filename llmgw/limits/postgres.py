@@ -82,6 +82,18 @@ AND NOT EXISTS (SELECT 1 FROM limit_leases l WHERE l.counter = c.counter AND l.e
 """
 
 
+def _charge_arrays(charges: Sequence[Charge]) -> tuple[list[uuid.UUID], list[str], list[float]]:
+    """The statements' arrays of ``charges``, in one pass (most admissions carry none)."""
+    lease_ids: list[uuid.UUID] = []
+    counters: list[str] = []
+    actuals: list[float] = []
+    for charge in charges:
+        lease_ids.append(charge.lease_id)
+        counters.append(charge.counter)
+        actuals.append(charge.actual)
+    return lease_ids, counters, actuals
+
+
 def _decision(limit: int, count: int | None, reset: float) -> RateLimitDecision:
     if count is None:
         return RateLimitDecision(allowed=False, limit=limit, remaining=0, reset_seconds=reset)
@@ -124,21 +136,29 @@ class PostgresLimitStore:
     async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
         window = admission.window
         reservations = admission.reservations
+        # One pass for the four arrays, not a comprehension each: every quiet key's admission.
+        counters: list[str] = []
+        caps: list[float] = []
+        amounts: list[float] = []
+        keeps: list[float] = []
+        for reservation in reservations:
+            counters.append(reservation.counter)
+            caps.append(reservation.cap)
+            amounts.append(reservation.amount)
+            keeps.append(reservation.keep_seconds)
         with database_errors():
             row = await self._connections.fetchrow(
                 _ADMIT,
-                [c.lease_id for c in settling],
-                [c.counter for c in settling],
-                [c.actual for c in settling],
+                *_charge_arrays(settling),
                 None if window is None else window.key_id,
                 None if window is None else window.seconds,
                 None if window is None else window.limit,
                 admission.lease_id,
                 admission.lease_seconds,
-                [r.counter for r in reservations],
-                [r.cap for r in reservations],
-                [r.amount for r in reservations],
-                [r.keep_seconds for r in reservations],
+                counters,
+                caps,
+                amounts,
+                keeps,
             )
         assert row is not None
         decision = (
@@ -155,21 +175,11 @@ class PostgresLimitStore:
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         with database_errors():
-            await self._connections.fetchrow(
-                _SETTLE,
-                [c.lease_id for c in charges],
-                [c.counter for c in charges],
-                [c.actual for c in charges],
-            )
+            await self._connections.fetchrow(_SETTLE, *_charge_arrays(charges))
 
     async def use(self, charges: Sequence[Charge]) -> None:
         with database_errors():
-            await self._connections.fetchrow(
-                _USE,
-                [c.lease_id for c in charges],
-                [c.counter for c in charges],
-                [c.actual for c in charges],
-            )
+            await self._connections.fetchrow(_USE, *_charge_arrays(charges))
 
     async def renew(
         self, leases: Sequence[tuple[uuid.UUID, Sequence[str]]], seconds: float
