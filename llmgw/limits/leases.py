@@ -361,12 +361,14 @@ class LeasedLimitStore:
         # or cancels it (its lease id is this module's own): it is never one of ``_direct``.
         bare = not admission.reservations
         lease_seconds = reset + _WINDOW_MARGIN_SECONDS if bare else admission.lease_seconds
-        carried = settling
+        carried: Sequence[Charge] = settling
         if settling:
+            # Told apart before settling: settling a request admitted from slices forgets it,
+            # and carried to the store as well it was charged twice.
             local = [c for c in settling if c.lease_id in self._requests]
             if local:
+                carried = [c for c in settling if c.lease_id not in self._requests]
                 await self.settle(local)
-            carried = [c for c in settling if c.lease_id not in self._requests]
         hits, since = self._take_hits()
         if not bare:
             self._direct.add(admission.lease_id)
