@@ -146,10 +146,14 @@ class PostgresLimitStore:
             caps.append(reservation.cap)
             amounts.append(reservation.amount)
             keeps.append(reservation.keep_seconds)
+        # Nothing to settle is sent as NULLs, not empty arrays: the function reads both alike
+        # (``||`` and ``= ANY`` of a NULL array), and encoding an array, even an empty one, is
+        # most of what sending an admission costs this process.
+        settled = _charge_arrays(settling) if settling else (None, None, None)
         with database_errors():
             row = await self._connections.fetchrow(
                 _ADMIT,
-                *_charge_arrays(settling),
+                *settled,
                 None if window is None else window.key_id,
                 None if window is None else window.seconds,
                 None if window is None else window.limit,
