@@ -725,41 +725,35 @@ class LeasedLimitStore:
     async def tick(self) -> None:
         """What the background task does every ``tick_seconds``: renew slices (a third of their
         lease), push, and start the next period of idleness, contention, admission rate and
-        round trips."""
-        if self._idle():
-            # Nothing held, queued or measured: nothing to renew, push or sort. An idle
-            # replica's tick is this check (its clocks move as a tick's would).
-            now = self._clock()
-            self._ticked_at = now
-            if now - self._renewed_at >= self._slice_seconds / 3:
-                self._renewed_at = now
-            return
-        if self._clock() - self._renewed_at >= self._slice_seconds / 3:
-            await self._renew()
-        await self.push()
+        round trips. Each only when there is something to do it to: a replica with only quiet
+        keys holds nothing to renew or push, and an idle one has nothing to measure either (a
+        tick is then a few checks: its clocks move as a tick's would)."""
         now = self._clock()
-        seconds = max(now - self._ticked_at, self._tick_seconds)
-        self._ticked_at = now
-        for pool in self._pools.values():
-            pool.rate = pool.used / seconds
-            pool.busy = pool.contended = False
-            pool.used = 0.0
-        self._sort_keys(seconds)
-        self._last_round_trip, self._round_trip = self._round_trip, 0.0
-        self._lead = 2 * self._last_round_trip
-
-    def _idle(self) -> bool:
-        return not (
+        renewing = now - self._renewed_at >= self._slice_seconds / 3
+        if (
             self._pools
-            or self._keys
             or self._refilling
             or self._cancels
             or self._unsent
             or self._using
             or self._hits
-            or self._round_trip
-            or self._last_round_trip
-        )
+        ):
+            if renewing:
+                await self._renew()
+            await self.push()
+            now = self._clock()
+        elif renewing:
+            self._renewed_at = now  # nothing held to renew
+        if self._pools or self._keys or self._round_trip or self._last_round_trip:
+            seconds = max(now - self._ticked_at, self._tick_seconds)
+            for pool in self._pools.values():
+                pool.rate = pool.used / seconds
+                pool.busy = pool.contended = False
+                pool.used = 0.0
+            self._sort_keys(seconds)
+            self._last_round_trip, self._round_trip = self._round_trip, 0.0
+            self._lead = 2 * self._last_round_trip
+        self._ticked_at = now
 
     def _sort_keys(self, seconds: float) -> None:
         """Slices on for the keys busy over the last tick: that admitted at least
