@@ -86,7 +86,8 @@ class BodyMemory:
 
     def release(self, size: int) -> None:
         self.free += size
-        self._grant()
+        if self._waiters:  # (every request releases: most find nobody waiting)
+            self._grant()
 
     def _grant(self) -> None:
         while self._waiters and self._waiters[0][0] <= self.free:
@@ -124,8 +125,9 @@ class BodyAllowance:
             self.reserved = target
 
     def release(self) -> None:
-        self._memory.release(self.reserved)
-        self.reserved = 0
+        if self.reserved:  # (a request without a body held nothing)
+            self._memory.release(self.reserved)
+            self.reserved = 0
 
 
 @attrs.frozen

@@ -72,8 +72,8 @@ def _new_request_id() -> str:
     return f"{_request_ids.getrandbits(128):032x}"
 
 
-def _route_template(request: web.Request) -> str:
-    resource = request.match_info.route.resource
+def _route_template(matched: web.AbstractRoute) -> str:
+    resource = matched.resource
     return resource.canonical if resource is not None else "unmatched"
 
 
@@ -115,7 +115,9 @@ def gateway_middleware(
         request_id = offered if _SANE_REQUEST_ID.fullmatch(offered) else _new_request_id()
         request[app_keys.REQUEST_ID] = request_id
         id_token = REQUEST_ID.set(request_id)
-        route = _route_template(request)
+        # Read once: the template names the request, the handler says how it is admitted.
+        matched = request.match_info.route
+        route = _route_template(matched)
         span = tracer.start_span(
             f"{request.method} {route}",
             context=propagate.extract(request.headers),
@@ -161,7 +163,7 @@ def gateway_middleware(
                             # The one admission: the handlers of ``admitting`` reserve the
                             # model's limits on its ticket once they have read the body.
                             request[app_keys.TICKET] = await app[app_keys.LIMITS].admit(
-                                key, reserving=request.match_info.handler in admitting
+                                key, reserving=matched.handler in admitting
                             )
                         response = await handler(request)
                     finally:
@@ -265,7 +267,11 @@ def _unexpected(
 ) -> tuple[GatewayError | None, web.StreamResponse]:
     """The gateway's own failure (called while handling it): logged, and a 500 if it can be."""
     # The route's template, not the path as sent: nothing the caller chose is logged.
-    log.exception("unexpected error while handling %s %s", request.method, _route_template(request))
+    log.exception(
+        "unexpected error while handling %s %s",
+        request.method,
+        _route_template(request.match_info.route),
+    )
     if _HEADERS_SENT in request:
         # A stream failed past its headers: it ends there, as it is (a second response would be
         # written inside its body).

@@ -140,8 +140,10 @@ async def _read_arriving(request: web.Request, allowance: BodyAllowance) -> byte
     body = bytearray()
     while chunk := await request.content.readany():
         # A chunked body is refused as soon as it passes the limit, and reserves memory as it
-        # grows (a declared one reserved it all before).
-        await allowance.hold(len(body) + len(chunk), arriving=True)
+        # grows (a declared one reserved it all before: nothing to ask for).
+        size = len(body) + len(chunk)
+        if size > allowance.reserved:
+            await allowance.hold(size, arriving=True)
         body += chunk
     return body
 

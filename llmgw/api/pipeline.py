@@ -488,7 +488,8 @@ async def proxy(
         metered=None if operation.meter is None else operation.meter.requested(body),
         caller_headers=passed_headers(request, operation.caller_headers),
     )
-    route, exchange = await _open_exchange(request, key, upstream)
+    app = request.app  # read once: each read is two property calls
+    route, exchange = await _open_exchange(request, app, key, upstream)
     translate_errors = codec is not None
 
     def translator() -> StreamTranslator | None:
@@ -500,14 +501,14 @@ async def proxy(
             else None
         )
 
-    cache = request.app.get(app_keys.CACHE)
+    cache = app.get(app_keys.CACHE)
     if cache is not None and operation.cache_api is not None:
         cached = await _from_cache(
             cache, operation, exchange, model, caller_body, stream, hide_usage_chunk, translator
         )
         if cached is not None:
             return cached
-    call = _upstream_call(exchange, upstream)  # made once the cache has not answered
+    call = _upstream_call(app, exchange, upstream)  # made once the cache has not answered
     try:
         if not stream:
             return await observe_upstream(
@@ -671,16 +672,17 @@ async def start_call(
     Returns the route, the call to send it, and the exchange, which the caller finishes (through
     :func:`observe_upstream` on failure).
     """
-    route, exchange = await _open_exchange(request, key, upstream)
-    return route, _upstream_call(exchange, upstream), exchange
+    app = request.app
+    route, exchange = await _open_exchange(request, app, key, upstream)
+    return route, _upstream_call(app, exchange, upstream), exchange
 
 
 async def _open_exchange(
-    request: web.Request, key: AuthenticatedKey, upstream: UpstreamRequest
+    request: web.Request, app: web.Application, key: AuthenticatedKey, upstream: UpstreamRequest
 ) -> tuple[FallbackChain, Exchange]:
-    """:func:`start_call` without the call: what a request the cache may answer needs first."""
+    """:func:`start_call` without the call: what a request the cache may answer needs first
+    (``app``: the request's)."""
     refuse_control_characters(upstream.model)
-    app = request.app
     route = app[app_keys.PROVIDERS].resolve(upstream.model)
     ticket = request[app_keys.TICKET]  # the middleware's admission
     await ticket.reserve(
@@ -741,13 +743,16 @@ def _caller_asked_for_usage(body: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def _upstream_call(exchange: Exchange, upstream: UpstreamRequest) -> UpstreamCall:
-    """The call that sends ``upstream`` for ``exchange`` (a failure to make it ends the request)."""
+def _upstream_call(
+    app: web.Application, exchange: Exchange, upstream: UpstreamRequest
+) -> UpstreamCall:
+    """The call that sends ``upstream`` for ``exchange`` (a failure to make it ends the request;
+    ``app``: the request's)."""
     try:
         trace_headers: dict[str, str] = {}
         span = exchange.observation.tracer_span
         propagate.inject(trace_headers, context=trace.set_span_in_context(span))
-        settings = exchange.request.app[app_keys.SETTINGS]
+        settings = app[app_keys.SETTINGS]
         return UpstreamCall(
             body=upstream.body,
             deadline=asyncio.get_running_loop().time() + settings.request_timeout_seconds,

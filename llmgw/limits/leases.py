@@ -103,8 +103,11 @@ class _Pool:
         self.granted += part.amount
         self.earliest = min(self.earliest, part.deadline)
 
-    def remove(self, lease_id: uuid.UUID) -> None:
-        del self.parts[lease_id]
+    def remove(self, lease_ids: Sequence[uuid.UUID]) -> None:
+        """Drop these parts, summed again once for all of them: a tick settles a busy counter's
+        used-up slices together, and summing after each was quadratic in them."""
+        for lease_id in lease_ids:
+            del self.parts[lease_id]
         # Summed again, not subtracted: float sums must not leave a crumb behind.
         self.granted = sum(part.amount for part in self.parts.values()) if self.parts else 0.0
         self.earliest = min((part.deadline for part in self.parts.values()), default=math.inf)
@@ -120,11 +123,11 @@ class _Pool:
 
     def free(self, now: float) -> float:
         if now >= self.earliest:
-            for lease_id, part in list(self.parts.items()):
-                if part.deadline <= now:
-                    # The store gave it back (and forgot what of it was used): so does this pool.
-                    self.remove(lease_id)
-                    self.consumed = max(0.0, self.consumed - part.amount)
+            # The store gave these back (and forgot what of them was used): so does this pool.
+            expired = [lease_id for lease_id, part in self.parts.items() if part.deadline <= now]
+            for lease_id in expired:
+                self.consumed = max(0.0, self.consumed - self.parts[lease_id].amount)
+            self.remove(expired)
         return self.granted - self.in_use - self.consumed
 
 
@@ -147,20 +150,21 @@ async def _whole(call: Awaitable[None]) -> None:
     await asyncio.shield(task)
 
 
-def _fits(wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float) -> bool:
-    return all(pool.free(now) >= r.amount for r, pool in zip(wanted, pools, strict=True))
-
-
 def _low(
-    wanted: Sequence[Reservation], pools: Sequence[_Pool], now: float, lead: float
+    wanted: Sequence[Reservation],
+    pools: Sequence[_Pool],
+    frees: Sequence[float],
+    lead: float,
+    *,
+    spent: bool = False,
 ) -> list[Reservation]:
-    """The counters of which less is left than half a slice, or than ``lead`` seconds of their
-    recent rate of use (up to ``_AHEAD`` slices: near a cap slices shrink, and so does what is
-    held early)."""
+    """The counters of which less is left (``frees``, less what was wanted if ``spent``) than
+    half a slice, or than ``lead`` seconds of their recent rate of use (up to ``_AHEAD`` slices:
+    near a cap slices shrink, and so does what is held early)."""
     return [
         r
-        for r, pool in zip(wanted, pools, strict=True)
-        if pool.free(now)
+        for r, pool, free in zip(wanted, pools, frees, strict=True)
+        if (free - r.amount if spent else free)
         < max(r.amount * pool.size / 2, min(r.amount * pool.size * _AHEAD, pool.rate * lead))
     ]
 
@@ -247,43 +251,67 @@ class LeasedLimitStore:
         return Reservation(name, window.limit, 1, keep_seconds=window.seconds + 60), reset
 
     async def hit(self, window: Window) -> RateLimitDecision:
-        result = await self.admit(Admission(uuid.uuid4(), self._slice_seconds, window, ()))
-        assert result.window is not None
-        return result.window
+        quiet = self._quiet(window.key_id)
+        if quiet is not None:
+            result = await self._admit_directly(
+                quiet, Admission(uuid.uuid4(), self._slice_seconds, window, ()), ()
+            )
+            assert result.window is not None
+            return result.window
+        # From slices, a bare hit takes nothing a request settles: it needs no lease id (a
+        # uuid4 is a read of os.urandom) and no admission to carry it.
+        decision, _refused = await self._from_slices(None, (), window)
+        assert decision is not None
+        return decision
 
     async def admit(self, admission: Admission, settling: Sequence[Charge] = ()) -> AdmissionResult:
-        if self._busy_rate:
-            window = admission.window
-            key: Hashable = (
-                window.key_id
-                if window is not None
-                else tuple(r.counter for r in admission.reservations)
-            )
-            state = self._keys.get(key)
-            if state is None:
-                state = self._keys[key] = _Key()
-            state.admitted += 1
-            if not state.sliced:
-                sent = self._clock()
-                try:
-                    return await self._admit_directly(admission, settling)
-                finally:
-                    state.waited += self._clock() - sent
+        window = admission.window
+        quiet = self._quiet(
+            window.key_id
+            if window is not None
+            else tuple(r.counter for r in admission.reservations)
+        )
+        if quiet is not None:
+            return await self._admit_directly(quiet, admission, settling)
         if settling:
             await self.settle(settling)
+        decision, refused = await self._from_slices(
+            admission.lease_id, admission.reservations, window
+        )
+        if decision is not None and not decision.allowed:
+            return AdmissionResult(decision)
+        return AdmissionResult(decision, refused)
+
+    def _quiet(self, key: Hashable) -> _Key | None:
+        """Count an admission of ``key``: its state if the store admits it (a quiet key), None
+        if it is admitted from slices."""
+        if not self._busy_rate:
+            return None
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _Key()
+        state.admitted += 1
+        return None if state.sliced else state
+
+    async def _from_slices(
+        self,
+        lease_id: uuid.UUID | None,
+        reservations: Sequence[Reservation],
+        window: Window | None,
+    ) -> tuple[RateLimitDecision | None, Reservation | None]:
+        """Admit from this replica's slices (taking more when they fall short): the window's
+        decision, and the reservation the store refused (None: admitted). ``lease_id``: what
+        the request settles its reservations by (None: it has none)."""
         now = self._clock()
-        wanted = list(admission.reservations)
-        window = admission.window
+        wanted = list(reservations)
         reset = 0.0
         if window is not None:
             window_reservation, reset = self._window_reservation(window, now)
             wanted.append(window_reservation)
         refused: Reservation | None = None
-        # Looked up once: this is every admission's path, and a lookup per check was a third of
-        # its CPU.
-        pools = [self._pool(r) for r in wanted]
-        if self._down or not _fits(wanted, pools, now):
-            names = tuple(sorted(r.counter for r in wanted))
+        pools, frees, short = self._holding(wanted, now)
+        if self._down or short:
+            names = tuple(sorted([r.counter for r in wanted]))
             lock = self._refilling.setdefault(names, asyncio.Lock())
             self._starving[names] = self._starving.get(names, 0) + 1
             try:
@@ -293,29 +321,29 @@ class LeasedLimitStore:
                 self._starving[names] -= 1
                 if not self._starving[names]:
                     del self._starving[names]
-            pools = [self._pool(r) for r in wanted]  # a push meanwhile may have dropped some
+            # A push meanwhile may have dropped some pools.
+            pools, frees, _short = self._holding(wanted, self._clock())
         if refused is None:
-            self._take(admission.lease_id, wanted, pools)
-            if not self._down and _low(wanted, pools, now, self._lead):
+            self._take(lease_id, wanted, pools, windowed=window is not None)
+            if not self._down and _low(wanted, pools, frees, self._lead, spent=True):
                 self._prefetch(wanted)
-        decision = None
-        if window is not None:
-            window_pool = pools[-1]
-            allowed = refused is None or refused.counter != wanted[-1].counter
-            remaining = max(0, math.floor(window_pool.free(self._clock()))) if allowed else 0
-            decision = RateLimitDecision(allowed, window.limit, remaining, reset)
-            if not allowed:
-                return AdmissionResult(decision)
-        return AdmissionResult(decision, refused)
+        if window is None:
+            return None, refused
+        allowed = refused is None or refused.counter != wanted[-1].counter
+        # What the window has left (once this hit took its own).
+        left = frees[-1] - wanted[-1].amount if refused is None else frees[-1]
+        remaining = max(0, math.floor(left)) if allowed else 0
+        return RateLimitDecision(allowed, window.limit, remaining, reset), refused
 
     async def _admit_directly(
-        self, admission: Admission, settling: Sequence[Charge]
+        self, state: _Key, admission: Admission, settling: Sequence[Charge]
     ) -> AdmissionResult:
         """A quiet key's admission: one store round trip, as without slices, carrying what is
         to be settled in the store. Its window is the counter busy keys take slices of (a key
         that turns busy, or quiet again, mid-window is counted in one place on every replica),
         reserved under the request's lease and settled as used with the next round trip (or by
-        the tick after a tick without one); the store's figures make its headers exact."""
+        the tick after a tick without one); the store's figures make its headers exact. The
+        time it takes is the key's ``state.waited``."""
         now = self._clock()
         window = admission.window
         reservations = list(admission.reservations)
@@ -325,38 +353,40 @@ class LeasedLimitStore:
             window_reservation, reset = self._window_reservation(window, now)
             window_counter = window_reservation.counter
             reservations.append(window_reservation)
-        # One locking order (by name) for every store, as the policy's admissions.
-        reservations.sort(key=lambda r: r.counter)
+        if len(reservations) > 1:
+            # One locking order (by name) for every store, as the policy's admissions.
+            reservations.sort(key=lambda r: r.counter)
         # A bare hit (a key with nothing else to reserve) is held until its window ends: no
-        # settlement to send, and none to lose should this replica die.
+        # settlement to send, and none to lose should this replica die. Nobody settles, renews
+        # or cancels it (its lease id is this module's own): it is never one of ``_direct``.
         bare = not admission.reservations
         lease_seconds = reset + _WINDOW_MARGIN_SECONDS if bare else admission.lease_seconds
-        local = [c for c in settling if c.lease_id in self._requests]
-        if local:
-            await self.settle(local)
-        carried = [c for c in settling if c.lease_id not in self._requests]
+        carried: Sequence[Charge] = settling
+        if settling:
+            # Told apart before settling: settling a request admitted from slices forgets it,
+            # and carried to the store as well it was charged twice.
+            local = [c for c in settling if c.lease_id in self._requests]
+            if local:
+                carried = [c for c in settling if c.lease_id not in self._requests]
+                await self.settle(local)
         hits, since = self._take_hits()
-        self._direct.add(admission.lease_id)
+        if not bare:
+            self._direct.add(admission.lease_id)
         try:
             result = await self.store.admit(
-                attrs.evolve(
-                    admission,
-                    lease_seconds=lease_seconds,
-                    window=None,
-                    reservations=tuple(reservations),
-                ),
+                Admission(admission.lease_id, lease_seconds, None, tuple(reservations)),
                 [*carried, *hits],
             )
         except BaseException:
             # Sent again: a hit settled twice refuses early, never late.
             self._keep_hits(hits, since)
-            if bare:
-                self._direct.discard(admission.lease_id)  # nobody cancels a bare hit
             if window_counter:
                 # It may still land: its window hit is taken back with the next push.
                 self._cancels.append((admission.lease_id, (window_counter,)))
             raise
-        if not result.admitted or bare:
+        finally:
+            state.waited += self._clock() - now
+        if not result.admitted and not bare:
             self._direct.discard(admission.lease_id)  # nothing for anyone to settle
         if result.cancelled or window is None:
             return result
@@ -368,10 +398,30 @@ class LeasedLimitStore:
                 # Used, not reserved: a hit never comes back within its window.
                 self._hits.append(Charge(admission.lease_id, window_counter, 1.0))
                 self._hits_since = min(self._hits_since, self._clock())
-            at = next(i for i, r in enumerate(reservations) if r.counter == window_counter)
+            at = (
+                0
+                if bare
+                else next(i for i, r in enumerate(reservations) if r.counter == window_counter)
+            )
             remaining = max(0, math.floor(window.limit - result.taken[at] + 1e-9))
         decision = RateLimitDecision(True, window.limit, remaining, reset)
         return AdmissionResult(decision, result.refused, taken=result.taken)
+
+    def _holding(
+        self, wanted: Sequence[Reservation], now: float
+    ) -> tuple[list[_Pool], list[float], bool]:
+        """The pools of ``wanted``, what each has left, and whether any has less than wanted.
+        Looked up and read once, in one loop: this is every admission's path, and a lookup per
+        check was a third of its CPU."""
+        pools, frees = [], []
+        short = False
+        for reservation in wanted:
+            pool = self._pool(reservation)
+            free = pool.free(now)
+            pools.append(pool)
+            frees.append(free)
+            short = short or free < reservation.amount
+        return pools, frees, short
 
     def _pool(self, reservation: Reservation) -> _Pool:
         pool = self._pools.get(reservation.counter)
@@ -381,18 +431,25 @@ class LeasedLimitStore:
         return pool
 
     def _take(
-        self, lease_id: uuid.UUID, wanted: Sequence[Reservation], pools: Sequence[_Pool]
+        self,
+        lease_id: uuid.UUID | None,
+        wanted: Sequence[Reservation],
+        pools: Sequence[_Pool],
+        *,
+        windowed: bool,
     ) -> None:
+        """Take ``wanted`` from ``pools``; ``windowed``: the last is the window's hit."""
+        hit = len(wanted) - 1 if windowed else len(wanted)
         taken = {}
-        for reservation, pool in zip(wanted, pools, strict=True):
+        for at, (reservation, pool) in enumerate(zip(wanted, pools, strict=True)):
             pool.busy = True
-            if _is_window(reservation.counter):
+            if at == hit:
                 pool.consumed += reservation.amount  # a window hit is used once admitted
                 pool.used += reservation.amount
             else:
                 pool.in_use += reservation.amount
                 taken[reservation.counter] = reservation.amount
-        if taken:
+        if taken and lease_id is not None:
             self._requests[lease_id] = taken
 
     async def _refill(
@@ -436,7 +493,7 @@ class LeasedLimitStore:
     def _prefetch(self, wanted: Sequence[Reservation]) -> None:
         """Take the next slices in the background before these run out, so that admissions do
         not wait for the round trip (unless one is already under way)."""
-        names = tuple(sorted(r.counter for r in wanted))
+        names = tuple(sorted([r.counter for r in wanted]))
         refilling = self._refilling.get(names)
         # One at a time, and none while a refill is under way (it brings what is needed).
         if (refilling is not None and refilling.locked()) or names in self._prefetching:
@@ -449,7 +506,8 @@ class LeasedLimitStore:
             # refused or fall short (near a cap it only tops up).
             try:
                 pools = [self._pool(r) for r in wanted]
-                low = _low(wanted, pools, self._clock(), self._lead)
+                now = self._clock()
+                low = _low(wanted, pools, [pool.free(now) for pool in pools], self._lead)
                 if low:
                     # Once, not until it is enough: near a cap a refusal only shrinks the next.
                     with contextlib.suppress(ServiceUnavailable):
@@ -600,6 +658,7 @@ class LeasedLimitStore:
             for name, pool in self._pools.items():
                 free = pool.free(now)
                 returning = give_back or not pool.busy or pool.contended
+                gone = []
                 for lease_id, part in sorted(pool.parts.items(), key=lambda p: p[1].amount):
                     if pool.consumed >= part.amount:
                         actual = part.amount
@@ -608,10 +667,12 @@ class LeasedLimitStore:
                         free -= part.amount - pool.consumed
                     else:
                         continue
-                    # Gone from the pool before the round trip: nothing is admitted from it.
-                    pool.remove(lease_id)
+                    gone.append(lease_id)
                     pool.consumed -= actual
                     self._unsent.append(Charge(lease_id, name, actual))
+                if gone:
+                    # Gone from the pool before the round trip: nothing is admitted from it.
+                    pool.remove(gone)
                 if _is_window(name) and pool.consumed > 0 and pool.parts:
                     # Hits are used once admitted: reported, so that should this replica die
                     # the store gives back only the rest of the slice when its lease expires.
@@ -664,20 +725,35 @@ class LeasedLimitStore:
     async def tick(self) -> None:
         """What the background task does every ``tick_seconds``: renew slices (a third of their
         lease), push, and start the next period of idleness, contention, admission rate and
-        round trips."""
-        if self._clock() - self._renewed_at >= self._slice_seconds / 3:
-            await self._renew()
-        await self.push()
+        round trips. Each only when there is something to do it to: a replica with only quiet
+        keys holds nothing to renew or push, and an idle one has nothing to measure either (a
+        tick is then a few checks: its clocks move as a tick's would)."""
         now = self._clock()
-        seconds = max(now - self._ticked_at, self._tick_seconds)
+        renewing = now - self._renewed_at >= self._slice_seconds / 3
+        if (
+            self._pools
+            or self._refilling
+            or self._cancels
+            or self._unsent
+            or self._using
+            or self._hits
+        ):
+            if renewing:
+                await self._renew()
+            await self.push()
+            now = self._clock()
+        elif renewing:
+            self._renewed_at = now  # nothing held to renew
+        if self._pools or self._keys or self._round_trip or self._last_round_trip:
+            seconds = max(now - self._ticked_at, self._tick_seconds)
+            for pool in self._pools.values():
+                pool.rate = pool.used / seconds
+                pool.busy = pool.contended = False
+                pool.used = 0.0
+            self._sort_keys(seconds)
+            self._last_round_trip, self._round_trip = self._round_trip, 0.0
+            self._lead = 2 * self._last_round_trip
         self._ticked_at = now
-        for pool in self._pools.values():
-            pool.rate = pool.used / seconds
-            pool.busy = pool.contended = False
-            pool.used = 0.0
-        self._sort_keys(seconds)
-        self._last_round_trip, self._round_trip = self._round_trip, 0.0
-        self._lead = 2 * self._last_round_trip
 
     def _sort_keys(self, seconds: float) -> None:
         """Slices on for the keys busy over the last tick: that admitted at least

@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 
@@ -137,6 +137,9 @@ class Ticket:
     key: AuthenticatedKey
     window: RateLimitDecision | None = None
     window_deferred: bool = False  # counted with the reservations, in their round trip
+    # Whether the key reserves limits (LimitPolicy.reserves), if admission asked already: asked
+    # once per request, not again when it reserves.
+    reserves: bool | None = None
     lease_id: uuid.UUID | None = None
     counters: tuple[str, ...] = ()
     worst: WorstCase | None = None
@@ -187,9 +190,16 @@ class Ticket:
         if self.settled:
             return
         self.settled = True
-        self.policy._settle(self, record)
-        charges = [hold.charge(tokens) for hold, tokens in caps if hold is not None]
-        self.policy.charge(c for c in charges if c is not None)
+        if self.lease_id is not None:  # else it reserved nothing (nor did further attempts)
+            self.policy._settle(self, self.lease_id, record)
+        # Nothing queued when no cap counted it: queueing nothing still cost a round of calls.
+        charges = [
+            charge
+            for hold, tokens in caps
+            if hold is not None and (charge := hold.charge(tokens)) is not None
+        ]
+        if charges:
+            self.policy.charge(charges)
 
 
 def _float(cost: Decimal | None) -> float | None:
@@ -300,25 +310,26 @@ class LimitPolicy:
     def _window(key: AuthenticatedKey) -> Window:
         return Window(key.id, key.rate_limit_requests, key.rate_limit_window_seconds)
 
-    def _check_window(self, key: AuthenticatedKey, decision: RateLimitDecision) -> None:
-        if not decision.allowed:
-            self._on_window_refusal()
-            raise RateLimited(
-                f"Rate limit of {decision.limit} requests per {key.rate_limit_window_seconds}s "
-                f"reached for this key; retry in {decision.retry_after}s.",
-                headers={"Retry-After": str(decision.retry_after), **decision.headers()},
-            )
+    def _refuse_window(self, key: AuthenticatedKey, decision: RateLimitDecision) -> NoReturn:
+        self._on_window_refusal()
+        raise RateLimited(
+            f"Rate limit of {decision.limit} requests per {key.rate_limit_window_seconds}s "
+            f"reached for this key; retry in {decision.retry_after}s.",
+            headers={"Retry-After": str(decision.retry_after), **decision.headers()},
+        )
 
     async def admit(self, key: AuthenticatedKey, *, reserving: bool = False) -> Ticket:
         """The one admission of an authenticated request: its ticket, with the request window
         counted (429 when it is full), unless ``reserving`` (the request will :meth:`Ticket.
         reserve` once its body is read) and the key has limits to reserve: then the window is
         counted with them, in the same round trip."""
-        if reserving and self.reserves(key):
-            return Ticket(self, key, window_deferred=True)
+        reserves = self.reserves(key) if reserving else None
+        if reserves:
+            return Ticket(self, key, window_deferred=True, reserves=True)
         decision = await self.store.hit(self._window(key))
-        self._check_window(key, decision)
-        return Ticket(self, key, window=decision)
+        if not decision.allowed:
+            self._refuse_window(key, decision)
+        return Ticket(self, key, window=decision, reserves=reserves)
 
     async def _reserve(
         self,
@@ -337,7 +348,8 @@ class LimitPolicy:
                 f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowlist)) or 'none'}.",
                 param="model",
             )
-        if not self.reserves(key) or ticket.lease_id is not None:
+        reserves = self.reserves(key) if ticket.reserves is None else ticket.reserves
+        if not reserves or ticket.lease_id is not None:
             return
         budgeted = self._budgeted(key)
         await self.prices.loaded()
@@ -355,7 +367,8 @@ class LimitPolicy:
         lease_id, counters, result = await self._lease(reservations, window)
         if result.window is not None:
             ticket.window, ticket.window_deferred = result.window, False
-            self._check_window(key, result.window)
+            if not result.window.allowed:
+                self._refuse_window(key, result.window)
         if result.refused is not None:
             refusal = self._refusal(key, result.refused, now)
             if result.window is not None:
@@ -690,11 +703,10 @@ class LimitPolicy:
 
     # Settlement -------------------------------------------------------------------------------
 
-    def _settle(self, ticket: Ticket, record: UsageRecord | None) -> None:
-        """:meth:`Ticket.settle`: queue the actual figures of a finished request."""
-        if ticket.lease_id is None:
-            return
-        self._live.pop(ticket.lease_id, None)
+    def _settle(self, ticket: Ticket, lease_id: uuid.UUID, record: UsageRecord | None) -> None:
+        """:meth:`Ticket.settle`: queue the actual figures of a finished request that reserved
+        (under ``lease_id``)."""
+        self._live.pop(lease_id, None)
         # A cache hit used no provider's tokens: it counts against requests, never tokens.
         tokens = (
             0.0
@@ -714,7 +726,7 @@ class LimitPolicy:
                 if kind == _TEAM_REQUESTS  # the request was made: it keeps its place in the window
                 else 0.0
             )
-            charges.append(Charge(ticket.lease_id, counter, actual))
+            charges.append(Charge(lease_id, counter, actual))
         # What further attempts reserved is given back: their use is in the figures above.
         for lease_id, counters in ticket.more:
             self._live.pop(lease_id, None)

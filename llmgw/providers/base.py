@@ -224,7 +224,9 @@ class Deployment:
 
     provider: Provider
     model: str
+    # Made once: routing, the observation and the ledger row each read it for every attempt.
+    label: str = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def label(self) -> str:
+    @label.default
+    def _label(self) -> str:
         return f"{self.provider.name}:{self.model}"

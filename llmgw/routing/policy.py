@@ -193,6 +193,9 @@ class RoutingPolicy:
         self._cooldowns: dict[str, Cooldown] = {}  # provider name -> its breakers' cooldown
         self._load = SharedLoad()
         self._latency: dict[str, float] = {}
+        # Callers' tags, made once each (a hash per request was most of an attempt's start);
+        # bounded as the deployments are (callers are keys: many, but the busy ones repeat).
+        self._tags: dict[str, str] = {}
         self._channel: HealthChannel | None = None
         self._outbox: asyncio.Queue[Message] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -270,9 +273,16 @@ class RoutingPolicy:
         probe = breaker is not None and breaker.probing
         down = breaker is not None and breaker.state(self._clock()) is not State.CLOSED
         self._load.enter(label)
-        return Attempt(
-            self, label, probe, self._monotonic(), caller_tag(caller), once=probe or down
-        )
+        return Attempt(self, label, probe, self._monotonic(), self._tag(caller), once=probe or down)
+
+    def _tag(self, caller: str | None) -> str:
+        if caller is None:
+            return ""
+        tag = self._tags.get(caller)
+        if tag is None:
+            _make_room(self._tags)
+            tag = self._tags[caller] = caller_tag(caller)
+        return tag
 
     async def claim(self, deployment: Deployment) -> bool:
         """Whether ``deployment`` may be sent the request: yes, unless :meth:`plan` made the

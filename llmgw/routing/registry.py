@@ -23,6 +23,10 @@ from llmgw.routing.retry import RetryPolicy
 
 __all__ = ["ProviderBuildError", "ProviderRegistry", "build_registry", "close_providers"]
 
+# Routes of names no alias has, made once each (not for every request); at most this many are
+# kept, since callers choose the names.
+_RESOLVED_MAX = 1024
+
 
 class ProviderRegistry:
     """``routing`` outlives reloads: a deployment that was down is still known to be down."""
@@ -62,11 +66,17 @@ class ProviderRegistry:
             )
             for alias in aliases
         }
+        self._resolved: dict[str, FallbackChain] = {}
 
     def resolve(self, model: str) -> FallbackChain:
-        chain = self.aliases.get(model)
-        if chain is not None:
-            return chain
+        chain = self.aliases.get(model) or self._resolved.get(model)
+        if chain is None:
+            if len(self._resolved) >= _RESOLVED_MAX:
+                self._resolved.clear()
+            chain = self._resolved[model] = self._unaliased(model)
+        return chain
+
+    def _unaliased(self, model: str) -> FallbackChain:
         name, sep, upstream_model = model.partition("/")
         provider = self._by_name.get(name) if sep and upstream_model else None
         if provider is not None:

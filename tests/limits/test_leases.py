@@ -495,3 +495,31 @@ async def test_a_quiet_keys_window_hits_ride_with_its_admissions_not_with_the_ti
     assert store.settled == 2
     assert await store.usage(counter) == (81.0, 0.0)
     assert await store.usage(slot.counter) == (0.0, 0.0)
+
+
+async def test_a_request_admitted_from_a_slice_is_charged_once_when_its_key_turned_quiet() -> None:
+    """Its settlement rides with the key's next admission, by the store: it is settled here, on
+    its slice (which the store is charged for once it is settled), and not carried as well."""
+    clock = Clock()
+    store = MemoryLimitStore(clock=clock)
+    leased = auto_replica(store, clock)
+    window = Window(uuid.uuid4(), limit=10_000, seconds=60)
+    budget = tokens("tokens:quiet-again", 1_000_000, 10.0)
+    for _ in range(100):  # quiet: each admitted by the store, and settled at nothing
+        warming = request(budget, window=window)
+        assert (await leased.admit(warming)).admitted
+        await leased.settle([Charge(warming.lease_id, budget.counter, 0.0)])
+    clock.now += 0.25
+    await leased.tick()  # 400 a second: busy
+    sliced = request(budget, window=window)
+    assert (await leased.admit(sliced)).admitted  # from a slice
+    clock.now += 0.25
+    await leased.tick()  # one admission in a tick: quiet again
+    later = request(budget, window=window)
+    used = [Charge(sliced.lease_id, budget.counter, 3.0)]
+    assert (await leased.admit(later, used)).admitted  # by the store, carrying the settlement
+    await leased.settle([Charge(later.lease_id, budget.counter, 0.0)])
+    for _ in range(2):
+        clock.now += 0.25
+        await leased.tick()  # the slice, idle, is settled at what it admitted
+    assert await store.usage(budget.counter) == (3.0, 0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmgw.config.providers_file import ORDERED, Cooldown, DeploymentSpec, ModelAlias, Strategy
 from llmgw.routing.breaker import FAILURES_TO_OPEN
-from llmgw.routing.registry import ProviderRegistry
+from llmgw.routing.registry import _RESOLVED_MAX, ProviderRegistry
 from tests.routing.test_fallback import OK, Stub
 
 SPLIT = Strategy("weighted", (1.0, 3.0))
@@ -32,3 +32,21 @@ def test_every_route_shares_the_policy_and_a_reload_keeps_what_it_knows() -> Non
     assert routes.resolve("m").routing is routes.routing
     assert routes.routing.health("a:x").state == "open"
     assert [d.label for d in routes.routing.plan(routes.resolve("m").deployments, SPLIT)] == ["b:y"]
+
+
+def test_a_name_no_alias_has_is_routed_by_one_chain_until_a_reload_replaces_its_provider() -> None:
+    routes = registry(ORDERED, 5.0)
+    chain = routes.resolve("a/z")
+    assert routes.resolve("a/z") is chain  # made once, not for every request
+    assert [d.label for d in chain.deployments] == ["a:z"]
+    assert [d.label for d in routes.resolve("unknown").deployments] == ["a:unknown"]
+    for n in range(2_000):  # callers choose names: what is kept stays bounded
+        routes.resolve(f"b/{n}")
+    assert len(routes._resolved) <= _RESOLVED_MAX
+    assert routes.resolve("b/1999").deployments[0].label == "b:1999"
+
+    reloaded = registry(ORDERED, 5.0)
+    routes.replace_with(reloaded)
+    after = routes.resolve("a/z")
+    assert after is not chain
+    assert after.deployments[0].provider is reloaded.providers[0]
