@@ -489,7 +489,32 @@ async def proxy(
         caller_headers=passed_headers(request, operation.caller_headers),
     )
     app = request.app  # read once: each read is two property calls
-    route, exchange = await _open_exchange(request, app, key, upstream)
+    route = _route(request, app, upstream)
+    cache = app.get(app_keys.CACHE)
+    lookup: Lookup | None = None
+    if cache is not None and operation.cache_api is not None:
+        # Read before the model's limits are reserved: a stored answer uses no tokens or spend.
+        lookup = await cache.lookup(
+            api=operation.cache_api,
+            model=model,
+            body=caller_body,
+            key_id=str(key.id),
+            subject_id=None if key.subject_id is None else str(key.subject_id),
+            controls=read_controls(request.headers),
+        )
+    try:
+        exchange = await _open_exchange(
+            request,
+            app,
+            key,
+            upstream,
+            route,
+            stored_answer=lookup is not None and lookup.entry is not None,
+        )
+    except BaseException:
+        if lookup is not None and cache is not None:
+            cache.abandon(lookup)  # refused: those following it call on their own
+        raise
     translate_errors = codec is not None
 
     def translator() -> StreamTranslator | None:
@@ -501,10 +526,9 @@ async def proxy(
             else None
         )
 
-    cache = app.get(app_keys.CACHE)
-    if cache is not None and operation.cache_api is not None:
+    if lookup is not None and cache is not None:
         cached = await _from_cache(
-            cache, operation, exchange, model, caller_body, stream, hide_usage_chunk, translator
+            cache, lookup, operation, exchange, caller_body, stream, hide_usage_chunk, translator
         )
         if cached is not None:
             return cached
@@ -526,30 +550,17 @@ async def proxy(
 
 async def _from_cache(
     cache: ResponseCache,
+    lookup: Lookup,
     operation: Operation,
     exchange: Exchange,
-    model: str,
     caller_body: dict[str, Any],
     stream: bool,
     hide_usage_chunk: bool,
     translator: Callable[[], StreamTranslator | None],
 ) -> web.StreamResponse | None:
-    """The answer from the cache (a stored one, or one in flight), or None: the request calls
-    the provider, and ``exchange.cache`` says whether its answer is to be stored."""
-    assert operation.cache_api is not None
-    request, key = exchange.request, exchange.key
-    try:
-        lookup = await cache.lookup(
-            api=operation.cache_api,
-            model=model,
-            body=caller_body,
-            key_id=str(key.id),
-            subject_id=None if key.subject_id is None else str(key.subject_id),
-            controls=read_controls(request.headers),
-        )
-    except BaseException:
-        exchange.end(CLIENT_CLOSED_REQUEST, Outcome.CANCELLED, "cancelled")
-        raise
+    """The answer the cache's ``lookup`` found (a stored one, or one in flight), or None: the
+    request calls the provider, and ``exchange.cache`` says whether its answer is to be stored."""
+    request = exchange.request
     headers = request.setdefault(app_keys.RESPONSE_HEADERS, {})
     headers[CACHE_HEADER] = lookup.result
     exchange.observation.tracer_span.set_attribute(sc.LLMGW_CACHE_RESULT, lookup.result)
@@ -673,17 +684,32 @@ async def start_call(
     :func:`observe_upstream` on failure).
     """
     app = request.app
-    route, exchange = await _open_exchange(request, app, key, upstream)
+    route = _route(request, app, upstream)
+    exchange = await _open_exchange(request, app, key, upstream, route)
     return route, _upstream_call(app, exchange, upstream), exchange
 
 
-async def _open_exchange(
-    request: web.Request, app: web.Application, key: AuthenticatedKey, upstream: UpstreamRequest
-) -> tuple[FallbackChain, Exchange]:
-    """:func:`start_call` without the call: what a request the cache may answer needs first
-    (``app``: the request's)."""
+def _route(request: web.Request, app: web.Application, upstream: UpstreamRequest) -> FallbackChain:
+    """The route of ``upstream``'s model, once the key is known to be allowed it (``app``: the
+    request's)."""
     refuse_control_characters(upstream.model)
     route = app[app_keys.PROVIDERS].resolve(upstream.model)
+    request[app_keys.TICKET].allow_model(upstream.model)
+    return route
+
+
+async def _open_exchange(
+    request: web.Request,
+    app: web.Application,
+    key: AuthenticatedKey,
+    upstream: UpstreamRequest,
+    route: FallbackChain,
+    *,
+    stored_answer: bool = False,
+) -> Exchange:
+    """:func:`start_call` without the call: the model's limits reserved (``stored_answer``: the
+    cache answers it, see :meth:`Ticket.reserve`) and the request's record and observation
+    opened (``app``: the request's)."""
     ticket = request[app_keys.TICKET]  # the middleware's admission
     await ticket.reserve(
         model=upstream.model,
@@ -691,6 +717,7 @@ async def _open_exchange(
         deployments=route.deployments,
         produces_output=upstream.produces_output,
         metered=upstream.metered,
+        stored_answer=stored_answer,
     )
     try:
         telemetry = app[app_keys.TELEMETRY]
@@ -727,7 +754,7 @@ async def _open_exchange(
     except BaseException:
         ticket.settle(None)  # nothing was used: give it back
         raise
-    return route, exchange
+    return exchange
 
 
 def _tokens(input_tokens: int, output_tokens: int) -> tuple[int, int]:

@@ -121,6 +121,10 @@ class WorstCase:
     cost_usd: float | None  # None: not priced (no budget applies)
 
 
+# What a request the response cache answers uses: no tokens, and nothing a budget counts.
+_NOTHING = WorstCase(0, 0, None)
+
+
 @attrs.define(slots=True, eq=False)
 class Ticket:
     """One request's admission, from the middleware's :meth:`LimitPolicy.admit` to the one
@@ -147,6 +151,12 @@ class Ticket:
     more: list[tuple[uuid.UUID, tuple[str, ...]]] = attrs.field(factory=list)
     settled: bool = False
 
+    def allow_model(self, model: str) -> None:
+        """Raise :class:`ModelNotAllowed` unless the key may use ``model`` (what :meth:`reserve`
+        checks first; asked on its own before the response cache is read, since a key must be
+        allowed a model before it may read an answer of it)."""
+        self.policy.allow_model(self.key, model)
+
     async def reserve(
         self,
         *,
@@ -155,8 +165,14 @@ class Ticket:
         deployments: Sequence[Deployment],
         produces_output: bool,
         metered: Metered | None = None,
+        stored_answer: bool = False,
     ) -> None:
-        """Apply the model's limits to the request, or raise the error it breaks."""
+        """Apply the model's limits to the request, or raise the error it breaks.
+
+        ``stored_answer``: the response cache answers it with an answer it holds: the request
+        takes its place in the request windows and concurrency slots, and reserves no tokens
+        or spend, of which it uses none (a key whose tokens per minute or budget are used up
+        still gets its stored answers)."""
         await self.policy._reserve(
             self,
             model=model,
@@ -164,6 +180,7 @@ class Ticket:
             deployments=deployments,
             produces_output=produces_output,
             metered=metered,
+            stored_answer=stored_answer,
         )
 
     async def reserve_more(
@@ -301,6 +318,15 @@ class LimitPolicy:
         )
 
     @staticmethod
+    def allow_model(key: AuthenticatedKey, model: str) -> None:
+        """:meth:`Ticket.allow_model`."""
+        if not key.allows_model(model):
+            raise ModelNotAllowed(
+                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowlist)) or 'none'}.",
+                param="model",
+            )
+
+    @staticmethod
     def _budgeted(key: AuthenticatedKey) -> bool:
         """Whether a budget (the subject's or the team's) caps the key's spending."""
         subject = key.subject_id is not None and key.monthly_budget_usd is not None
@@ -340,29 +366,41 @@ class LimitPolicy:
         deployments: Sequence[Deployment],
         produces_output: bool,
         metered: Metered | None = None,
+        stored_answer: bool = False,
     ) -> None:
         """:meth:`Ticket.reserve`: the model's limits, or the error the request breaks."""
         key = ticket.key
-        if not key.allows_model(model):
-            raise ModelNotAllowed(
-                f"This key may not use model {model!r}; allowed: {', '.join(sorted(key.allowlist)) or 'none'}.",
-                param="model",
-            )
+        self.allow_model(key, model)
         reserves = self.reserves(key) if ticket.reserves is None else ticket.reserves
         if not reserves or ticket.lease_id is not None:
             return
-        budgeted = self._budgeted(key)
-        await self.prices.loaded()
-        worst = self.worst_case(
-            body,
-            deployments,
-            produces_output=produces_output,
-            priced=budgeted,
-            model=model,
-            metered=metered,
-        )
         now = datetime.fromtimestamp(self._clock(), UTC)
-        reservations = self._reservations(key, worst, now)
+        if stored_answer:
+            # Its places only: the tokens and spend counters are left as they are.
+            worst = _NOTHING
+            reservations = tuple(
+                r
+                for r in self._reservations(key, worst, now)
+                if r.counter.split(":", 1)[0] not in _USES_TOKENS
+            )
+            if not reservations:  # the key limits only tokens: the window is all there is
+                if ticket.window_deferred:
+                    decision = await self.store.hit(self._window(key))
+                    ticket.window, ticket.window_deferred = decision, False
+                    if not decision.allowed:
+                        self._refuse_window(key, decision)
+                return
+        else:
+            await self.prices.loaded()
+            worst = self.worst_case(
+                body,
+                deployments,
+                produces_output=produces_output,
+                priced=self._budgeted(key),
+                model=model,
+                metered=metered,
+            )
+            reservations = self._reservations(key, worst, now)
         window = self._window(key) if ticket.window_deferred else None
         lease_id, counters, result = await self._lease(reservations, window)
         if result.window is not None:

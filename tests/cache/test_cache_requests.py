@@ -373,6 +373,32 @@ async def test_a_hit_counts_against_the_request_rate(start_gateway: Any) -> None
             await client.chat.completions.create(model="qwen3-5-9b", messages=MESSAGES)  # type: ignore[arg-type]
 
 
+async def test_a_key_whose_tokens_per_minute_are_used_up_still_gets_its_stored_answers(
+    start_gateway: Any,
+) -> None:
+    """A hit uses no provider's tokens, so the tokens-per-minute limit neither counts it nor
+    refuses it; a request the cache cannot answer is still refused."""
+    # Held in the middle of a minute: the minute's tokens are not given back during the test.
+    clock = Clock(time.time() // 60 * 60 + 30)
+    gateway: Gateway = await start_gateway(cache="memory", clocks=Clocks(wall=clock))
+    # The request's worst case is 18 tokens (hi + max_tokens 10); the fake's answer uses 6.
+    key = await gateway.create_key(tokens_per_minute=20)
+    async with gateway.client(key) as client:
+
+        async def ask(content: str) -> str:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="qwen3-5-9b",
+                messages=[{"role": "user", "content": content}],
+                max_tokens=10,
+            )
+            return str(raw.headers["x-llmgw-cache"])
+
+        assert await ask("hi") == "miss"  # 6 of the minute's 20 tokens used: 14 < 18 left
+        assert [await ask("hi") for _ in range(3)] == ["hit"] * 3
+        with pytest.raises(openai.RateLimitError, match="tokens per minute"):
+            await ask("ho")
+
+
 async def test_the_span_says_hit_or_miss_and_lookups_are_counted(start_gateway: Any) -> None:
     gateway: Gateway = await start_gateway(cache="memory")
     key = await gateway.create_key()

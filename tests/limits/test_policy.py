@@ -41,7 +41,12 @@ def policy(clock: Clock, **prices: Price) -> LimitPolicy:
 
 
 async def admit(
-    limits: LimitPolicy, k: AuthenticatedKey, model: str = "m", metered: Metered | None = None
+    limits: LimitPolicy,
+    k: AuthenticatedKey,
+    model: str = "m",
+    metered: Metered | None = None,
+    *,
+    stored_answer: bool = False,
 ) -> Any:
     ticket = await limits.admit(k, reserving=True)
     await ticket.reserve(
@@ -50,6 +55,7 @@ async def admit(
         deployments=[Deployment(_Provider(), model)],  # type: ignore[arg-type]
         produces_output=True,
         metered=metered,
+        stored_answer=stored_answer,
     )
     return ticket
 
@@ -146,6 +152,50 @@ async def test_the_window_and_the_allowlist_come_first() -> None:
         await admit(limits, k)
     assert refused.value.code == "rate_limit_exceeded"
     assert refused.value.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_a_stored_answer_takes_its_places_but_no_tokens_or_spend() -> None:
+    """The response cache's answer uses no provider's tokens or spend: a key whose tokens per
+    minute and budget are used up still gets it, while its request window and concurrency
+    slots count it like any request."""
+    clock = Clock(NOW)
+    price = Price(input_usd_per_mtok=1_000.0, output_usd_per_mtok=10_000.0)
+    limits = policy(clock, m=price)
+    subject = uuid.uuid4()
+    k = key(
+        subject_id=subject,
+        monthly_budget_usd=price.worst_cost(8, 10),  # one worst case of 18 tokens
+        tokens_per_minute=18,
+        max_concurrent_requests=2,
+    )
+    await admit(limits, k)  # in flight: every token and the whole budget reserved
+    with pytest.raises(RateLimited) as refused:
+        await admit(limits, k)
+    assert refused.value.code in {"tokens_per_minute_exceeded", "budget_exceeded"}
+    stored = await admit(limits, k, stored_answer=True)  # the last concurrency slot
+    assert await limits.budget_reserved(subject) == pytest.approx(price.worst_cost(8, 10))
+    with pytest.raises(RateLimited) as refused:
+        await admit(limits, k, stored_answer=True)
+    assert refused.value.code == "concurrency_limit_exceeded"
+    stored.settle(_record(k))
+    assert await limits.flush()
+    await admit(limits, k, stored_answer=True)  # its slot was given back
+
+
+async def test_a_stored_answer_of_a_key_limiting_only_tokens_counts_its_window() -> None:
+    limits = policy(Clock(NOW))
+    k = key(tokens_per_minute=18, rate_limit_requests=2)
+    await admit(limits, k)  # every token of the minute reserved
+    await admit(limits, k, stored_answer=True)
+    with pytest.raises(RateLimited, match="Rate limit of 2 requests"):
+        await admit(limits, k, stored_answer=True)
+
+
+async def test_a_stored_answer_needs_the_model_allowed() -> None:
+    limits = policy(Clock(NOW))
+    k = key(allowed_models=("other",), tokens_per_minute=18)
+    with pytest.raises(ModelNotAllowed):
+        await admit(limits, k, stored_answer=True)
 
 
 def _record(k: AuthenticatedKey) -> Any:
