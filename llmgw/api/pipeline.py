@@ -501,6 +501,7 @@ async def proxy(
             key_id=str(key.id),
             subject_id=None if key.subject_id is None else str(key.subject_id),
             controls=read_controls(request.headers),
+            team_id=None if key.team is None else str(key.team.id),
         )
     try:
         exchange = await _open_exchange(

@@ -30,13 +30,16 @@ class CacheKey:
     model: str  # as the caller named it: entries are cleared by it (DELETE ?model=)
 
 
-def scope_of(scope: str, key_id: str, subject_id: str | None) -> str:
-    """Who shares entries with this key. Teams do not exist yet: ``team`` is the subject (the
-    narrower group), and a key without a subject shares with itself only."""
+def scope_of(scope: str, key_id: str, subject_id: str | None, team_id: str | None = None) -> str:
+    """Who shares entries with this key: under ``subject`` the keys of its subject, under
+    ``team`` the keys of its team (the team it is in when it asks), under ``shared`` every key.
+    A key outside any subject or team shares with itself only."""
     if scope == "shared":
         return "shared"
-    if scope in ("subject", "team") and subject_id is not None:
+    if scope == "subject" and subject_id is not None:
         return f"subject:{subject_id}"
+    if scope == "team" and team_id is not None:
+        return f"team:{team_id}"
     return f"key:{key_id}"
 
 

@@ -181,11 +181,13 @@ class ResponseCache:
         key_id: str,
         subject_id: str | None,
         controls: Controls,
+        team_id: str | None = None,
     ) -> Lookup:
         """Read the cache for a request (counted by result); a miss leads its flight, which
         the caller must end with :meth:`settle` or :meth:`abandon`."""
         try:
-            lookup = await self._lookup(api, model, body, key_id, subject_id, controls)
+            scope = scope_of(self._scope, key_id, subject_id, team_id)
+            lookup = await self._lookup(api, model, body, key_id, scope, controls)
         except Exception:
             # The cache's own failure never fails a request: it goes to the provider.
             log.exception("the response cache could not look a request up; bypassed")
@@ -199,7 +201,7 @@ class ResponseCache:
         model: str,
         body: dict[str, Any],
         key_id: str,
-        subject_id: str | None,
+        scope: str,
         controls: Controls,
     ) -> Lookup:
         alias = self._aliases.get(model, _NO_ALIAS)
@@ -208,7 +210,7 @@ class ResponseCache:
         ttl = alias.ttl_seconds or self._ttl
         if controls.ttl is not None:
             ttl = min(ttl, controls.ttl)
-        key = cache_key(api, model, scope_of(self._scope, key_id, subject_id), body, key_id)
+        key = cache_key(api, model, scope, body, key_id)
         if not controls.read:
             # no-cache: not read, the fresh answer stored
             return Lookup(BYPASS, key, ttl=ttl, form=_API_FORMS.get(api, "chat"))

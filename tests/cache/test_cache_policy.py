@@ -359,8 +359,9 @@ def test_the_key_ignores_stream_and_key_order() -> None:
     assert a != cache_key("chat", "m", "key:2", {"model": "m", "x": [1, 2]}, "2")
     assert a != cache_key("messages", "m", "key:1", {"model": "m", "x": [1, 2]}, "1")
     assert scope_of("key", "k", "s") == "key:k"
-    assert scope_of("subject", "k", "s") == "subject:s" == scope_of("team", "k", "s")
-    assert scope_of("subject", "k", None) == "key:k"
+    assert scope_of("subject", "k", "s", "t") == "subject:s"
+    assert scope_of("team", "k", "s", "t") == "team:t"
+    assert scope_of("subject", "k", None) == "key:k" == scope_of("team", "k", "s", None)
     assert scope_of("shared", "k", "s") == "shared"
     assert cacheable("responses", {"store": False})
     assert not cacheable("responses", {})

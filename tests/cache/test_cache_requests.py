@@ -17,7 +17,7 @@ from llmgw.clocks import Clocks
 from llmgw.config.providers_file import DeploymentSpec, ModelAlias
 from llmgw.key_format import key_prefix
 from llmgw.lifecycle.reload import RELOADER
-from llmgw.storage import api_keys
+from llmgw.storage import api_keys, teams
 from tests.conftest import FAKE_VENICE_KEY, Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import Clock, clean_env, eventually, free_port
@@ -472,6 +472,24 @@ async def test_a_stream_its_caller_left_is_not_stored(start_gateway: Any) -> Non
     await eventually(lambda: gateway.fake.cancelled_streams == 1)
     headers, _ = await _chat(gateway, key)
     assert headers["x-llmgw-cache"] == "miss"
+
+
+async def test_the_team_scope_shares_within_a_team_only(start_gateway: Any) -> None:
+    gateway: Gateway = await start_gateway(cache="memory", cache_scope="team")
+    one = await teams.create_team(gateway.db, teams.TeamSettings(name="one"))
+    two = await teams.create_team(gateway.db, teams.TeamSettings(name="two"))
+    first = await gateway.create_key(team_id=one.id)
+    mate, stranger = (
+        await gateway.create_key(team_id=one.id),
+        await gateway.create_key(team_id=two.id),
+    )
+    alone = await gateway.create_key()
+    assert (await _chat(gateway, first))[0]["x-llmgw-cache"] == "miss"
+    assert (await _chat(gateway, mate))[0]["x-llmgw-cache"] == "hit"
+    assert (await _chat(gateway, stranger))[0]["x-llmgw-cache"] == "miss"
+    assert (await _chat(gateway, alone))[0]["x-llmgw-cache"] == "miss"  # no team: its own
+    assert (await _chat(gateway, alone))[0]["x-llmgw-cache"] == "hit"
+    assert len(gateway.fake.chats()) == 3
 
 
 async def test_a_key_never_follows_another_keys_request_in_flight(start_gateway: Any) -> None:
