@@ -204,8 +204,35 @@ async def test_the_ledger_and_usage_api_show_hits_at_no_cost(start_gateway: Any)
             headers={"Authorization": "Bearer " + "a" * 32},
         )
         (group,) = (await response.json())["data"]
-    assert group["requests"] == 2 and group["cache_hits"] == 1
-    assert float(group["saved_cost_usd"]) == float(miss["cost_usd"])
+        assert group["requests"] == 2 and group["cache_hits"] == 1
+        assert float(group["saved_cost_usd"]) == float(miss["cost_usd"])
+        response = await session.get(
+            gateway.url("/admin/v1/usage/report"),
+            params={"key_id": str(hit["api_key_id"]), "by": "model"},
+            headers={"Authorization": "Bearer " + "a" * 32},
+        )
+        (row,) = (await response.json())["data"]
+        assert (row["requests"], row["cache_hits"]) == (2, 1)
+        assert float(row["saved_cost_usd"]) == float(miss["cost_usd"])
+
+        async def overview() -> dict[str, Any]:
+            response = await session.get(
+                gateway.url("/admin/v1/overview"),
+                headers={"Authorization": "Bearer " + "a" * 32},
+            )
+            today: dict[str, Any] = (await response.json())["today"]
+            return today
+
+        # The console's overview: the hit rate and the spend saved today (its rollup is
+        # written after the ledger's rows).
+        await eventually(lambda: _overview_counts(overview, 2))
+        today = await overview()
+        assert (today["cache_hits"], today["cache_hit_rate"]) == (1, 0.5)
+        assert float(today["saved_cost_usd"]) == float(miss["cost_usd"])
+
+
+async def _overview_counts(overview: Any, requests: int) -> bool:
+    return bool((await overview())["requests"] == requests)
 
 
 async def _count(rows: Any, n: int) -> bool:
