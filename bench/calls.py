@@ -13,7 +13,10 @@ measured requests run, non-streamed and then streamed:
   ``--concurrency`` and a few hundred requests);
 - with ``--callgrind --floor``, the instructions of ``bench/floor_proxy.py`` passing the same
   requests through: what a ``--cache`` hit is held to (issue 30), in counts the load of a shared
-  machine does not move.
+  machine does not move;
+- with ``--callgrind --floor --cache``, the floor answering repeats from a dict: the least an
+  aiohttp server can spend on a cache hit (what is left of the pass-through's count for all of a
+  gateway's own work on one).
 
 CPU time on a shared machine moves by 20% between runs; these counts move by a few per cent at
 most. ``--llmgw-src`` measures another source tree (an exported commit), for a before and after.
@@ -227,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
     parser.add_argument(
-        "--cache", action="store_true", help="LLMGW_CACHE=memory: every measured request a hit"
+        "--cache",
+        action="store_true",
+        help="LLMGW_CACHE=memory (with --floor: the floor's dict): every measured request a hit",
     )
     parser.add_argument(
         "--floor", action="store_true", help="count bench/floor_proxy.py instead (--callgrind)"
@@ -264,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         port = args.port or free_port()
         counter: _Counter
         if args.floor:
-            counter = _Instructions(tmp, args.keep, _floor_program(port, upstream_url))
+            counter = _Instructions(
+                tmp, args.keep, _floor_program(port, upstream_url, cache=args.cache)
+            )
             proxy = spawn(
                 "floor", counter.argv(),
                 env=base_env, log_dir=tmp, pinning=pinning, core=pinning.proxy_core, cwd=REPO_ROOT,
@@ -304,8 +311,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _measure(counter, proxy, url, token, args, stream)
 
 
-def _floor_program(port: int, upstream_url: str) -> tuple[str, ...]:
-    return ("bench/floor_proxy.py", "--port", str(port), "--upstream", upstream_url)
+def _floor_program(port: int, upstream_url: str, *, cache: bool) -> tuple[str, ...]:
+    program = ("bench/floor_proxy.py", "--port", str(port), "--upstream", upstream_url)
+    return (*program, "--cache") if cache else program
 
 
 if __name__ == "__main__":
