@@ -320,6 +320,19 @@ async def test_a_stream_broken_on_one_replica_ends_the_followers_on_another() ->
     await two.close()
 
 
+async def test_a_stream_whose_replica_died_ends_its_followers_once_its_claim_expires() -> None:
+    one, two, _ = _replicas(claim_seconds=0.3)
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    flight = follower.follows  # type: ignore[attr-defined]
+    leader.event(CHUNKS[0])  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(flight.first_event(), 5)
+    await one.store.close()  # its claim's renewal stops, as with a process gone
+    with pytest.raises(FlightFailed):
+        await asyncio.wait_for(_collected(flight.stream()), 5)
+    await two.close()
+
+
 async def test_a_relay_cut_off_by_an_unreachable_redis_leaves_the_leader_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

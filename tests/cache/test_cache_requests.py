@@ -719,10 +719,11 @@ async def test_the_callers_ttl_max_age_and_age_through_the_gateway(start_gateway
 async def test_a_streamed_follower_gets_events_as_they_arrive(start_gateway: Any) -> None:
     gateway: Gateway = await start_gateway(cache="memory")
     key = await gateway.create_key()
-    gateway.fake.enqueue(Behaviour(chunk_delay=0.2))
+    hold = asyncio.Event()  # the upstream stream stops before its third chunk until set
+    gateway.fake.enqueue(Behaviour(hold=hold, held_at=2))
     body = {"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True}
     auth = {"Authorization": f"Bearer {key}"}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, asyncio.timeout(20):
         leader = await session.post(gateway.url("/v1/chat/completions"), json=body, headers=auth)
         await leader.content.readline()  # the leader's stream has begun
         follower = await session.post(gateway.url("/v1/chat/completions"), json=body, headers=auth)
@@ -730,6 +731,7 @@ async def test_a_streamed_follower_gets_events_as_they_arrive(start_gateway: Any
         first = await follower.content.readline()
         assert first.startswith(b"data: {")
         assert gateway.fake.completed_streams == 0  # the leader's answer is still coming
+        hold.set()
         rest = await follower.read()
         whole = await leader.read()
     assert rest.endswith(b"data: [DONE]\n\n") and whole.endswith(b"data: [DONE]\n\n")
