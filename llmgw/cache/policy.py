@@ -347,7 +347,7 @@ class ResponseCache:
                 for event in seen.events:
                     flight.publish(event)
                 cursor = seen.cursor
-                entry = self._landing_entry(seen, flight.events)
+                entry = self._answer_seen(seen, flight.events)
                 if entry is not None or seen.fetcher is None or fetcher not in (None, seen.fetcher):
                     break  # answered, or the fetch followed is over without an answer
                 fetcher, wait = seen.fetcher, _LOOK_SECONDS
@@ -358,7 +358,7 @@ class ResponseCache:
         finally:
             self.flights.land(key.digest, flight, entry)
 
-    def _landing_entry(self, seen: Sighting, relayed: Sequence[bytes]) -> Entry | None:
+    def _answer_seen(self, seen: Sighting, relayed: Sequence[bytes]) -> Entry | None:
         """The answer a look at another replica's fetch finds: the end of its relay, or an entry
         stored that goes on from what was relayed (one whose events differ would splice two
         answers)."""
