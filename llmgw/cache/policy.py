@@ -441,7 +441,8 @@ class ResponseCache:
     ) -> asyncio.Task[None]:
         """Store ``entry`` (None: nothing), then give the claim up ending its relay (with
         ``answer``, the streamed answer, once all of it is relayed), in the background: in that
-        order, so another replica following the claim finds the entry stored when it is over."""
+        order, so another replica following the claim finds the entry stored when it is over
+        (if it could be stored)."""
         task = self._spawn(self._writes, self._put_then_land(entry, claim, key, relay, answer))
         if claim is not None:
             self._landing[key.digest] = task
@@ -463,9 +464,13 @@ class ResponseCache:
         try:
             if relay is None or not await relay.written():
                 answer = None  # its followers elsewhere lack part of it: the entry, or nothing
-            await self._store(key, entry)
-            if claim is not None:
-                await self.store.landed(claim, answer)
+            try:
+                await self._store(key, entry)
+            finally:
+                # Given up even when the entry was not stored: the other replicas' followers
+                # need not wait for the claim to expire, and the relay's end completes them.
+                if claim is not None:
+                    await self.store.landed(claim, answer)
         except CacheUnavailable as error:
             self._unavailable(error)
         else:

@@ -197,10 +197,10 @@ class RedisCacheStore:
     async def follow(
         self, key: CacheKey, fetcher: str | None, cursor: str, wait: float
     ) -> Sighting:
-        block = round(wait * 1000)
+        block = round(wait * 1000) if fetcher is not None else 0
         try:
             async with (
-                asyncio.timeout(self._budget + wait + _BLOCK_LATENESS),
+                asyncio.timeout(self._budget + (wait + _BLOCK_LATENESS if block else 0)),
                 self._client.pipeline(transaction=False) as pipe,
             ):
                 # The claim read first: a fetch seen over was given up after its entry and its
@@ -208,7 +208,7 @@ class RedisCacheStore:
                 pipe.get(self._claim(key))
                 pipe.get(self._name(key))
                 if fetcher is not None:
-                    # (BLOCK 0 would wait for ever)
+                    # (BLOCK 0 would wait for ever: no BLOCK, no wait)
                     pipe.xread({self._relay(key, fetcher): cursor}, block=block or None)
                 claimed, value, *relayed = await pipe.execute()
         except (TimeoutError, RedisError, OSError) as error:

@@ -19,9 +19,9 @@ from llmgw.api.models import ModelListCache
 from llmgw.cache.controls import Controls, read_controls
 from llmgw.cache.entry import Entry, assemble_completion, decode_entry, encode_entry
 from llmgw.cache.flight import FlightFailed
-from llmgw.cache.key import cache_key, cacheable, scope_of
+from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.policy import BYPASS, HIT, MISS, AliasCache, ResponseCache
-from llmgw.cache.store import CacheStore, MemoryCacheStore
+from llmgw.cache.store import CacheStore, CacheUnavailable, MemoryCacheStore
 from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from tests.lifecycle.test_reload import builds, registry_of
@@ -330,6 +330,32 @@ async def test_a_stream_whose_replica_died_ends_its_followers_once_its_claim_exp
     await one.store.close()  # its claim's renewal stops, as with a process gone
     with pytest.raises(FlightFailed):
         await asyncio.wait_for(_collected(flight.stream()), 5)
+    await two.close()
+
+
+async def test_a_streamed_answer_whose_entry_redis_refused_still_reaches_the_followers() -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    from llmgw.cache.redis import RedisCacheStore
+
+    class Refusing(RedisCacheStore):
+        async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
+            raise CacheUnavailable("OOM command not allowed when used memory > 'maxmemory'")
+
+    clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
+    one = _cache(Refusing(REDIS_URL, prefix=prefix), clock)
+    two = _cache(RedisCacheStore(REDIS_URL, prefix=prefix), clock)
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    flight = follower.follows  # type: ignore[attr-defined]
+    for event in CHUNKS:
+        leader.event(event)  # type: ignore[attr-defined]
+    leader.completed()  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(flight.first_event(), 5)
+    one.settle(leader, usage=USAGE)  # type: ignore[arg-type]
+    # The claim is given up with the relay's end at once, not left to expire in 5 s.
+    assert await asyncio.wait_for(_collected(flight.stream()), 2) == list(CHUNKS)
+    await one.close()
     await two.close()
 
 
