@@ -437,6 +437,10 @@ class Behaviour:
     endless: bool = False  # content chunks every chunk_delay (or 50 ms) until the client leaves
     garbage_after_chunks: int | None = None  # one event that is not JSON there; the stream goes on
     reply: str | None = None  # this answer's text instead of the fake's reply
+    # The stream waits for `hold` to be set before its content chunk `held_at`: a test sees what
+    # happens while the answer is still coming, for as long as it needs.
+    hold: asyncio.Event | None = None
+    held_at: int = 0
 
     @property
     def reframes(self) -> bool:
@@ -1257,6 +1261,8 @@ class FakeVenice:
                 await response.write(events.content[0])
         cut = behaviour.stream_cut()
         for index, event in enumerate(events.content if cut is None else events.content[: cut[0]]):
+            if index == behaviour.held_at and behaviour.hold is not None:
+                await behaviour.hold.wait()
             if index == behaviour.garbage_after_chunks:
                 await pacer.send(_GARBAGE_EVENT)
             await pacer.send(event)

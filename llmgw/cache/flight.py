@@ -1,10 +1,11 @@
 """One upstream call for identical requests in flight.
 
 The first request of a cache key that misses leads: it calls the provider and publishes what
-it gets (or, when another replica sharing the store fetches the answer, it waits for that
-replica's stored entry: ``ResponseCache``). Identical requests arriving meanwhile follow: a streamed one receives the leader's
-events as they arrive, a JSON one the whole answer at the end. When the leader's call fails
-(or its answer cannot be shared), each follower that has been sent nothing yet calls on its own.
+it gets (or, when another replica sharing the store fetches the answer, what that replica relays
+of it and its end: ``ResponseCache._watch``). Identical requests arriving meanwhile follow: a
+streamed one receives the leader's events as they arrive, a JSON one the whole answer at the end.
+When the leader's call fails (or its answer cannot be shared), each follower that has been sent
+nothing yet calls on its own; one that has been sent part of it ends with a stream error.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ class Flight:
             if self.ended:
                 if self.entry is None:
                     raise FlightFailed
-                # What was not published: all of a JSON leader's chunks, or all of an answer
-                # another replica fetched, at once (a streamed leader here published them all).
+                # What was not published, at once: all of a JSON leader's chunks (here or on
+                # another replica), or the rest of another replica's stream whose relay broke.
                 for event in self.entry.chunk_events()[sent:]:
                     yield event
                 return

@@ -1,12 +1,17 @@
 """The cache as the request path sees it: look a request up, follow or lead its flight, store a
-complete answer, clear entries. The store is injected (memory or Redis), and so is the clock."""
+complete answer, clear entries. The store is injected (memory or Redis), and so is the clock.
+
+A flight led here whose fetch another process follows (a shared claim: Redis) relays its streamed
+events through the store as they come, in the background, never in the way of the leader's own
+stream; a flight another process fetches is followed through the store (``ResponseCache._watch``),
+its relayed events published to this process's followers as they arrive."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -25,7 +30,7 @@ from llmgw.cache.key import (
     scope_of,
 )
 from llmgw.cache.responses import response_completed
-from llmgw.cache.store import CacheStore, CacheUnavailable, Claim
+from llmgw.cache.store import CacheStore, CacheUnavailable, Claim, Sighting
 from llmgw.config.providers_file import ModelAlias
 from llmgw.telemetry import semconv as sc
 
@@ -73,6 +78,59 @@ def alias_caches(aliases: Iterable[ModelAlias]) -> dict[str, AliasCache]:
     return {alias.alias: AliasCache(alias.cache, alias.cache_ttl_seconds) for alias in aliases}
 
 
+class _Relay:
+    """A leader's streamed events on their way to its followers in other processes: what one
+    loop tick adds is one write, made in the background, one write at a time so they stay in
+    order. The first write that fails ends the relay (a follower never sees a gap: it takes the
+    stored entry, or ends as when the leader fails)."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        claim: Claim,
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        unavailable: Callable[[CacheUnavailable], None],
+    ) -> None:
+        self._store = store
+        self._claim = claim
+        self._spawn = spawn
+        self._unavailable = unavailable
+        self._pending: list[bytes] = []
+        self._writing: asyncio.Task[None] | None = None
+        self.whole = True  # every event added is written, or to be
+
+    def add(self, event: bytes) -> None:
+        if not self.whole:
+            return
+        self._pending.append(event)
+        if self._writing is None:
+            self._writing = self._spawn(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._store.relay(self._claim, batch)
+        except CacheUnavailable as error:
+            self._broken()
+            self._unavailable(error)
+        except Exception:
+            self._broken()
+            log.exception("the response cache could not relay a streamed answer")
+        finally:
+            self._writing = None
+
+    def _broken(self) -> None:
+        self.whole = False
+        self._pending = []
+
+    async def written(self) -> bool:
+        """Once the writes under way are done: whether every event added was written."""
+        if self._writing is not None:
+            await asyncio.wait([self._writing])
+        return self.whole
+
+
 @attrs.define(eq=False)
 class Lookup:
     """What the cache had for one request, and (a miss) the recording of its answer."""
@@ -84,6 +142,7 @@ class Lookup:
     follows: Flight | None = None  # a follower: the leader's flight
     leads: Flight | None = None  # the leader: the flight it publishes to
     claim: Claim | None = None  # the leader's claim on fetching the answer, for every replica
+    relay: _Relay | None = None  # the leader's, when other replicas follow its claim
     ttl: float = 0.0  # 0: the answer is not stored
     form: Form = "chat"  # the API the answer is in (see Entry.form)
     # The streamed answer's events, held while it lasts (its size is checked when it is stored).
@@ -98,6 +157,8 @@ class Lookup:
         self.events.append(event)
         if self.leads is not None:
             self.leads.publish(event)
+        if self.relay is not None:
+            self.relay.add(event)
 
     def broken(self) -> None:
         """The answer was spliced or cut: not one stream that can be stored or replayed."""
@@ -107,11 +168,11 @@ class Lookup:
         self.complete = True
 
 
-# How long this replica's requests wait for another replica's answer at most, and how often they
-# look for it (from a short first look, for a fetch about to end, up to a few a second).
+# How long this replica's requests wait for another replica's answer at most, and how long each
+# look at it waits for its next relayed event or its end (how soon a fetch whose replica went
+# away, or one that ends without saying so, is seen over).
 FOLLOW_SECONDS = 900.0
-_FIRST_WATCH_SECONDS = 0.02
-_LAST_WATCH_SECONDS = 0.25
+_LOOK_SECONDS = 0.25
 
 _BYPASS = Lookup(BYPASS)
 _NO_ALIAS = AliasCache()
@@ -251,37 +312,64 @@ class ResponseCache:
             self.flights.land(key.digest, flight, None)
             raise
         if fetched_elsewhere:
-            # Another replica fetches it: this replica's requests wait for its stored answer.
+            # Another replica fetches it: this replica's requests follow it through the store.
             self._spawn(self._watches, self._watch(key, flight))
             return Lookup(HIT, key, follows=flight)
+        relay = None
+        if claim is not None and claim.shared:
+            relay = _Relay(
+                self.store, claim, functools.partial(self._spawn, self._writes), self._unavailable
+            )
         return Lookup(
-            MISS, key, leads=flight, claim=claim, ttl=ttl, form=_API_FORMS.get(api, "chat")
+            MISS,
+            key,
+            leads=flight,
+            claim=claim,
+            relay=relay,
+            ttl=ttl,
+            form=_API_FORMS.get(api, "chat"),
         )
 
     async def _watch(self, key: CacheKey, flight: Flight) -> None:
-        """Follow another replica's fetching of ``key``'s answer: its stored entry ends this
-        replica's flight; a fetch that ends without one (failed, not storable, its replica gone:
-        the claim expired) sends each follower to the provider on its own."""
+        """Follow another replica's fetching of ``key``'s answer: its relayed events are
+        published to this replica's flight as they arrive, and its end (the relay's, or its
+        stored entry) ends the flight; a fetch that ends without one (failed, not storable, its
+        replica gone: the claim expired) sends each follower that was sent nothing to the
+        provider on its own."""
         entry: Entry | None = None
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + FOLLOW_SECONDS
-        delay = _FIRST_WATCH_SECONDS
+        fetcher: str | None = None
+        cursor, wait = "0", 0.0
         try:
             while loop.time() < give_up_at:
-                await asyncio.sleep(delay)
-                found, fetching = await self.store.watch(key)
-                if found is not None and found.fresh(self._clock()):
-                    entry = found
-                    break
-                if not fetching:
-                    break
-                delay = min(delay * 2, _LAST_WATCH_SECONDS)
+                seen = await self.store.follow(key, fetcher, cursor, wait)
+                for event in seen.events:
+                    flight.publish(event)
+                cursor = seen.cursor
+                entry = self._answer_seen(seen, flight.events)
+                if entry is not None or seen.fetcher is None or fetcher not in (None, seen.fetcher):
+                    break  # answered, or the fetch followed is over without an answer
+                fetcher, wait = seen.fetcher, _LOOK_SECONDS
         except CacheUnavailable as error:
             self._unavailable(error)
         except Exception:
             log.exception("the response cache could not follow another replica's answer")
         finally:
             self.flights.land(key.digest, flight, entry)
+
+    def _answer_seen(self, seen: Sighting, relayed: Sequence[bytes]) -> Entry | None:
+        """The answer a look at another replica's fetch finds: the end of its relay, or an entry
+        stored that goes on from what was relayed (one whose events differ would splice two
+        answers)."""
+        if seen.answer is not None:
+            return attrs.evolve(seen.answer, events=tuple(relayed))
+        found = seen.entry
+        if found is None or not found.fresh(self._clock()):
+            return None
+        if relayed and found.chunk_events()[: len(relayed)] != tuple(relayed):
+            return None
+        return found
 
     def settle(
         self,
@@ -319,10 +407,11 @@ class ResponseCache:
             self.flights.land(lookup.key.digest, lookup.leads, entry)
             lookup.leads = None
         claim, lookup.claim = lookup.claim, None
+        relay, lookup.relay = lookup.relay, None
         stored = entry if lookup.ttl > 0 and kept else None
         if stored is None and claim is None:
             return None
-        return self._put(stored, claim, lookup.key)
+        return self._put(stored, claim, lookup.key, relay, entry if stream else None)
 
     def abandon(self, lookup: Lookup) -> None:
         """The answer is not shared: each follower calls on its own. Idempotent."""
@@ -330,8 +419,9 @@ class ResponseCache:
             self.flights.land(lookup.key.digest, lookup.leads, None)
             lookup.leads = None
         claim, lookup.claim = lookup.claim, None
+        relay, lookup.relay = lookup.relay, None
         if claim is not None:
-            self._put(None, claim, claim.key)
+            self._put(None, claim, claim.key, relay, None)
 
     def _spawn(
         self, tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]
@@ -341,10 +431,19 @@ class ResponseCache:
         task.add_done_callback(tasks.discard)
         return task
 
-    def _put(self, entry: Entry | None, claim: Claim | None, key: CacheKey) -> asyncio.Task[None]:
-        """Store ``entry`` (None: nothing), then give the claim up, in the background: in that
-        order, so another replica's watch finds the entry stored."""
-        task = self._spawn(self._writes, self._put_then_land(entry, claim, key))
+    def _put(
+        self,
+        entry: Entry | None,
+        claim: Claim | None,
+        key: CacheKey,
+        relay: _Relay | None,
+        answer: Entry | None,
+    ) -> asyncio.Task[None]:
+        """Store ``entry`` (None: nothing), then give the claim up ending its relay (with
+        ``answer``, the streamed answer, once all of it is relayed), in the background: in that
+        order, so another replica following the claim finds the entry stored when it is over
+        (if it could be stored)."""
+        task = self._spawn(self._writes, self._put_then_land(entry, claim, key, relay, answer))
         if claim is not None:
             self._landing[key.digest] = task
             task.add_done_callback(functools.partial(self._landed, key.digest))
@@ -354,11 +453,24 @@ class ResponseCache:
         if self._landing.get(digest) is task:
             del self._landing[digest]
 
-    async def _put_then_land(self, entry: Entry | None, claim: Claim | None, key: CacheKey) -> None:
+    async def _put_then_land(
+        self,
+        entry: Entry | None,
+        claim: Claim | None,
+        key: CacheKey,
+        relay: _Relay | None,
+        answer: Entry | None,
+    ) -> None:
         try:
-            await self._store(key, entry)
-            if claim is not None:
-                await self.store.landed(claim)
+            if relay is None or not await relay.written():
+                answer = None  # its followers elsewhere lack part of it: the entry, or nothing
+            try:
+                await self._store(key, entry)
+            finally:
+                # Given up even when the entry was not stored: the other replicas' followers
+                # need not wait for the claim to expire, and the relay's end completes them.
+                if claim is not None:
+                    await self.store.landed(claim, answer)
         except CacheUnavailable as error:
             self._unavailable(error)
         else:

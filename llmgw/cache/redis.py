@@ -8,7 +8,13 @@ provider.
 
 A replica fetching an answer claims it for every replica (a name holding the claim's token,
 expiring after ``claim_seconds`` unless renewed, so a replica that dies holds it only briefly);
-the others' identical requests watch for the entry instead of calling the provider too.
+the others' identical requests follow that fetch instead of calling the provider too. A streamed
+answer's events are relayed while it is fetched, in a Redis stream of the claim's own (``XADD``,
+expiring one claim's life after the claim, so it outlives every follower of it), which ends with
+an ``end`` entry when the claim is given up: the answer less its events when its stream completed
+and was relayed whole, else empty (a JSON answer relays only that end; its followers read the
+stored entry). A follower reads the claim, the entry and (``XREAD BLOCK``: it waits a moment for
+the next event or the end) that stream in one round trip.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
 
+import attrs
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from llmgw.cache.entry import Entry, decode_entry
+from llmgw.cache.entry import Entry, decode_entry, encode_entry
 from llmgw.cache.key import CacheKey
-from llmgw.cache.store import CacheUnavailable, Claim
+from llmgw.cache.store import CacheUnavailable, Claim, Sighting
 
 __all__ = ["RedisCacheStore"]
 
@@ -30,15 +38,20 @@ BUDGET_SECONDS = 0.05
 CLAIM_SECONDS = 5.0
 _OPEN_SECONDS = 2.0
 
-# A claim is renewed or given up only by its holder (its token): a renewal or give-up that came
-# late must not prolong or delete a claim taken since.
+# A claim (KEYS[1]) is renewed or given up only by its holder (its token): a renewal or give-up
+# that came late must not prolong or delete a claim taken since. Its relay (KEYS[2]) lives on with
+# it, and is ended whoever holds the claim now (it is this token's alone).
 _RENEW = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then"
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('pexpire', KEYS[2], ARGV[3])"
     " return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
 _GIVE_UP = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+    "redis.call('xadd', KEYS[2], '*', 'end', ARGV[2]) redis.call('pexpire', KEYS[2], ARGV[3])"
+    " if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 )
+_EVENT, _END = b"e", b"end"  # a relay's fields
+# Redis ends a block that times out on its next tick (``hz``: 10 a second by default).
+_BLOCK_LATENESS = 0.1
 
 
 class RedisCacheStore:
@@ -56,6 +69,7 @@ class RedisCacheStore:
         self._prefix = prefix
         self._budget = budget_seconds
         self._claim_ms = max(1, round(claim_seconds * 1000))
+        self._relay_ms = 2 * self._claim_ms
         self._renew = self._client.register_script(_RENEW)
         self._give_up = self._client.register_script(_GIVE_UP)
         self._claims: dict[str, asyncio.Task[None]] = {}  # by token: each claim's renewal
@@ -69,6 +83,9 @@ class RedisCacheStore:
 
     def _claim(self, key: CacheKey) -> str:
         return f"{self._prefix}:f:{key.digest}"
+
+    def _relay(self, key: CacheKey, token: str) -> str:
+        return f"{self._prefix}:s:{key.digest}:{token}"
 
     async def get(self, key: CacheKey) -> Entry | None:
         try:
@@ -127,7 +144,7 @@ class RedisCacheStore:
         return None  # Redis's own memory figures say it; a replica does not count them
 
     async def lead(self, key: CacheKey) -> Claim | None:
-        claim = Claim(key, uuid.uuid4().hex)
+        claim = Claim(key, uuid.uuid4().hex, shared=True)
         name = self._claim(key)
         try:
             async with asyncio.timeout(self._budget):
@@ -136,43 +153,82 @@ class RedisCacheStore:
             raise CacheUnavailable(str(error) or type(error).__name__) from error
         if not claimed:
             return None
-        self._claims[claim.token] = asyncio.ensure_future(self._keep(name, claim.token))
+        self._claims[claim.token] = asyncio.ensure_future(self._keep(claim))
         return claim
 
-    async def _keep(self, name: str, token: str) -> None:
-        """Renew a claim while its answer is fetched (an answer can take minutes)."""
+    async def _keep(self, claim: Claim) -> None:
+        """Renew a claim (and its relay) while its answer is fetched (it can take minutes)."""
+        names = [self._claim(claim.key), self._relay(claim.key, claim.token)]
+        args: list[str | int] = [claim.token, self._claim_ms, self._relay_ms]
         interval = self._claim_ms / 3000
         while True:
             await asyncio.sleep(interval)
             try:
                 async with asyncio.timeout(interval):
-                    if not await self._renew(keys=[name], args=[token, self._claim_ms]):
+                    if not await self._renew(keys=names, args=args):
                         return  # it expired meanwhile: another replica may lead now
             except (TimeoutError, RedisError, OSError):
                 continue  # tried again; if Redis stays away, the claim expires
 
-    async def landed(self, claim: Claim) -> None:
-        renewing = self._claims.pop(claim.token, None)
-        if renewing is not None:
-            renewing.cancel()
+    async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
+        name = self._relay(claim.key, claim.token)
         try:
-            async with asyncio.timeout(self._budget):
-                await self._give_up(keys=[self._claim(claim.key)], args=[claim.token])
+            async with asyncio.timeout(self._budget), self._client.pipeline() as pipe:
+                for event in events:
+                    pipe.xadd(name, {_EVENT: event})
+                pipe.pexpire(name, self._relay_ms)
+                await pipe.execute()
         except (TimeoutError, RedisError, OSError) as error:
             raise CacheUnavailable(str(error) or type(error).__name__) from error
 
-    async def watch(self, key: CacheKey) -> tuple[Entry | None, bool]:
+    async def landed(self, claim: Claim, relayed: Entry | None) -> None:
+        renewing = self._claims.pop(claim.token, None)
+        if renewing is not None:
+            renewing.cancel()
+        # The answer less its events: its followers hold those already.
+        end = b"" if relayed is None else encode_entry(attrs.evolve(relayed, events=None))
+        names = [self._claim(claim.key), self._relay(claim.key, claim.token)]
         try:
-            async with (
-                asyncio.timeout(self._budget),
-                self._client.pipeline(transaction=False) as pipe,
-            ):
-                pipe.get(self._name(key))
-                pipe.exists(self._claim(key))
-                value, claimed = await pipe.execute()
+            async with asyncio.timeout(self._budget):
+                await self._give_up(keys=names, args=[claim.token, end, self._claim_ms])
         except (TimeoutError, RedisError, OSError) as error:
             raise CacheUnavailable(str(error) or type(error).__name__) from error
-        return (decode_entry(value) if isinstance(value, bytes) else None), bool(claimed)
+
+    async def follow(
+        self, key: CacheKey, fetcher: str | None, cursor: str, wait: float
+    ) -> Sighting:
+        block = round(wait * 1000) if fetcher is not None else 0
+        try:
+            async with (
+                asyncio.timeout(self._budget + (wait + _BLOCK_LATENESS if block else 0)),
+                self._client.pipeline(transaction=False) as pipe,
+            ):
+                # The claim read first: a fetch seen over was given up after its entry and its
+                # relay's end were written, so both are seen too.
+                pipe.get(self._claim(key))
+                pipe.get(self._name(key))
+                if fetcher is not None:
+                    # (BLOCK 0 would wait for ever: no BLOCK, no wait)
+                    pipe.xread({self._relay(key, fetcher): cursor}, block=block or None)
+                claimed, value, *relayed = await pipe.execute()
+        except (TimeoutError, RedisError, OSError) as error:
+            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        events: list[bytes] = []
+        answer: Entry | None = None
+        for _, entries in relayed[0] if relayed else ():
+            for position, fields in entries:
+                cursor = position.decode()
+                if _EVENT in fields:
+                    events.append(fields[_EVENT])
+                elif fields.get(_END):
+                    answer = decode_entry(fields[_END])
+        return Sighting(
+            claimed.decode() if isinstance(claimed, bytes) else None,
+            decode_entry(value) if isinstance(value, bytes) else None,
+            tuple(events),
+            cursor,
+            answer,
+        )
 
     async def open(self) -> None:
         # The connection made now (and the client's first-use setup done), where a request's

@@ -3,12 +3,16 @@ evicted first within ``CACHE_MAX_BYTES``) and Redis (``llmgw.cache.redis``, shar
 
 A store is given an entry with its encoded form and gives entries back: Redis keeps the encoded
 bytes and decodes them on a read, the memory backend keeps the entry itself (counted at its
-encoded size), so a hit in memory decodes nothing."""
+encoded size), so a hit in memory decodes nothing.
+
+A store shared by processes also carries each fetch in flight across them (claims, and the
+events of a streamed answer relayed while it is fetched: ``llmgw.cache.redis``); in one process
+the memory backend leaves that to its flights (``llmgw.cache.flight``) and does nothing."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -16,7 +20,7 @@ import attrs
 from llmgw.cache.entry import Entry
 from llmgw.cache.key import CacheKey
 
-__all__ = ["CacheStore", "CacheUnavailable", "Claim", "MemoryCacheStore"]
+__all__ = ["CacheStore", "CacheUnavailable", "Claim", "MemoryCacheStore", "Sighting"]
 
 
 class CacheUnavailable(Exception):
@@ -29,6 +33,21 @@ class Claim:
 
     key: CacheKey
     token: str  # this claim's own: a late give-up never removes a later claim
+    # Other processes follow this fetch: a streamed answer's events are relayed to them.
+    shared: bool = False
+
+
+@attrs.frozen
+class Sighting:
+    """What a process sees of another one fetching a key's answer (see :meth:`CacheStore.follow`)."""
+
+    fetcher: str | None  # the token of the claim on it now (None: no one fetches it)
+    entry: Entry | None = None  # the entry stored
+    events: tuple[bytes, ...] = ()  # the followed fetch's events relayed after the cursor
+    cursor: str = "0"  # where the next look at that relay starts
+    # The relay's end, when the fetch completed its streamed answer: that answer less its events
+    # (they are the events relayed).
+    answer: Entry | None = None
 
 
 class CacheStore(Protocol):
@@ -54,13 +73,23 @@ class CacheStore(Protocol):
         die, a few seconds)."""
         ...
 
-    async def landed(self, claim: Claim) -> None:
-        """Give ``claim`` up (its answer stored, or not to be)."""
+    async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
+        """Append the next ``events`` of the streamed answer a shared ``claim`` fetches, for the
+        processes following it (:meth:`follow`); the caller writes one batch at a time."""
         ...
 
-    async def watch(self, key: CacheKey) -> tuple[Entry | None, bool]:
-        """What a request that another process fetches for can see: the stored entry (None: not
-        yet, or not at all), and whether that process still fetches it."""
+    async def landed(self, claim: Claim, relayed: Entry | None) -> None:
+        """Give ``claim`` up (its answer stored, or not to be), which ends its relay: with
+        ``relayed``, the streamed answer whose events were all relayed (its followers complete
+        it with that), else without an answer."""
+        ...
+
+    async def follow(
+        self, key: CacheKey, fetcher: str | None, cursor: str, wait: float
+    ) -> Sighting:
+        """What a request that another process fetches for can see: who fetches ``key``'s
+        answer now, the entry stored, and (``fetcher``: the claim followed) the events that
+        fetch relayed after ``cursor``, waiting up to ``wait`` seconds for the next."""
         ...
 
     async def open(self) -> None:
@@ -136,11 +165,16 @@ class MemoryCacheStore:
     async def lead(self, key: CacheKey) -> Claim:
         return Claim(key, "")
 
-    async def landed(self, claim: Claim) -> None:
+    async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
         return None
 
-    async def watch(self, key: CacheKey) -> tuple[Entry | None, bool]:
-        return await self.get(key), False
+    async def landed(self, claim: Claim, relayed: Entry | None) -> None:
+        return None
+
+    async def follow(
+        self, key: CacheKey, fetcher: str | None, cursor: str, wait: float
+    ) -> Sighting:
+        return Sighting(None, await self.get(key), cursor=cursor)
 
     async def open(self) -> None:
         return None

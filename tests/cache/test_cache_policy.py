@@ -8,6 +8,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -17,13 +18,15 @@ from llmgw.accounting.usage import Usage
 from llmgw.api.models import ModelListCache
 from llmgw.cache.controls import Controls, read_controls
 from llmgw.cache.entry import Entry, assemble_completion, decode_entry, encode_entry
-from llmgw.cache.key import cache_key, cacheable, scope_of
+from llmgw.cache.flight import FlightFailed
+from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.policy import BYPASS, HIT, MISS, AliasCache, ResponseCache
-from llmgw.cache.store import CacheStore, MemoryCacheStore
+from llmgw.cache.store import CacheStore, CacheUnavailable, MemoryCacheStore
 from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from tests.lifecycle.test_reload import builds, registry_of
 from tests.processes import Clock, free_port
+from tests.stall_proxy import StallProxy
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -70,10 +73,10 @@ async def store_and_clock(
 
 
 def _cache(store: CacheStore, clock: Clock, **options: object) -> ResponseCache:
+    options = {"max_entry_bytes": 1 << 20, **options}
     return ResponseCache(
         store,
         ttl_seconds=60,
-        max_entry_bytes=1 << 20,
         clock=clock,
         meter=MeterProvider().get_meter("test"),
         **options,  # type: ignore[arg-type]
@@ -221,7 +224,9 @@ async def test_a_failed_leader_releases_its_followers(
     assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
 
 
-def _replicas(claim_seconds: float = 5.0) -> tuple[ResponseCache, ResponseCache, Clock]:
+def _replicas(
+    claim_seconds: float = 5.0, **options: object
+) -> tuple[ResponseCache, ResponseCache, Clock]:
     """Two replicas' caches on one Redis (one prefix), one clock."""
     if not REDIS_URL:
         pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
@@ -229,10 +234,18 @@ def _replicas(claim_seconds: float = 5.0) -> tuple[ResponseCache, ResponseCache,
 
     clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
     one, two = (
-        _cache(RedisCacheStore(REDIS_URL, prefix=prefix, claim_seconds=claim_seconds), clock)
+        _cache(
+            RedisCacheStore(REDIS_URL, prefix=prefix, claim_seconds=claim_seconds),
+            clock,
+            **options,
+        )
         for _ in range(2)
     )
     return one, two, clock
+
+
+# A streamed answer's chunk events (COMPLETION's).
+CHUNKS = Entry(stored_at=0, ttl=60, usage=USAGE, body=COMPLETION).chunk_events()
 
 
 async def test_a_replica_waits_for_the_answer_another_replica_fetches() -> None:
@@ -254,6 +267,128 @@ async def test_a_replica_waits_for_the_answer_another_replica_fetches() -> None:
     events = [e async for e in followers[1].follows.stream()]  # type: ignore[attr-defined]
     assert assemble_completion(tuple(events))["choices"][0]["message"]["content"] == "Hello"
     assert (await _lookup(two)).entry is not None  # type: ignore[attr-defined]
+    await one.close()
+    await two.close()
+
+
+@pytest.mark.parametrize("max_entry_bytes", [1 << 20, 10], ids=["stored", "too-big-to-store"])
+async def test_a_replica_relays_a_streamed_answer_to_another_as_it_comes(
+    max_entry_bytes: int,
+) -> None:
+    one, two, _ = _replicas(max_entry_bytes=max_entry_bytes)
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    flight = follower.follows  # type: ignore[attr-defined]
+    leader.event(CHUNKS[0])  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(flight.first_event(), 5)
+    assert flight.events == [CHUNKS[0]] and not flight.ended  # the leader's answer still coming
+    replayed = asyncio.ensure_future(_collected(flight.stream()))
+    for event in CHUNKS[1:]:
+        leader.event(event)  # type: ignore[attr-defined]
+    leader.completed()  # type: ignore[attr-defined]
+    written = one.settle(leader, usage=USAGE)  # type: ignore[arg-type]
+    assert written is not None
+    await written
+    assert await asyncio.wait_for(replayed, 5) == list(CHUNKS)
+    # Its end carries the rest of the answer, stored or not (too big to store, here).
+    entry = await flight.answer()
+    assert entry is not None and entry.events == CHUNKS and entry.usage == USAGE
+    stored = await _lookup(two)
+    assert (stored.entry is not None) is (max_entry_bytes > 10)  # type: ignore[attr-defined]
+    await one.close()
+    await two.close()
+
+
+async def _collected(events: AsyncIterator[bytes]) -> list[bytes]:
+    return [event async for event in events]
+
+
+async def test_a_stream_broken_on_one_replica_ends_the_followers_on_another() -> None:
+    one, two, _ = _replicas()
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    flight = follower.follows  # type: ignore[attr-defined]
+    leader.event(CHUNKS[0])  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(flight.first_event(), 5)
+    leader.broken()  # type: ignore[attr-defined]
+    one.abandon(leader)  # type: ignore[arg-type]
+    # A follower sent part of it ends with an error; one sent nothing calls on its own.
+    with pytest.raises(FlightFailed):
+        await asyncio.wait_for(_collected(flight.stream()), 5)
+    assert await flight.answer() is None
+    await one.close()
+    await two.close()
+
+
+async def test_a_stream_whose_replica_died_ends_its_followers_once_its_claim_expires() -> None:
+    one, two, _ = _replicas(claim_seconds=0.3)
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    flight = follower.follows  # type: ignore[attr-defined]
+    leader.event(CHUNKS[0])  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(flight.first_event(), 5)
+    await one.store.close()  # its claim's renewal stops, as with a process gone
+    with pytest.raises(FlightFailed):
+        await asyncio.wait_for(_collected(flight.stream()), 5)
+    await two.close()
+
+
+async def test_a_streamed_answer_whose_entry_redis_refused_still_reaches_the_followers() -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    from llmgw.cache.redis import RedisCacheStore
+
+    class Refusing(RedisCacheStore):
+        async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
+            raise CacheUnavailable("OOM command not allowed when used memory > 'maxmemory'")
+
+    clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
+    one = _cache(Refusing(REDIS_URL, prefix=prefix), clock)
+    two = _cache(RedisCacheStore(REDIS_URL, prefix=prefix), clock)
+    leader = await _lookup(one)
+    follower = await _lookup(two)
+    flight = follower.follows  # type: ignore[attr-defined]
+    for event in CHUNKS:
+        leader.event(event)  # type: ignore[attr-defined]
+    leader.completed()  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(flight.first_event(), 5)
+    one.settle(leader, usage=USAGE)  # type: ignore[arg-type]
+    # The claim is given up with the relay's end at once, not left to expire in 5 s.
+    assert await asyncio.wait_for(_collected(flight.stream()), 2) == list(CHUNKS)
+    await one.close()
+    await two.close()
+
+
+async def test_a_relay_cut_off_by_an_unreachable_redis_leaves_the_leader_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    from llmgw.cache.redis import RedisCacheStore
+
+    target = urlsplit(REDIS_URL)
+    proxy = StallProxy(target.hostname or "127.0.0.1", target.port or 6379)
+    port = await proxy.start()
+    clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
+    through = RedisCacheStore(f"redis://127.0.0.1:{port}{target.path}", prefix=prefix)
+    one, two = _cache(through, clock), _cache(RedisCacheStore(REDIS_URL, prefix=prefix), clock)
+    leader = await _lookup(one)
+    local = await _lookup(one)  # a follower on the leader's own replica
+    follower = await _lookup(two)
+    proxy.pause()  # Redis stalls for the leader's replica: no write of its relay lands
+    with caplog.at_level(logging.WARNING, logger="llmgw.cache.policy"):
+        for event in CHUNKS:
+            leader.event(event)  # type: ignore[attr-defined]
+        leader.completed()  # type: ignore[attr-defined]
+        written = one.settle(leader, usage=USAGE)  # type: ignore[arg-type]
+        assert written is not None
+        # The leader's own answer and its replica's followers have it all at once.
+        assert await _collected(local.follows.stream()) == list(CHUNKS)  # type: ignore[attr-defined]
+        await written
+    assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
+    # The other replica saw nothing of it and, once the claim expires, calls on its own.
+    assert follower.follows.events == []  # type: ignore[attr-defined]
+    await proxy.close()
     await one.close()
     await two.close()
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import openai
@@ -21,6 +23,7 @@ from llmgw.storage import api_keys, teams
 from tests.conftest import FAKE_VENICE_KEY, Gateway
 from tests.fake_venice import Behaviour
 from tests.processes import Clock, clean_env, eventually, free_port
+from tests.stall_proxy import StallProxy
 
 REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
 
@@ -389,6 +392,123 @@ async def test_ten_identical_requests_on_two_replicas_make_one_upstream_call(
     assert len(texts) == 1
 
 
+async def _two_replicas(
+    start_gateway: Any, redis_url: str | None = None
+) -> tuple[Gateway, Gateway]:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    one = await start_gateway(cache="redis", redis_url=redis_url or REDIS_URL)
+    two = await start_gateway(cache="redis", redis_url=REDIS_URL)
+    return one, two
+
+
+async def _open_stream(gateway: Gateway, key: str) -> tuple[Any, Any]:
+    """A streamed chat's headers, and its chunks to read one at a time."""
+    client = gateway.client(key)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="qwen3-5-9b",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return raw.headers, aiter(raw.parse())
+
+
+async def _rest(chunks: Any) -> list[Any]:
+    return [chunk.model_dump() async for chunk in chunks]
+
+
+def _lookups(gateway: Gateway) -> dict[str, int]:
+    data = gateway.telemetry.metrics.get_metrics_data()
+    return {
+        p.attributes["llmgw.cache.result"]: p.value
+        for rm in (data.resource_metrics if data else ())
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "llmgw.cache.lookups"
+        for p in m.data.data_points
+    }
+
+
+async def test_a_streamed_follower_on_another_replica_gets_events_as_they_arrive(
+    start_gateway: Any,
+) -> None:
+    one, two = await _two_replicas(start_gateway)
+    key = await one.create_key()
+    hold = asyncio.Event()  # the upstream stream stops before its third chunk until set
+    one.fake.enqueue(Behaviour(hold=hold, held_at=2))
+    async with asyncio.timeout(20):  # a follower served only at the end would wait for ever
+        _, leading = await _open_stream(one, key)
+        leader = [(await anext(leading)).model_dump()]  # replica one fetches it
+        headers, following = await _open_stream(two, key)
+        assert headers["x-llmgw-cache"] == "hit"
+        follower = [(await anext(following)).model_dump()]
+        assert not hold.is_set() and one.fake.completed_streams == 0
+        hold.set()
+        leader += await _rest(leading)
+        follower += await _rest(following)
+    assert follower == leader
+    assert "".join(c["choices"][0]["delta"]["content"] or "" for c in leader if c["choices"])
+    assert len(one.fake.chats()) == 1
+
+
+async def test_a_stream_broken_on_one_replica_ends_its_followers_on_another(
+    start_gateway: Any,
+) -> None:
+    one, two = await _two_replicas(start_gateway)
+    key = await one.create_key()
+    hold = asyncio.Event()
+    one.fake.enqueue(Behaviour(hold=hold, held_at=2, drop_after_chunks=3))
+    async with asyncio.timeout(20):
+        _, leading = await _open_stream(one, key)
+        await anext(leading)
+        headers, following = await _open_stream(two, key)
+        assert headers["x-llmgw-cache"] == "hit"
+        await anext(following)  # sent part of the answer
+        waiting = asyncio.ensure_future(_chat(two, key))  # sent nothing: a JSON follower
+        await eventually(lambda: _lookups(two).get("hit") == 2, what="both follow replica one")
+        hold.set()
+        with pytest.raises(openai.APIError):
+            await _rest(following)
+        await _rest(leading)  # (its caller's stream goes on from a new call: spliced, not shared)
+        headers, answer = await waiting
+    assert headers["x-llmgw-cache"] == "miss" and answer.choices[0].message.content
+    assert [chat.json["stream"] for chat in one.fake.chats()].count(False) == 1  # its own call
+
+
+async def test_redis_stalling_while_a_replica_leads_leaves_its_answer_alone(
+    start_gateway: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    if not REDIS_URL:
+        pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
+    target = urlsplit(REDIS_URL)
+    proxy = StallProxy(target.hostname or "127.0.0.1", target.port or 6379)
+    port = await proxy.start()
+    try:
+        one, _ = await _two_replicas(start_gateway, f"redis://127.0.0.1:{port}{target.path}")
+        key = await one.create_key()
+        hold = asyncio.Event()
+        one.fake.enqueue(Behaviour(hold=hold, held_at=2))
+        with caplog.at_level(logging.WARNING, logger="llmgw.cache.policy"):
+            async with asyncio.timeout(20):
+                headers, leading = await _open_stream(one, key)
+                first = await anext(leading)  # its claim taken, its relay begun
+                proxy.pause()  # nothing more it sends Redis arrives
+                hold.set()
+                chunks = [first.model_dump(), *await _rest(leading)]
+            await eventually(
+                lambda: any("unreachable" in r.message for r in caplog.records),
+                what="the outage seen by the writes that follow the answer",
+            )
+    finally:
+        await proxy.close()
+    assert headers["x-llmgw-cache"] == "miss"
+    text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
+    assert text == one.fake.reply
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
+
+
 async def test_a_hit_counts_against_the_request_rate(start_gateway: Any) -> None:
     gateway: Gateway = await start_gateway(cache="memory")
     key = await gateway.create_key(rate_limit_requests=2, rate_limit_window_seconds=60)
@@ -599,10 +719,11 @@ async def test_the_callers_ttl_max_age_and_age_through_the_gateway(start_gateway
 async def test_a_streamed_follower_gets_events_as_they_arrive(start_gateway: Any) -> None:
     gateway: Gateway = await start_gateway(cache="memory")
     key = await gateway.create_key()
-    gateway.fake.enqueue(Behaviour(chunk_delay=0.2))
+    hold = asyncio.Event()  # the upstream stream stops before its third chunk until set
+    gateway.fake.enqueue(Behaviour(hold=hold, held_at=2))
     body = {"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True}
     auth = {"Authorization": f"Bearer {key}"}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, asyncio.timeout(20):
         leader = await session.post(gateway.url("/v1/chat/completions"), json=body, headers=auth)
         await leader.content.readline()  # the leader's stream has begun
         follower = await session.post(gateway.url("/v1/chat/completions"), json=body, headers=auth)
@@ -610,6 +731,7 @@ async def test_a_streamed_follower_gets_events_as_they_arrive(start_gateway: Any
         first = await follower.content.readline()
         assert first.startswith(b"data: {")
         assert gateway.fake.completed_streams == 0  # the leader's answer is still coming
+        hold.set()
         rest = await follower.read()
         whole = await leader.read()
     assert rest.endswith(b"data: [DONE]\n\n") and whole.endswith(b"data: [DONE]\n\n")
