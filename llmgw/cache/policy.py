@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -313,7 +314,9 @@ class ResponseCache:
             raise
         if fetched_elsewhere:
             # Another replica fetches it: this replica's requests follow it through the store.
-            self._spawn(self._watches, self._watch(key, flight))
+            # Only an entry stored after the one found here answers it: that one was too old.
+            older = -math.inf if entry is None else entry.stored_at
+            self._spawn(self._watches, self._watch(key, flight, older))
             return Lookup(HIT, key, follows=flight)
         relay = None
         if claim is not None and claim.shared:
@@ -330,7 +333,7 @@ class ResponseCache:
             form=_API_FORMS.get(api, "chat"),
         )
 
-    async def _watch(self, key: CacheKey, flight: Flight) -> None:
+    async def _watch(self, key: CacheKey, flight: Flight, older: float) -> None:
         """Follow another replica's fetching of ``key``'s answer: its relayed events are
         published to this replica's flight as they arrive, and its end (the relay's, or its
         stored entry) ends the flight; a fetch that ends without one (failed, not storable, its
@@ -347,7 +350,7 @@ class ResponseCache:
                 for event in seen.events:
                     flight.publish(event)
                 cursor = seen.cursor
-                entry = self._answer_seen(seen, flight.events)
+                entry = self._answer_seen(seen, flight.events, older)
                 if entry is not None or seen.fetcher is None or fetcher not in (None, seen.fetcher):
                     break  # answered, or the fetch followed is over without an answer
                 fetcher, wait = seen.fetcher, _LOOK_SECONDS
@@ -358,14 +361,14 @@ class ResponseCache:
         finally:
             self.flights.land(key.digest, flight, entry)
 
-    def _answer_seen(self, seen: Sighting, relayed: Sequence[bytes]) -> Entry | None:
+    def _answer_seen(self, seen: Sighting, relayed: Sequence[bytes], older: float) -> Entry | None:
         """The answer a look at another replica's fetch finds: the end of its relay, or an entry
         stored that goes on from what was relayed (one whose events differ would splice two
         answers)."""
         if seen.answer is not None:
             return attrs.evolve(seen.answer, events=tuple(relayed))
         found = seen.entry
-        if found is None or not found.fresh(self._clock()):
+        if found is None or found.stored_at <= older or not found.fresh(self._clock()):
             return None
         if relayed and found.chunk_events()[: len(relayed)] != tuple(relayed):
             return None

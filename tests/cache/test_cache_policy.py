@@ -271,6 +271,28 @@ async def test_a_replica_waits_for_the_answer_another_replica_fetches() -> None:
     await two.close()
 
 
+async def test_a_follower_too_strict_for_the_stored_entry_waits_for_the_new_answer() -> None:
+    """Under ``max-age``, an entry too old for the request is not its answer when another
+    replica fetches a fresh one: the follower waits for that one, not the old entry."""
+    one, two, clock = _replicas()
+    await _store_answer(one)
+    clock.now += 10
+    leader = await _lookup(one, max_age=5)
+    assert leader.result == MISS  # type: ignore[attr-defined]
+    follower = await _lookup(two, max_age=5)
+    assert follower.result == HIT  # type: ignore[attr-defined]
+    waiting = asyncio.ensure_future(follower.follows.answer())  # type: ignore[attr-defined]
+    await asyncio.sleep(0.1)  # a few looks at Redis, which holds the old entry
+    assert not waiting.done()
+    written = one.settle(leader, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
+    assert written is not None
+    await written
+    entry = await asyncio.wait_for(waiting, 5)
+    assert entry is not None and entry.age(clock.now) == 0
+    await one.close()
+    await two.close()
+
+
 @pytest.mark.parametrize("max_entry_bytes", [1 << 20, 10], ids=["stored", "too-big-to-store"])
 async def test_a_replica_relays_a_streamed_answer_to_another_as_it_comes(
     max_entry_bytes: int,
