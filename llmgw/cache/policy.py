@@ -312,6 +312,8 @@ class ResponseCache:
         except BaseException:
             self.flights.land(key.digest, flight, None)
             raise
+        if claim is not None and not claim.shared:
+            claim = None  # a store of this process alone: its flights are all the claim there is
         if fetched_elsewhere:
             # Another replica fetches it: this replica's requests follow it through the store.
             # Only an entry stored after the one found here answers it: that one was too old.
@@ -467,8 +469,10 @@ class ResponseCache:
         try:
             if relay is None or not await relay.written():
                 answer = None  # its followers elsewhere lack part of it: the entry, or nothing
+            value = None if entry is None else self._storable(entry)
             try:
-                await self._store(key, entry)
+                if entry is not None and value is not None:
+                    await self.store.put(key, entry, value)
             finally:
                 # Given up even when the entry was not stored: the other replicas' followers
                 # need not wait for the claim to expire, and the relay's end completes them.
@@ -479,16 +483,13 @@ class ResponseCache:
         else:
             self._available()
 
-    async def _store(self, key: CacheKey, entry: Entry | None) -> None:
-        if entry is None:
-            return
+    def _storable(self, entry: Entry) -> bytes | None:
+        """The entry encoded, if it may be stored (None: too large, or not replayable)."""
         try:
             value = encode_entry(entry)
         except UnicodeDecodeError:
-            return  # bytes that are not text: not replayable as JSON or SSE
-        if len(value) > self._max_entry_bytes:
-            return
-        await self.store.put(key, entry, value)
+            return None  # bytes that are not text: not replayable as JSON or SSE
+        return value if len(value) <= self._max_entry_bytes else None
 
     async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
         return await self.store.clear(key_id=key_id, model=model)

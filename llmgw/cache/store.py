@@ -70,7 +70,8 @@ class CacheStore(Protocol):
     async def lead(self, key: CacheKey) -> Claim | None:
         """Claim the fetching of ``key``'s answer for every process sharing the store (None:
         another one fetches it now). A claim lasts until :meth:`landed` (or, should its process
-        die, a few seconds)."""
+        die, a few seconds). A claim that is not ``shared`` (a store of one process) stands for
+        nothing but the fetch: nothing is relayed, landed or renewed for it."""
         ...
 
     async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
@@ -161,7 +162,8 @@ class MemoryCacheStore:
     def bytes_held(self) -> int:
         return self._held
 
-    # One process: its own flights (llmgw.cache.flight) are every flight there is.
+    # One process: its own flights (llmgw.cache.flight) are every flight there is, and the
+    # claim is not shared (the policy keeps nothing of it).
     async def lead(self, key: CacheKey) -> Claim:
         return Claim(key, "")
 

@@ -82,14 +82,14 @@ async def _json(client: openai.AsyncOpenAI, ask: dict[str, Any]) -> tuple[str, A
 
 
 async def _streamed(client: openai.AsyncOpenAI, ask: dict[str, Any]) -> tuple[str, Any]:
-    async with client.responses.stream(**ask) as stream:
-        events = [event async for event in stream]
-        final = await stream.get_final_response()
-        result = stream._response.headers["x-llmgw-cache"]  # the SDK's stream keeps its response
+    async with client.responses.with_streaming_response.create(**ask, stream=True) as raw:
+        result = raw.headers["x-llmgw-cache"]
+        events = [event async for event in await raw.parse()]
     assert [event.sequence_number for event in events] == list(range(len(events)))
     kinds = [event.type for event in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds[-1] == "response.completed"
+    final = events[-1].response
     assert {event.response.id for event in events if hasattr(event, "response")} == {final.id}
     # What the deltas make is what the final response says.
     assert _joined(events, "response.output_text.delta") == final.output_text
@@ -200,9 +200,11 @@ async def test_an_incomplete_or_failed_response_is_not_stored(
             await _stored(gateway)
     else:
         for _ in range(2):
-            async with client.responses.stream(**CUT_SHORT) as stream:
-                kinds = [event.type async for event in stream]
-                assert stream._response.headers["x-llmgw-cache"] == "miss"
+            async with client.responses.with_streaming_response.create(
+                **CUT_SHORT, stream=True
+            ) as raw:
+                assert raw.headers["x-llmgw-cache"] == "miss"
+                kinds = [event.type async for event in await raw.parse()]
             assert kinds[-1] == "response.incomplete"
             await _stored(gateway)
     fake_openai.fail_next(400)
@@ -223,8 +225,9 @@ async def test_a_streamed_follower_of_an_incomplete_stream_gets_its_end(
     fake_openai.end_held = asyncio.Event()
     async with client.responses.stream(**CUT_SHORT) as leader:
         first = await anext(leader)
-        async with client.responses.stream(**CUT_SHORT) as follower:
-            assert follower._response.headers["x-llmgw-cache"] == "hit"
+        async with client.responses.with_streaming_response.create(**CUT_SHORT, stream=True) as raw:
+            assert raw.headers["x-llmgw-cache"] == "hit"
+            follower = await raw.parse()
             assert (await anext(follower)).type == first.type == "response.created"
             fake_openai.end_held.set()
             followed = [event.type async for event in follower]
