@@ -55,6 +55,9 @@ class Doc:
     # With an attrs ``request``: a change to any of these fields, none of them required.
     request_fields: tuple[str, ...] = ()
     errors: ErrorSet = ()
+    # The response cache may answer it (docs/cache.md): its request controls and the headers
+    # that say what the cache did are documented.
+    cached: bool = False
 
 
 @attrs.frozen

@@ -21,6 +21,8 @@ import attrs
 import orjson
 from aiohttp import web
 
+from llmgw.cache.controls import TTL_HEADER
+from llmgw.cache.policy import BYPASS, CACHE_HEADER, HIT, MISS
 from llmgw.route_table import CONSOLE_PREFIX, DESCRIBED, JSON, Doc, ErrorSet, Route
 
 if TYPE_CHECKING:
@@ -401,6 +403,42 @@ _REQUEST_ID = {
 }
 
 
+# The response cache's say on an operation it may answer (docs/cache.md).
+_CACHE_CONTROLS = [
+    {
+        "name": "Cache-Control",
+        "in": "header",
+        "required": False,
+        "description": (
+            "When the response cache is on: no-store (neither read nor write it), no-cache (do "
+            "not read it, store the fresh answer), max-age=N (only an answer at most N seconds "
+            "old)."
+        ),
+        "schema": {"type": "string"},
+    },
+    {
+        "name": TTL_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "Store this answer for N seconds (at most the configured CACHE_TTL_SECONDS).",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+]
+_CACHE_HEADERS = {
+    CACHE_HEADER: {
+        "description": (
+            "hit (answered by the response cache), miss (read, nothing usable) or bypass (not "
+            "read); absent when the cache is off."
+        ),
+        "schema": {"type": "string", "enum": [HIT, MISS, BYPASS]},
+    },
+    "Age": {
+        "description": "On a hit: the stored answer's age in seconds.",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+}
+
+
 def _generic(method: str, path: str) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "summary": f"{method.upper()} {path}",
@@ -511,6 +549,8 @@ def _operation(doc: Doc, components: dict[str, Any]) -> dict[str, Any]:
     }
     if doc.request is not None:
         operation["requestBody"] = _request_body(doc, components)
+    if doc.cached:
+        operation["responses"][doc.status]["headers"] = _CACHE_HEADERS
     return operation
 
 
@@ -541,6 +581,8 @@ def build_document(app: web.Application) -> dict[str, Any]:
             _operation(route.doc, components) if route is not None else _generic(method, path)
         )
         operation["parameters"] = [_REQUEST_ID, *_path_parameters(path)]
+        if route is not None and route.doc.cached:
+            operation["parameters"].extend(_CACHE_CONTROLS)
         if route is not None and route.public:
             operation["security"] = []
         else:

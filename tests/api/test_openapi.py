@@ -49,3 +49,20 @@ def test_admin_operations_describe_their_bodies() -> None:
     rotate = paths[ADMIN_PREFIX + "/keys/{key_id}/rotate"]["post"]["requestBody"]
     assert rotate["required"] is False  # an empty body rotates with no grace
     assert paths[ADMIN_PREFIX + "/keys"]["get"]["security"] == [{"bearer": []}]
+
+
+def test_the_operations_the_response_cache_answers_say_its_headers() -> None:
+    paths = _document()["paths"]
+    cached = {
+        path
+        for path, methods in paths.items()
+        for operation in methods.values()
+        if "Cache-Control" in {p["name"] for p in operation["parameters"]}
+    }
+    assert cached == {"/v1/chat/completions", "/v1/embeddings", "/v1/messages", "/v1/responses"}
+    chat = paths["/v1/chat/completions"]["post"]
+    assert "X-LLMGW-Cache-TTL" in {p["name"] for p in chat["parameters"]}
+    headers = chat["responses"]["200"]["headers"]
+    assert headers["X-LLMGW-Cache"]["schema"]["enum"] == ["hit", "miss", "bypass"]
+    assert "Age" in headers
+    assert "headers" not in paths["/v1/models"]["get"]["responses"]["200"]
