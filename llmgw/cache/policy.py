@@ -298,6 +298,9 @@ class ResponseCache:
         # Led here before the store is asked who fetches: identical requests arriving meanwhile
         # follow this flight, whoever turns out to fetch its answer.
         flight = self.flights.lead(key.digest)
+        miss = Lookup(MISS, key, leads=flight, ttl=ttl, form=_API_FORMS.get(api, "chat"))
+        if not self.store.shares_claims:
+            return miss  # this process's flights are every fetch there is: nothing to claim
         claim: Claim | None = None
         try:
             landing = self._landing.get(key.digest)
@@ -312,28 +315,18 @@ class ResponseCache:
         except BaseException:
             self.flights.land(key.digest, flight, None)
             raise
-        if claim is not None and not claim.shared:
-            claim = None  # a store of this process alone: its flights are all the claim there is
         if fetched_elsewhere:
             # Another replica fetches it: this replica's requests follow it through the store.
             # Only an entry stored after the one found here answers it: that one was too old.
             older = -math.inf if entry is None else entry.stored_at
             self._spawn(self._watches, self._watch(key, flight, older))
             return Lookup(HIT, key, follows=flight)
-        relay = None
+        miss.claim = claim
         if claim is not None and claim.shared:
-            relay = _Relay(
+            miss.relay = _Relay(
                 self.store, claim, functools.partial(self._spawn, self._writes), self._unavailable
             )
-        return Lookup(
-            MISS,
-            key,
-            leads=flight,
-            claim=claim,
-            relay=relay,
-            ttl=ttl,
-            form=_API_FORMS.get(api, "chat"),
-        )
+        return miss
 
     async def _watch(self, key: CacheKey, flight: Flight, older: float) -> None:
         """Follow another replica's fetching of ``key``'s answer: its relayed events are

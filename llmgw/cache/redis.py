@@ -55,6 +55,8 @@ _BLOCK_LATENESS = 0.1
 
 
 class RedisCacheStore:
+    shares_claims = True
+
     def __init__(
         self,
         url: str,

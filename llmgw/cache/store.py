@@ -7,7 +7,8 @@ encoded size), so a hit in memory decodes nothing.
 
 A store shared by processes also carries each fetch in flight across them (claims, and the
 events of a streamed answer relayed while it is fetched: ``llmgw.cache.redis``); in one process
-the memory backend leaves that to its flights (``llmgw.cache.flight``) and does nothing."""
+the flights (``llmgw.cache.flight``) are every fetch there is, so the memory backend has no claims
+(``shares_claims`` is False: it is never asked for one)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ class Sighting:
 
 
 class CacheStore(Protocol):
+    # Whether its entries are shared by processes, each fetch claimed for all of them
+    # (:meth:`lead`); a store that does not is never asked for a claim.
+    shares_claims: bool
+
     async def get(self, key: CacheKey) -> Entry | None:
         """The entry stored under ``key`` (None: none, expired, or not readable as an entry)."""
         ...
@@ -70,8 +75,7 @@ class CacheStore(Protocol):
     async def lead(self, key: CacheKey) -> Claim | None:
         """Claim the fetching of ``key``'s answer for every process sharing the store (None:
         another one fetches it now). A claim lasts until :meth:`landed` (or, should its process
-        die, a few seconds). A claim that is not ``shared`` (a store of one process) stands for
-        nothing but the fetch: nothing is relayed, landed or renewed for it."""
+        die, a few seconds). Asked only of a store that ``shares_claims``."""
         ...
 
     async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
@@ -110,6 +114,8 @@ class _Held:
 
 
 class MemoryCacheStore:
+    shares_claims = False
+
     def __init__(
         self,
         *,
@@ -162,10 +168,10 @@ class MemoryCacheStore:
     def bytes_held(self) -> int:
         return self._held
 
-    # One process: its own flights (llmgw.cache.flight) are every flight there is, and the
-    # claim is not shared (the policy keeps nothing of it).
-    async def lead(self, key: CacheKey) -> Claim:
-        return Claim(key, "")
+    # One process: its own flights (llmgw.cache.flight) are every fetch there is, so it gives no
+    # claims (shares_claims) and has none to relay or give up.
+    async def lead(self, key: CacheKey) -> Claim | None:
+        raise NotImplementedError("a store in one process has no claims (shares_claims)")
 
     async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
         return None

@@ -21,7 +21,7 @@ from llmgw.cache.entry import Entry, assemble_completion, decode_entry, encode_e
 from llmgw.cache.flight import FlightFailed
 from llmgw.cache.key import CacheKey, cache_key, cacheable, scope_of
 from llmgw.cache.policy import BYPASS, HIT, MISS, AliasCache, ResponseCache
-from llmgw.cache.store import CacheStore, CacheUnavailable, Claim, MemoryCacheStore
+from llmgw.cache.store import CacheStore, CacheUnavailable, MemoryCacheStore
 from llmgw.config.providers_file import ProviderConfigError, load_provider_config
 from llmgw.lifecycle.reload import ConfigReloader, RequestGenerations
 from tests.lifecycle.test_reload import builds, registry_of
@@ -210,32 +210,6 @@ async def test_identical_requests_follow_the_leader(
     assert [e async for e in events][-1].endswith(b"\n\n")
 
 
-class _CountingMemoryStore(MemoryCacheStore):
-    """Counts what the policy asks of a store's claims."""
-
-    def __init__(self, clock: Clock) -> None:
-        super().__init__(max_bytes=1 << 20, clock=clock)
-        self.claims_given_up = 0
-
-    async def landed(self, claim: Claim, relayed: Entry | None) -> None:
-        self.claims_given_up += 1
-
-
-async def test_a_store_of_one_process_is_asked_to_give_up_no_claim() -> None:
-    """Its flights are every flight there is: a miss that ends, stored or not, gives nothing up
-    in the store (and no background work is left behind when nothing is stored)."""
-    clock = Clock()
-    store = _CountingMemoryStore(clock)
-    cache = _cache(store, clock)
-    await _store_answer(cache)  # a miss whose answer is stored
-    abandoned = await _lookup(cache, "k2")
-    cache.abandon(abandoned)  # type: ignore[arg-type]
-    assert cache.settle(await _lookup(cache, "k3"), usage=None) is None  # type: ignore[arg-type]
-    await cache.drained()
-    assert store.claims_given_up == 0
-    assert (await _lookup(cache)).result == HIT  # type: ignore[attr-defined]
-
-
 async def test_a_failed_leader_releases_its_followers(
     store_and_clock: tuple[CacheStore, Clock],
 ) -> None:
@@ -248,6 +222,24 @@ async def test_a_failed_leader_releases_its_followers(
     assert not await follower.follows.first_event()  # type: ignore[attr-defined]
     await cache.drained()  # the claim given up, for every replica
     assert (await _lookup(cache)).result == MISS  # type: ignore[attr-defined]
+
+
+async def test_a_store_of_one_process_is_asked_to_give_up_no_claim() -> None:
+    """Its flights are every flight there is: a miss that ends, stored or not, claims and gives
+    up nothing in the store, and runs nothing in the background but its entry's storing."""
+    clock = Clock()
+    cache = _cache(MemoryCacheStore(max_bytes=1 << 20, clock=clock), clock)
+    running = asyncio.all_tasks()
+    abandoned = await _lookup(cache, "k2")
+    assert abandoned.result == MISS  # type: ignore[attr-defined]
+    cache.abandon(abandoned)  # type: ignore[arg-type]
+    assert cache.settle(await _lookup(cache, "k3"), usage=None) is None  # type: ignore[arg-type]
+    not_kept = await _lookup(cache, ttl=0)
+    assert cache.settle(not_kept, usage=USAGE, body=COMPLETION) is None  # type: ignore[arg-type]
+    assert asyncio.all_tasks() == running
+    await _store_answer(cache)  # a miss whose answer is stored
+    assert asyncio.all_tasks() == running
+    assert (await _lookup(cache)).result == HIT  # type: ignore[attr-defined]
 
 
 def _replicas(
