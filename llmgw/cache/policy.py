@@ -404,22 +404,15 @@ class ResponseCache:
         if lookup.leads is not None:
             self.flights.land(lookup.key.digest, lookup.leads, entry)
             lookup.leads = None
-        claim, lookup.claim = lookup.claim, None
-        relay, lookup.relay = lookup.relay, None
         stored = entry if lookup.ttl > 0 and kept else None
-        if stored is None and claim is None:
-            return None
-        return self._put(stored, claim, lookup.key, relay, entry if stream else None)
+        return self._put(lookup, stored, entry if stream else None)
 
     def abandon(self, lookup: Lookup) -> None:
         """The answer is not shared: each follower calls on its own. Idempotent."""
         if lookup.leads is not None and lookup.key is not None:
             self.flights.land(lookup.key.digest, lookup.leads, None)
             lookup.leads = None
-        claim, lookup.claim = lookup.claim, None
-        relay, lookup.relay = lookup.relay, None
-        if claim is not None:
-            self._put(None, claim, claim.key, relay, None)
+        self._put(lookup, None, None)
 
     def _spawn(
         self, tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]
@@ -430,18 +423,18 @@ class ResponseCache:
         return task
 
     def _put(
-        self,
-        entry: Entry | None,
-        claim: Claim | None,
-        key: CacheKey,
-        relay: _Relay | None,
-        answer: Entry | None,
-    ) -> asyncio.Task[None]:
-        """Store ``entry`` (None: nothing), then give the claim up ending its relay (with
-        ``answer``, the streamed answer, once all of it is relayed), in the background: in that
-        order, so another replica following the claim finds the entry stored when it is over
-        (if it could be stored)."""
-        task = self._spawn(self._writes, self._put_then_land(entry, claim, key, relay, answer))
+        self, lookup: Lookup, entry: Entry | None, answer: Entry | None
+    ) -> asyncio.Task[None] | None:
+        """Store ``entry`` (None: nothing) under the lookup's key, then give its claim up ending
+        its relay (with ``answer``, the streamed answer, once all of it is relayed), in the
+        background: in that order, so another replica following the claim finds the entry
+        stored when it is over (if it could be stored). None: neither is to be done."""
+        key = lookup.key
+        claim, lookup.claim = lookup.claim, None
+        relay, lookup.relay = lookup.relay, None
+        if key is None or (entry is None and claim is None):
+            return None
+        task = self._spawn(self._writes, self._write(key, entry, claim, relay, answer))
         if claim is not None:
             self._landing[key.digest] = task
             task.add_done_callback(functools.partial(self._landed, key.digest))
@@ -451,20 +444,19 @@ class ResponseCache:
         if self._landing.get(digest) is task:
             del self._landing[digest]
 
-    async def _put_then_land(
+    async def _write(
         self,
+        key: CacheKey,
         entry: Entry | None,
         claim: Claim | None,
-        key: CacheKey,
         relay: _Relay | None,
         answer: Entry | None,
     ) -> None:
         try:
             if relay is None or not await relay.written():
                 answer = None  # its followers elsewhere lack part of it: the entry, or nothing
-            value = None if entry is None else self._storable(entry)
             try:
-                if entry is not None and value is not None:
+                if entry is not None and (value := self._storable(entry)) is not None:
                     await self.store.put(key, entry, value)
             finally:
                 # Given up even when the entry was not stored: the other replicas' followers
