@@ -321,8 +321,8 @@ class ResponseCache:
             older = -math.inf if entry is None else entry.stored_at
             self._spawn(self._watches, self._watch(key, flight, older))
             return Lookup(HIT, key, follows=flight)
-        miss.claim = claim
-        if claim is not None and claim.shared:
+        if claim is not None:  # other processes follow it: its streamed events are relayed
+            miss.claim = claim
             miss.relay = _Relay(
                 self.store, claim, functools.partial(self._spawn, self._writes), self._unavailable
             )

@@ -146,7 +146,7 @@ class RedisCacheStore:
         return None  # Redis's own memory figures say it; a replica does not count them
 
     async def lead(self, key: CacheKey) -> Claim | None:
-        claim = Claim(key, uuid.uuid4().hex, shared=True)
+        claim = Claim(key, uuid.uuid4().hex)
         name = self._claim(key)
         try:
             async with asyncio.timeout(self._budget):

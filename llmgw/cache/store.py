@@ -34,8 +34,6 @@ class Claim:
 
     key: CacheKey
     token: str  # this claim's own: a late give-up never removes a later claim
-    # Other processes follow this fetch: a streamed answer's events are relayed to them.
-    shared: bool = False
 
 
 @attrs.frozen
@@ -79,7 +77,7 @@ class CacheStore(Protocol):
         ...
 
     async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
-        """Append the next ``events`` of the streamed answer a shared ``claim`` fetches, for the
+        """Append the next ``events`` of the streamed answer ``claim`` fetches, for the
         processes following it (:meth:`follow`); the caller writes one batch at a time."""
         ...
 
