@@ -169,8 +169,7 @@ async def test_an_answer_without_usage_or_larger_than_an_entry_is_not_stored(
     lookup = await _lookup(cache)
     assert cache.settle(lookup, usage=Usage(), body=COMPLETION) is None  # type: ignore[arg-type]
     await cache.drained()  # its claim given up: the next cache (a replica) leads
-    small = _cache(store, clock)
-    small._max_entry_bytes = 100
+    small = _cache(store, clock, max_entry_bytes=100)
     lookup = await _lookup(small)
     written = small.settle(lookup, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
     assert written is not None
@@ -567,7 +566,7 @@ def test_a_json_answer_and_its_stream_are_the_same_answer() -> None:
 
 async def test_a_failing_lookup_is_a_bypass(caplog: pytest.LogCaptureFixture) -> None:
     class Broken(MemoryCacheStore):
-        async def get(self, key: object) -> bytes | None:  # type: ignore[override]
+        async def get(self, key: CacheKey) -> Entry | None:
             raise RuntimeError("a bug")
 
     clock = Clock()
