@@ -420,8 +420,12 @@ _CACHE_CONTROLS = [
         "name": TTL_HEADER,
         "in": "header",
         "required": False,
-        "description": "Store this answer for N seconds (at most the configured CACHE_TTL_SECONDS).",
-        "schema": {"type": "integer", "minimum": 0},
+        "description": (
+            "Store this answer for N seconds (at most the configured CACHE_TTL_SECONDS); a value "
+            "that is not a whole number of seconds is ignored, as HTTP caches ignore a malformed "
+            "directive."
+        ),
+        "schema": {"type": "string"},
     },
 ]
 _CACHE_HEADERS = {
