@@ -98,9 +98,23 @@ async def test_two_workers_serve_and_one_limit_is_exact_across_them(
     results = await asyncio.gather(*(post(supervisor.url, issued.plaintext) for _ in range(40)))
     assert sorted(status for status, _ in results) == [200] * 20 + [429] * 20
     served = [request_id for status, request_id in results if status == 200]
-    by_worker = await workers_of(supervisor, served)
-    assert sum(by_worker.values()) == 20
-    assert set(by_worker) == {1, 2}, by_worker
+    assert sum((await workers_of(supervisor, served)).values()) == 20
+    # Both workers answered (the kernel spreads the connections), though one may have served
+    # none of the 20 the limit let through: a worker slower to its first admissions (a loaded
+    # machine, a key not yet in its cache) can find them all taken by the other. Each worker
+    # logs its first refusal of a kind at once, with the request's id.
+    asked = {request_id for _, request_id in results}
+
+    def answered() -> set[Any]:
+        return {
+            record.get("worker")
+            for record in supervisor.records()
+            if record.get("event") in ("llmgw.billing", "request.refused")
+            and record.get("request_id") in asked
+        }
+
+    # (Each worker writes its lines within its own flush interval.)
+    await eventually(lambda: answered() == {1, 2}, within=10, what="lines of both workers")
 
 
 async def test_a_killed_worker_is_replaced(
