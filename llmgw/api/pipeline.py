@@ -51,7 +51,7 @@ from llmgw.auth.authenticator import AuthenticatedKey
 from llmgw.cache.controls import read_controls
 from llmgw.cache.entry import Entry
 from llmgw.cache.flight import Flight, FlightFailed
-from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup, ResponseCache
+from llmgw.cache.policy import CACHE_HEADER, MISS, Lookup
 from llmgw.errors import GatewayError, InternalError, ProviderError, UpstreamUnavailable
 from llmgw.limits.caps import CapHold
 from llmgw.providers.base import (
@@ -527,9 +527,9 @@ async def proxy(
             else None
         )
 
-    if lookup is not None and cache is not None:
+    if lookup is not None:
         cached = await _from_cache(
-            cache, lookup, operation, exchange, caller_body, stream, hide_usage_chunk, translator
+            lookup, operation, exchange, caller_body, stream, hide_usage_chunk, translator
         )
         if cached is not None:
             return cached
@@ -550,7 +550,6 @@ async def proxy(
 
 
 async def _from_cache(
-    cache: ResponseCache,
     lookup: Lookup,
     operation: Operation,
     exchange: Exchange,

@@ -352,10 +352,14 @@ class LimitPolicy:
         reserves = self.reserves(key) if reserving else None
         if reserves:
             return Ticket(self, key, window_deferred=True, reserves=True)
+        return Ticket(self, key, window=await self._hit_window(key), reserves=reserves)
+
+    async def _hit_window(self, key: AuthenticatedKey) -> RateLimitDecision:
+        """Count the request in the key's window on its own (429 when it is full)."""
         decision = await self.store.hit(self._window(key))
         if not decision.allowed:
             self._refuse_window(key, decision)
-        return Ticket(self, key, window=decision, reserves=reserves)
+        return decision
 
     async def _reserve(
         self,
@@ -385,10 +389,7 @@ class LimitPolicy:
             )
             if not reservations:  # the key limits only tokens: the window is all there is
                 if ticket.window_deferred:
-                    decision = await self.store.hit(self._window(key))
-                    ticket.window, ticket.window_deferred = decision, False
-                    if not decision.allowed:
-                        self._refuse_window(key, decision)
+                    ticket.window, ticket.window_deferred = await self._hit_window(key), False
                 return
         else:
             await self.prices.loaded()
