@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from urllib.parse import urlsplit
 
 __all__ = ["StallProxy"]
 
@@ -25,6 +26,15 @@ class StallProxy:
         self._links: set[_Link] = set()
         self._paused = False
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def before(cls, url: str) -> tuple[StallProxy, str]:
+        """A started proxy in front of the server ``url`` names, and ``url`` reaching it through
+        the proxy (its path and query kept)."""
+        target = urlsplit(url)
+        proxy = cls(target.hostname or "127.0.0.1", target.port or 6379)
+        port = await proxy.start()
+        return proxy, target._replace(netloc=f"127.0.0.1:{port}").geturl()
 
     async def start(self, port: int = 0) -> int:
         """Listen on ``port`` of 127.0.0.1 (0: a free one); returns it."""

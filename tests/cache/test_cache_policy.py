@@ -8,7 +8,6 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -405,11 +404,9 @@ async def test_a_relay_cut_off_by_an_unreachable_redis_leaves_the_leader_alone(
         pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
     from llmgw.cache.redis import RedisCacheStore
 
-    target = urlsplit(REDIS_URL)
-    proxy = StallProxy(target.hostname or "127.0.0.1", target.port or 6379)
-    port = await proxy.start()
+    proxy, stalling = await StallProxy.before(REDIS_URL)
     clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
-    through = RedisCacheStore(f"redis://127.0.0.1:{port}{target.path}", prefix=prefix)
+    through = RedisCacheStore(stalling, prefix=prefix)
     one, two = _cache(through, clock), _cache(RedisCacheStore(REDIS_URL, prefix=prefix), clock)
     leader = await _lookup(one)
     local = await _lookup(one)  # a follower on the leader's own replica

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import openai
@@ -481,11 +480,9 @@ async def test_redis_stalling_while_a_replica_leads_leaves_its_answer_alone(
 ) -> None:
     if not REDIS_URL:
         pytest.skip("set LLMGW_TEST_REDIS_URL to test Redis")
-    target = urlsplit(REDIS_URL)
-    proxy = StallProxy(target.hostname or "127.0.0.1", target.port or 6379)
-    port = await proxy.start()
+    proxy, stalling = await StallProxy.before(REDIS_URL)
     try:
-        one, _ = await _two_replicas(start_gateway, f"redis://127.0.0.1:{port}{target.path}")
+        one, _ = await _two_replicas(start_gateway, stalling)
         key = await one.create_key()
         hold = asyncio.Event()
         one.fake.enqueue(Behaviour(hold=hold, held_at=2))

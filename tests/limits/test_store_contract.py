@@ -13,7 +13,6 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -361,9 +360,7 @@ async def test_no_lease_survives_a_redis_stall(db: asyncpg.Connection) -> None:
     from llmgw.limits.redis import RedisLimitStore
 
     assert REDIS_URL is not None
-    target = urlsplit(REDIS_URL)
-    proxy = StallProxy(target.hostname or "127.0.0.1", target.port or 6379)
-    port = await proxy.start()
+    proxy, through = await StallProxy.before(REDIS_URL)
 
     @contextlib.asynccontextmanager
     async def network_stall(_counter: str) -> AsyncIterator[None]:
@@ -373,7 +370,7 @@ async def test_no_lease_survives_a_redis_stall(db: asyncpg.Connection) -> None:
 
     try:
         store = RedisLimitStore(
-            target._replace(netloc=f"127.0.0.1:{port}").geturl(),
+            through,
             key_prefix=f"llmgw-test:{uuid.uuid4().hex}",
         )
         await _no_lease_survives_a_stall(store, network_stall, await new_key(db))
