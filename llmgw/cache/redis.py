@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import redis.asyncio as aioredis
@@ -52,6 +52,17 @@ _GIVE_UP = (
 _EVENT, _END = b"e", b"end"  # a relay's fields
 # Redis ends a block that times out on its next tick (``hz``: 10 a second by default).
 _BLOCK_LATENESS = 0.1
+
+
+@contextlib.asynccontextmanager
+async def _answering(seconds: float | None) -> AsyncIterator[None]:
+    """Redis answers within ``seconds`` (``None``: however long it takes), or the block raises
+    :class:`CacheUnavailable` (the request goes on without the cache)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except (TimeoutError, RedisError, OSError) as error:
+        raise CacheUnavailable(str(error) or type(error).__name__) from error
 
 
 class RedisCacheStore:
@@ -90,31 +101,25 @@ class RedisCacheStore:
         return f"{self._prefix}:s:{key.digest}:{token}"
 
     async def get(self, key: CacheKey) -> Entry | None:
-        try:
-            async with asyncio.timeout(self._budget):
-                value = await self._client.get(self._name(key))
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        async with _answering(self._budget):
+            value = await self._client.get(self._name(key))
         # (bytes: the client has no decode_responses)
         return decode_entry(value) if isinstance(value, bytes) else None
 
     async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
-        try:
-            name, ttl_ms = self._name(key), max(1, round(entry.ttl * 1000))
-            stored_by = self._stored_by(key.key_id)
-            async with asyncio.timeout(self._budget), self._client.pipeline() as pipe:
-                pipe.set(name, value, px=ttl_ms)
-                pipe.sadd(stored_by, name)
-                # The set outlives its newest entry; names of expired entries in it are harmless.
-                pipe.pexpire(stored_by, ttl_ms, gt=True)
-                pipe.pexpire(stored_by, ttl_ms, nx=True)
-                await pipe.execute()
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        name, ttl_ms = self._name(key), max(1, round(entry.ttl * 1000))
+        stored_by = self._stored_by(key.key_id)
+        async with _answering(self._budget), self._client.pipeline() as pipe:
+            pipe.set(name, value, px=ttl_ms)
+            pipe.sadd(stored_by, name)
+            # The set outlives its newest entry; names of expired entries in it are harmless.
+            pipe.pexpire(stored_by, ttl_ms, gt=True)
+            pipe.pexpire(stored_by, ttl_ms, nx=True)
+            await pipe.execute()
 
     async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
         model_part = "*" if model is None else model.encode().hex()
-        try:
+        async with _answering(None):  # an operator's clear: as long as the SCAN takes
             if key_id is not None:
                 names: set[bytes] = set(await self._client.smembers(self._stored_by(key_id)))  # type: ignore[arg-type]
                 if model is not None:
@@ -130,8 +135,6 @@ class RedisCacheStore:
                     deleted += await self._unlink(batch)
                     batch = []
             return deleted + await self._unlink(batch)
-        except (RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
 
     def _name_prefix(self, model_hex: str) -> bytes:
         return f"{self._prefix}:e:{model_hex}:".encode()
@@ -148,11 +151,8 @@ class RedisCacheStore:
     async def lead(self, key: CacheKey) -> Claim | None:
         claim = Claim(key, uuid.uuid4().hex)
         name = self._claim(key)
-        try:
-            async with asyncio.timeout(self._budget):
-                claimed = await self._client.set(name, claim.token, nx=True, px=self._claim_ms)
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        async with _answering(self._budget):
+            claimed = await self._client.set(name, claim.token, nx=True, px=self._claim_ms)
         if not claimed:
             return None
         self._claims[claim.token] = asyncio.ensure_future(self._keep(claim))
@@ -174,14 +174,11 @@ class RedisCacheStore:
 
     async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
         name = self._relay(claim.key, claim.token)
-        try:
-            async with asyncio.timeout(self._budget), self._client.pipeline() as pipe:
-                for event in events:
-                    pipe.xadd(name, {_EVENT: event})
-                pipe.pexpire(name, self._relay_ms)
-                await pipe.execute()
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        async with _answering(self._budget), self._client.pipeline() as pipe:
+            for event in events:
+                pipe.xadd(name, {_EVENT: event})
+            pipe.pexpire(name, self._relay_ms)
+            await pipe.execute()
 
     async def landed(self, claim: Claim, relayed: Entry | None) -> None:
         renewing = self._claims.pop(claim.token, None)
@@ -190,31 +187,25 @@ class RedisCacheStore:
         # The answer less its events: its followers hold those already.
         end = b"" if relayed is None else encode_entry(attrs.evolve(relayed, events=None))
         names = [self._claim(claim.key), self._relay(claim.key, claim.token)]
-        try:
-            async with asyncio.timeout(self._budget):
-                await self._give_up(keys=names, args=[claim.token, end, self._claim_ms])
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        async with _answering(self._budget):
+            await self._give_up(keys=names, args=[claim.token, end, self._claim_ms])
 
     async def follow(
         self, key: CacheKey, fetcher: str | None, cursor: str, wait: float
     ) -> Sighting:
         block = round(wait * 1000) if fetcher is not None else 0
-        try:
-            async with (
-                asyncio.timeout(self._budget + (wait + _BLOCK_LATENESS if block else 0)),
-                self._client.pipeline(transaction=False) as pipe,
-            ):
-                # The claim read first: a fetch seen over was given up after its entry and its
-                # relay's end were written, so both are seen too.
-                pipe.get(self._claim(key))
-                pipe.get(self._name(key))
-                if fetcher is not None:
-                    # (BLOCK 0 would wait for ever: no BLOCK, no wait)
-                    pipe.xread({self._relay(key, fetcher): cursor}, block=block or None)
-                claimed, value, *relayed = await pipe.execute()
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        async with (
+            _answering(self._budget + (wait + _BLOCK_LATENESS if block else 0)),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            # The claim read first: a fetch seen over was given up after its entry and its
+            # relay's end were written, so both are seen too.
+            pipe.get(self._claim(key))
+            pipe.get(self._name(key))
+            if fetcher is not None:
+                # (BLOCK 0 would wait for ever: no BLOCK, no wait)
+                pipe.xread({self._relay(key, fetcher): cursor}, block=block or None)
+            claimed, value, *relayed = await pipe.execute()
         events: list[bytes] = []
         answer: Entry | None = None
         for _, entries in relayed[0] if relayed else ():
@@ -235,11 +226,8 @@ class RedisCacheStore:
     async def open(self) -> None:
         # The connection made now (and the client's first-use setup done), where a request's
         # 50 ms budget would otherwise pay for it.
-        try:
-            async with asyncio.timeout(_OPEN_SECONDS):
-                await self._client.ping()
-        except (TimeoutError, RedisError, OSError) as error:
-            raise CacheUnavailable(str(error) or type(error).__name__) from error
+        async with _answering(_OPEN_SECONDS):
+            await self._client.ping()
 
     async def close(self) -> None:
         renewals = list(self._claims.values())
