@@ -596,11 +596,6 @@ async def _from_cache(
     return web.Response(body=body, content_type="application/json")
 
 
-async def _events(events: tuple[bytes, ...]) -> AsyncIterator[bytes]:
-    for event in events:
-        yield event
-
-
 async def _followed(flight: Flight) -> AsyncIterator[bytes]:
     try:
         async for event in flight.stream():
@@ -621,7 +616,7 @@ async def _replay(
 ) -> web.StreamResponse:
     """A hit (a stored entry) or a follower (the flight it follows), streamed; its one record
     made when the stream ends."""
-    events = _events(answer.chunk_events()) if isinstance(answer, Entry) else _followed(answer)
+    events = answer.chunk_events() if isinstance(answer, Entry) else _followed(answer)
     failed: GatewayError | None = None
     cancelled = False
     try:

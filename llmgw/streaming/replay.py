@@ -5,7 +5,7 @@ another API's events; the usage chunk hidden from a caller who did not ask for i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Sequence
 
 import orjson
 from aiohttp import web
@@ -22,19 +22,32 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 async def replay_stream(
     request: web.Request,
-    events: AsyncIterable[bytes],
+    events: Sequence[bytes] | AsyncIterable[bytes],
     *,
     hide_usage_chunk: bool,
     translator: StreamTranslator | None,
     error_event: Callable[[GatewayError], bytes] = sse_error_event,
     end: bytes = DONE_EVENT,
 ) -> tuple[web.StreamResponse, GatewayError | None]:
-    """Send ``events`` (no ``[DONE]``) as they come, then ``end`` (chat's ``[DONE]``; nothing
-    after a Messages stream's own ``message_stop``); a GatewayError they raise ends the stream
-    with the API's error event, and is returned with the response."""
+    """Send ``events`` (no ``[DONE]``), then ``end`` (chat's ``[DONE]``; nothing after a Messages
+    stream's own ``message_stop``); a GatewayError they raise ends the stream with the API's
+    error event, and is returned with the response.
+
+    Events that arrive (an async iterable: an answer in flight) are sent as they come; those of
+    a stored answer (a sequence) are all here, so they go out in one write with the end, each
+    still its own event: one chunk and one system call instead of one per event."""
     response = web.StreamResponse(status=200, headers=STREAM_HEADERS)
     await response.prepare(request)
+    unsent: list[bytes] = []  # a stored answer's, made before its one write
     try:
+        if isinstance(events, Sequence):
+            if translator is not None:
+                unsent.append(translator.start())
+            for event in events:
+                unsent.append(_replayed(event, hide_usage_chunk, translator))
+            unsent.append(end if translator is None else await translator.finish())
+            await response.write(b"".join(unsent))
+            return response, None
         if translator is not None:
             await response.write(translator.start())
         async for event in events:
@@ -44,9 +57,8 @@ async def replay_stream(
         await response.write(end if translator is None else await translator.finish())
     except GatewayError as error:
         with contextlib.suppress(ConnectionResetError):
-            await response.write(
-                error_event(error) if translator is None else translator.error(error)
-            )
+            unsent.append(error_event(error) if translator is None else translator.error(error))
+            await response.write(b"".join(unsent))
         return response, error
     return response, None
 
