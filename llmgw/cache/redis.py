@@ -37,6 +37,13 @@ __all__ = ["RedisCacheStore"]
 BUDGET_SECONDS = 0.05
 CLAIM_SECONDS = 5.0
 _OPEN_SECONDS = 2.0
+# Connections to Redis at most, on every redis-py version (5.x sets no limit, newer ones 100,
+# then fail every call): a burst of requests waits its turn, within its budget, for one. Of those,
+# looks that wait for a relayed event (each holds its connection while it waits) take at most
+# _WAITING_FOLLOWS; the other follows wait as long between looks holding none, then look without
+# waiting (as many looks a second, each event seen up to one wait later).
+_CONNECTIONS = 64
+_WAITING_FOLLOWS = 16
 
 # A claim (KEYS[1]) is renewed or given up only by its holder (its token): a renewal or give-up
 # that came late must not prolong or delete a claim taken since. Its relay (KEYS[2]) lives on with
@@ -54,17 +61,6 @@ _EVENT, _END = b"e", b"end"  # a relay's fields
 _BLOCK_LATENESS = 0.1
 
 
-@contextlib.asynccontextmanager
-async def _answering(seconds: float | None) -> AsyncIterator[None]:
-    """Redis answers within ``seconds`` (``None``: however long it takes), or the block raises
-    :class:`CacheUnavailable` (the request goes on without the cache)."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except (TimeoutError, RedisError, OSError) as error:
-        raise CacheUnavailable(str(error) or type(error).__name__) from error
-
-
 class RedisCacheStore:
     shares_claims = True
 
@@ -77,15 +73,38 @@ class RedisCacheStore:
         claim_seconds: float = CLAIM_SECONDS,
     ) -> None:
         self._client: aioredis.Redis = aioredis.from_url(
-            url, socket_timeout=2.0, socket_connect_timeout=budget_seconds
+            url,
+            max_connections=_CONNECTIONS,
+            socket_timeout=2.0,
+            socket_connect_timeout=budget_seconds,
         )
+        # Every call takes its turn here, within its own budget, so the pool is never asked for
+        # more connections than it has (redis-py's own waiting pool holds a lock while it
+        # connects, which a stalled Redis never gives back on some versions).
+        self._turns = asyncio.Semaphore(_CONNECTIONS)
         self._prefix = prefix
         self._budget = budget_seconds
+        # A look at a fetch followed is on no request's way to its answer (its followers wait
+        # for that fetch anyway): it has longer before Redis counts as unavailable, so that a
+        # replica busy with many followers does not take its own slowness for Redis's.
+        self._look_budget = 10 * budget_seconds
         self._claim_ms = max(1, round(claim_seconds * 1000))
         self._relay_ms = 2 * self._claim_ms
         self._renew = self._client.register_script(_RENEW)
         self._give_up = self._client.register_script(_GIVE_UP)
         self._claims: dict[str, asyncio.Task[None]] = {}  # by token: each claim's renewal
+        self._waiting_follows = 0
+
+    @contextlib.asynccontextmanager
+    async def _answering(self, seconds: float | None) -> AsyncIterator[None]:
+        """Redis answers within ``seconds`` (``None``: however long it takes) on a connection of
+        the store's, its turn for one included, or the block raises :class:`CacheUnavailable`
+        (the request goes on without the cache)."""
+        try:
+            async with asyncio.timeout(seconds), self._turns:
+                yield
+        except (TimeoutError, RedisError, OSError) as error:
+            raise CacheUnavailable(str(error) or type(error).__name__) from error
 
     def _name(self, key: CacheKey) -> str:
         # The model hex-encoded: no glob character of a model name can widen a clear's pattern.
@@ -101,7 +120,7 @@ class RedisCacheStore:
         return f"{self._prefix}:s:{key.digest}:{token}"
 
     async def get(self, key: CacheKey) -> Entry | None:
-        async with _answering(self._budget):
+        async with self._answering(self._budget):
             value = await self._client.get(self._name(key))
         # (bytes: the client has no decode_responses)
         return decode_entry(value) if isinstance(value, bytes) else None
@@ -109,7 +128,7 @@ class RedisCacheStore:
     async def put(self, key: CacheKey, entry: Entry, value: bytes) -> None:
         name, ttl_ms = self._name(key), max(1, round(entry.ttl * 1000))
         stored_by = self._stored_by(key.key_id)
-        async with _answering(self._budget), self._client.pipeline() as pipe:
+        async with self._answering(self._budget), self._client.pipeline() as pipe:
             pipe.set(name, value, px=ttl_ms)
             pipe.sadd(stored_by, name)
             # The set outlives its newest entry; names of expired entries in it are harmless.
@@ -119,7 +138,7 @@ class RedisCacheStore:
 
     async def clear(self, *, key_id: str | None = None, model: str | None = None) -> int:
         model_part = "*" if model is None else model.encode().hex()
-        async with _answering(None):  # an operator's clear: as long as the SCAN takes
+        async with self._answering(None):  # an operator's clear: as long as the SCAN takes
             if key_id is not None:
                 names: set[bytes] = set(await self._client.smembers(self._stored_by(key_id)))  # type: ignore[arg-type]
                 if model is not None:
@@ -151,7 +170,7 @@ class RedisCacheStore:
     async def lead(self, key: CacheKey) -> Claim | None:
         claim = Claim(key, uuid.uuid4().hex)
         name = self._claim(key)
-        async with _answering(self._budget):
+        async with self._answering(self._budget):
             claimed = await self._client.set(name, claim.token, nx=True, px=self._claim_ms)
         if not claimed:
             return None
@@ -166,15 +185,15 @@ class RedisCacheStore:
         while True:
             await asyncio.sleep(interval)
             try:
-                async with asyncio.timeout(interval):
+                async with self._answering(interval):
                     if not await self._renew(keys=names, args=args):
                         return  # it expired meanwhile: another replica may lead now
-            except (TimeoutError, RedisError, OSError):
+            except CacheUnavailable:
                 continue  # tried again; if Redis stays away, the claim expires
 
     async def relay(self, claim: Claim, events: Sequence[bytes]) -> None:
         name = self._relay(claim.key, claim.token)
-        async with _answering(self._budget), self._client.pipeline() as pipe:
+        async with self._answering(self._budget), self._client.pipeline() as pipe:
             for event in events:
                 pipe.xadd(name, {_EVENT: event})
             pipe.pexpire(name, self._relay_ms)
@@ -187,15 +206,29 @@ class RedisCacheStore:
         # The answer less its events: its followers hold those already.
         end = b"" if relayed is None else encode_entry(attrs.evolve(relayed, events=None))
         names = [self._claim(claim.key), self._relay(claim.key, claim.token)]
-        async with _answering(self._budget):
+        async with self._answering(self._budget):
             await self._give_up(keys=names, args=[claim.token, end, self._claim_ms])
 
     async def follow(
         self, key: CacheKey, fetcher: str | None, cursor: str, wait: float
     ) -> Sighting:
-        block = round(wait * 1000) if fetcher is not None else 0
+        if fetcher is None or wait <= 0:
+            return await self._look(key, fetcher, cursor, 0)
+        if self._waiting_follows >= _WAITING_FOLLOWS:
+            # Every connection a look may wait on is taken: wait here, holding none, then look.
+            await asyncio.sleep(wait)
+            return await self._look(key, fetcher, cursor, 0)
+        self._waiting_follows += 1
+        try:
+            return await self._look(key, fetcher, cursor, round(wait * 1000))
+        finally:
+            self._waiting_follows -= 1
+
+    async def _look(self, key: CacheKey, fetcher: str | None, cursor: str, block: int) -> Sighting:
+        """One round trip: the claim, the entry, and (``fetcher``'s) relay after ``cursor``,
+        waiting up to ``block`` ms for its next event (0: not waiting)."""
         async with (
-            _answering(self._budget + (wait + _BLOCK_LATENESS if block else 0)),
+            self._answering(self._look_budget + (block / 1000 + _BLOCK_LATENESS if block else 0)),
             self._client.pipeline(transaction=False) as pipe,
         ):
             # The claim read first: a fetch seen over was given up after its entry and its
@@ -226,7 +259,7 @@ class RedisCacheStore:
     async def open(self) -> None:
         # The connection made now (and the client's first-use setup done), where a request's
         # 50 ms budget would otherwise pay for it.
-        async with _answering(_OPEN_SECONDS):
+        async with self._answering(_OPEN_SECONDS):
             await self._client.ping()
 
     async def close(self) -> None:

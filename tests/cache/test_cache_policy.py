@@ -241,7 +241,7 @@ async def test_a_store_of_one_process_is_asked_to_give_up_no_claim() -> None:
 
 
 def _replicas(
-    claim_seconds: float = 5.0, **options: object
+    claim_seconds: float = 5.0, budget_seconds: float = 0.05, **options: object
 ) -> tuple[ResponseCache, ResponseCache, Clock]:
     """Two replicas' caches on one Redis (one prefix), one clock."""
     if not REDIS_URL:
@@ -251,7 +251,12 @@ def _replicas(
     clock, prefix = Clock(), f"llmgw:test:{uuid.uuid4().hex}"
     one, two = (
         _cache(
-            RedisCacheStore(REDIS_URL, prefix=prefix, claim_seconds=claim_seconds),
+            RedisCacheStore(
+                REDIS_URL,
+                prefix=prefix,
+                claim_seconds=claim_seconds,
+                budget_seconds=budget_seconds,
+            ),
             clock,
             **options,
         )
@@ -455,6 +460,46 @@ async def test_a_claim_outlives_its_expiry_while_its_answer_is_fetched() -> None
     one.settle(leader, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
     entry = await asyncio.wait_for(follower.follows.answer(), 5)  # type: ignore[attr-defined]
     assert entry is not None
+    await one.close()
+    await two.close()
+
+
+async def test_followers_of_many_fetches_at_once_leave_redis_to_the_lookups(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A replica following more fetches at once than it has Redis connections for (each look
+    that waits for a relayed event holds one): every follower still gets its answer, and the
+    replica's other lookups still read Redis, not bypass it as if it were down."""
+    # Budgets no pause of this test process can overrun: what is tested is connections.
+    one, two, _ = _replicas(budget_seconds=2.0)
+    await _store_answer(two, key_id="stored")
+
+    async def look(cache: ResponseCache, n: int) -> object:
+        body = {**BODY, "messages": [{"role": "user", "content": f"q{n}"}]}
+        return await cache.lookup(
+            api="chat", model="m", body=body, key_id="k1", subject_id=None, controls=Controls()
+        )
+
+    fetches = 120  # more than the 100 connections newer redis-py versions allow by default
+    leaders = [await look(one, n) for n in range(fetches)]
+    assert {leader.result for leader in leaders} == {MISS}  # type: ignore[attr-defined]
+    followers = [await look(two, n) for n in range(fetches)]  # each following from now on
+    assert {follower.result for follower in followers} == {HIT}  # type: ignore[attr-defined]
+    answers = [
+        asyncio.ensure_future(f.follows.answer())  # type: ignore[attr-defined]
+        for f in followers
+    ]
+    await asyncio.sleep(0.3)  # every follow under way, waiting on Redis
+    with caplog.at_level(logging.WARNING, logger="llmgw.cache.policy"):
+        assert (await _lookup(two, key_id="stored")).result == HIT  # type: ignore[attr-defined]
+        assert not any(answer.done() for answer in answers)  # none gave up on Redis
+        for leader in leaders:  # the answers coming in one after another
+            written = one.settle(leader, usage=USAGE, body=COMPLETION)  # type: ignore[arg-type]
+            assert written is not None
+            await written
+        entries = await asyncio.wait_for(asyncio.gather(*answers), 10)
+    assert all(entry is not None for entry in entries)
+    assert "unreachable" not in caplog.text
     await one.close()
     await two.close()
 
