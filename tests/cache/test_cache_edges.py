@@ -1,0 +1,184 @@
+"""Edges of the response cache found by probing real ``python -m llmgw serve`` processes, set up by
+their environment alone and driven by the real SDKs and plain HTTP: what one caller does never
+spoils another caller's answer, a configured TTL is one every backend can keep, and a clear
+asks for no more than it names."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import openai
+import pytest
+
+from llmgw.storage import api_keys
+from tests.fake_venice import FAKE_VENICE_KEY, Behaviour, FakeVenice
+from tests.processes import clean_env, eventually, free_port, run_llmgw, start_gateway, stop
+
+REDIS_URL = os.environ.get("LLMGW_TEST_REDIS_URL")
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+ADMIN_TOKEN = "edges-admin-token-0123456789"
+
+
+@pytest.fixture
+def serve(database_url: str, fake_venice: FakeVenice) -> Iterator[Any]:
+    """``serve(LLMGW_CACHE=...)``: the base URL of a gateway serving with those settings, stopped
+    after the test."""
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(**settings: str) -> str:
+        env = clean_env(
+            DATABASE_URL=database_url,
+            VENICE_API_KEY=FAKE_VENICE_KEY,
+            VENICE_BASE_URL=fake_venice.base_url,
+            LLMGW_ADMIN_TOKEN=ADMIN_TOKEN,
+            UPSTREAM_MAX_RETRIES="0",
+            **settings,
+        )
+        port = free_port()
+        processes.append(start_gateway(env, port))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for process in processes:
+        stop(process)
+
+
+async def _key(db: asyncpg.Connection) -> str:
+    return (await api_keys.create_key(db, api_keys.KeySettings(name="edges"))).plaintext
+
+
+async def _cached(base: str, key: str, body: dict[str, Any]) -> str:
+    """The X-LLMGW-Cache of one JSON chat request."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            assert response.status == 200, await response.text()
+            return response.headers["X-LLMGW-Cache"]
+
+
+async def test_a_streamed_follower_gets_the_whole_answer_when_the_leaders_caller_leaves(
+    serve: Any, db: asyncpg.Connection, fake_venice: FakeVenice
+) -> None:
+    """The provider answers in full; only the first caller hangs up. A caller that followed its
+    request in flight did nothing wrong: it must get the whole answer (or make its own call),
+    never a stream cut short and blamed on the provider."""
+    base = serve(LLMGW_CACHE="memory")
+    key = await _key(db)
+    held = asyncio.Event()
+    fake_venice.enqueue(Behaviour(reply="one two three four five six", hold=held, held_at=3))
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        leader = await session.post(
+            f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        assert leader.headers["X-LLMGW-Cache"] == "miss"
+        await leader.content.readuntil(b"\n\n")  # the leader's caller has its first event
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0) as client:
+            async with client.chat.completions.with_streaming_response.create(
+                model="qwen3-5-9b", messages=MESSAGES, stream=True
+            ) as follower:
+                assert follower.headers["x-llmgw-cache"] == "hit"  # it follows the flight
+                leader.close()  # the leader's caller hangs up mid-answer
+                await asyncio.sleep(0.2)
+                held.set()  # the provider goes on to the end
+                text, finish = "", None
+                async for chunk in await follower.parse():
+                    for choice in chunk.choices:
+                        text += choice.delta.content or ""
+                        finish = choice.finish_reason or finish
+    assert (text, finish) == ("one two three four five six", "stop")
+
+
+_TOML = """\
+[[providers]]
+name = "v"
+kind = "venice"
+base_url = "{base_url}"
+api_key_env = "VENICE_API_KEY"
+
+[[models]]
+alias = "kept"
+deployments = ["v:qwen3-5-9b"]
+cache_ttl_seconds = {ttl}
+"""
+
+
+@pytest.mark.parametrize("ttl", ["inf", "1e300"])
+def test_a_ttl_no_backend_can_keep_is_refused_at_start(
+    ttl: str, tmp_path: Path, database_url: str
+) -> None:
+    """An unbounded or astronomically long TTL cannot be kept by Redis (PX overflows): every
+    answer would silently go unstored, each with an 'unreachable' warning or a stray task
+    error. Like every other bad setting, it stops ``serve`` with one line naming it."""
+    config = tmp_path / "llmgw.toml"
+    config.write_text(_TOML.format(base_url="http://127.0.0.1:9/api/v1", ttl=ttl))
+    cases = (
+        ("CACHE_TTL_SECONDS", {"CACHE_TTL_SECONDS": ttl}),
+        ("cache_ttl_seconds", {"LLMGW_CONFIG": str(config)}),
+    )
+    for name, settings in cases:
+        env = clean_env(
+            DATABASE_URL=database_url,
+            VENICE_API_KEY=FAKE_VENICE_KEY,
+            LLMGW_CACHE="memory",
+            **settings,
+        )
+        done = run_llmgw("serve", env=env, timeout=30)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert name in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not REDIS_URL, reason="set LLMGW_TEST_REDIS_URL to test Redis")
+async def test_the_longest_ttl_allowed_is_kept_by_redis(
+    serve: Any, db: asyncpg.Connection, tmp_path: Path, fake_venice: FakeVenice
+) -> None:
+    """The longest TTL the settings accept, set globally and by an alias, is one Redis keeps."""
+    assert REDIS_URL is not None
+    from llmgw.config.environment import MAX_CACHE_TTL_SECONDS
+
+    config = tmp_path / "llmgw.toml"
+    config.write_text(_TOML.format(base_url=fake_venice.base_url, ttl=MAX_CACHE_TTL_SECONDS))
+    base = serve(
+        LLMGW_CACHE="redis",
+        REDIS_URL=REDIS_URL,
+        CACHE_TTL_SECONDS=str(MAX_CACHE_TTL_SECONDS),
+        LLMGW_CONFIG=str(config),
+    )
+    key = await _key(db)
+    for model in ("qwen3-5-9b", "kept"):
+        body = {"model": model, "messages": MESSAGES, "temperature": 0.25}
+        assert await _cached(base, key, body) == "miss"
+
+        async def hit(body: dict[str, Any] = body) -> bool:
+            return await _cached(base, key, body) == "hit"
+
+        await eventually(hit)
+
+
+async def test_a_clear_with_a_parameter_it_does_not_know_deletes_nothing(
+    serve: Any, db: asyncpg.Connection
+) -> None:
+    """``DELETE /admin/v1/cache?keyid=...`` (a typo of ``key_id``) must not be read as "delete
+    everything": it is refused in the admin API's shape, and every entry stays."""
+    base = serve(LLMGW_CACHE="memory")
+    key = await _key(db)
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES}
+    assert await _cached(base, key, body) == "miss"
+    async with aiohttp.ClientSession() as session:
+        for query in ("?keyid=7d985025-8092-4c1d-8e5a-042c0144a51e", "?models=qwen3-5-9b"):
+            async with session.delete(
+                f"{base}/admin/v1/cache{query}",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            ) as response:
+                assert response.status == 400, await response.text()
+                error = (await response.json())["error"]
+                assert error["type"] == "invalid_request_error"
+    assert await _cached(base, key, body) == "hit"
