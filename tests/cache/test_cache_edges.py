@@ -182,3 +182,30 @@ async def test_a_clear_with_a_parameter_it_does_not_know_deletes_nothing(
                 error = (await response.json())["error"]
                 assert error["type"] == "invalid_request_error"
     assert await _cached(base, key, body) == "hit"
+
+
+async def test_a_stream_its_caller_left_after_the_finish_and_the_gateway_read_to_the_end_is_kept(
+    serve: Any, db: asyncpg.Connection, fake_venice: FakeVenice
+) -> None:
+    """The caller hung up after the finish chunk, before the usage: the gateway reads on for the
+    usage and bills a complete answer. Read to its end, it is a complete answer like any other,
+    and issue 30 keeps it ("unless the gateway read it to the end anyway")."""
+    base = serve(LLMGW_CACHE="memory")
+    key = await _key(db)
+    fake_venice.enqueue(Behaviour(pause_before_usage=0.5))
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            assert response.headers["X-LLMGW-Cache"] == "miss"
+            async for line in response.content:
+                if b'"finish_reason":"stop"' in line:
+                    break  # the whole answer, then the caller hangs up
+
+    async def billed() -> bool:  # the drain is over: the answer's end has been told
+        return bool(await db.fetchval("SELECT count(*) FROM usage_events WHERE stream"))
+
+    await eventually(billed)
+    assert await _cached(base, key, {"model": "qwen3-5-9b", "messages": MESSAGES}) == "hit"
+    assert len(fake_venice.chats()) == 1
