@@ -209,3 +209,29 @@ async def test_a_stream_its_caller_left_after_the_finish_and_the_gateway_read_to
     await eventually(billed)
     assert await _cached(base, key, {"model": "qwen3-5-9b", "messages": MESSAGES}) == "hit"
     assert len(fake_venice.chats()) == 1
+
+
+async def test_a_no_store_on_a_second_cache_control_line_is_obeyed(
+    serve: Any, db: asyncpg.Connection
+) -> None:
+    """A field sent on several lines is one comma-separated list (RFC 9110, section 5.3), as a
+    proxy may split it: ``no-store`` on the second ``Cache-Control`` line still means neither
+    read nor write."""
+    base = serve(LLMGW_CACHE="memory")
+    key = await _key(db)
+    port = int(base.rsplit(":", 1)[1])
+    body = b'{"model":"qwen3-5-9b","messages":[{"role":"user","content":"hi"}]}'
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        b"Authorization: Bearer " + key.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n"
+        b"Cache-Control: max-age=60\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n" + body
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    answer = await reader.read()
+    writer.close()
+    head = answer.partition(b"\r\n\r\n")[0].decode().lower().split("\r\n")
+    assert head[0].endswith("200 ok") and "x-llmgw-cache: bypass" in head
+    body_json = {"model": "qwen3-5-9b", "messages": MESSAGES}
+    assert await _cached(base, key, body_json) == "miss"  # nothing was stored
