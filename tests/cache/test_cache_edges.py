@@ -235,3 +235,34 @@ async def test_a_no_store_on_a_second_cache_control_line_is_obeyed(
     assert head[0].endswith("200 ok") and "x-llmgw-cache: bypass" in head
     body_json = {"model": "qwen3-5-9b", "messages": MESSAGES}
     assert await _cached(base, key, body_json) == "miss"  # nothing was stored
+
+
+async def test_a_follower_is_not_refused_by_tokens_per_minute_its_leader_reserved(
+    serve: Any, db: asyncpg.Connection, fake_venice: FakeVenice
+) -> None:
+    """Issue 30: a follower of an identical request in flight is a hit (item 4), and hits never
+    count against tokens per minute (item 6). The leader's reservation takes most of the key's
+    minute; the follower, answered by the leader's call, must not be refused for tokens."""
+    base = serve(LLMGW_CACHE="memory")
+    # Its worst case is 18 tokens (hi + max_tokens 10): one reservation fits in 30, two do not.
+    key = (
+        await api_keys.create_key(db, api_keys.KeySettings(name="edges", tokens_per_minute=30))
+    ).plaintext
+    body = {"model": "qwen3-5-9b", "messages": MESSAGES, "max_tokens": 10}
+    held = asyncio.Event()
+    fake_venice.enqueue(Behaviour(hold=held, held_at=1))
+    async with aiohttp.ClientSession() as session:
+        leader = await session.post(
+            f"{base}/v1/chat/completions",
+            json={**body, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert leader.headers["X-LLMGW-Cache"] == "miss"
+        await leader.content.readuntil(b"\n\n")  # in flight, its tokens reserved
+        follower = asyncio.ensure_future(_cached(base, key, body))
+        await asyncio.sleep(0.3)  # the follower is admitted (or refused) meanwhile
+        held.set()
+        await leader.read()
+        leader.close()
+        assert await follower == "hit"
+    assert len(fake_venice.chats()) == 1
