@@ -64,6 +64,9 @@ async def _cached(base: str, key: str, body: dict[str, Any]) -> str:
             return response.headers["X-LLMGW-Cache"]
 
 
+@pytest.mark.xfail(
+    strict=True, reason="defect: the leader's caller hanging up cuts its followers' streams"
+)
 async def test_a_streamed_follower_gets_the_whole_answer_when_the_leaders_caller_leaves(
     serve: Any, db: asyncpg.Connection, fake_venice: FakeVenice
 ) -> None:
@@ -237,6 +240,9 @@ async def test_a_no_store_on_a_second_cache_control_line_is_obeyed(
     assert await _cached(base, key, body_json) == "miss"  # nothing was stored
 
 
+@pytest.mark.xfail(
+    strict=True, reason="defect: a follower reserves tokens as a call would, and is refused"
+)
 async def test_a_follower_is_not_refused_by_tokens_per_minute_its_leader_reserved(
     serve: Any, db: asyncpg.Connection, fake_venice: FakeVenice
 ) -> None:
