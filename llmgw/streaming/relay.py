@@ -477,10 +477,16 @@ class _Relay:
                 async for data in self.upstream.chunks():
                     for event in self._events(data):
                         observer.observe(event)
-                        if tap is not None and observer.document is not None:
+                        if (
+                            tap is not None
+                            and observer.document is not None
+                            and not observer.upstream_error
+                        ):
                             tap.event(event)
-                    if observer.upstream_error or self.cut is not None:
+                    if observer.upstream_error:
                         tap = None  # not an answer that ended normally
+                    if self.cut is not None:
+                        tap = None
                         break
                     # With a tap, read on to [DONE]: only a stream read to its end is kept.
                     if observer.done or (tap is None and observer.usage is not None):
