@@ -532,10 +532,20 @@ async def _may_read_usage(
     raise Forbidden("Name the team_id of a team you administer, or the key_id of a key of yours.")
 
 
+_CLEAR_PARAMETERS = frozenset({"key_id", "model"})
+
+
 async def clear_cache(request: web.Request) -> web.Response:
     """Delete response-cache entries: all, or those stored by ``key_id`` or for ``model``."""
     _may(request, Action.CACHE_CLEAR)
     query = request.query
+    # A parameter it does not know (a typo of key_id, say) must not widen the clear to everything.
+    unknown = sorted(set(query) - _CLEAR_PARAMETERS)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown parameter {unknown[0]!r}: name key_id and/or model, or neither to clear all.",
+            param=unknown[0],
+        )
     key_id = query.get("key_id")
     if key_id is not None:
         key_id = str(_uuid(key_id, "key_id"))

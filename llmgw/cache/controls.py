@@ -27,6 +27,11 @@ def read_controls(headers: Mapping[str, str]) -> Controls:
     cache_control, ttl = headers.get("Cache-Control"), headers.get(TTL_HEADER)
     if cache_control is None and ttl is None:
         return _DEFAULT  # what almost every request says
+    getall = getattr(headers, "getall", None)  # a request's headers (a multidict)
+    if getall is not None:
+        # A field on several lines is one list (RFC 9110 5.3): a proxy may split it, and a
+        # no-store on the second line must still keep the answer out.
+        cache_control = ",".join(getall("Cache-Control", ()))
     read = write = True
     max_age: float | None = None
     for directive in (cache_control or "").split(","):

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "MAX_CACHE_TTL_SECONDS",
     "MOST_CONNECTIONS",
     "MOST_USD",
     "ConfigError",
@@ -27,6 +28,11 @@ __all__ = [
 # descriptors (see lifecycle.open_files).
 DEFAULT_MAX_CONNECTIONS = 2048
 MOST_CONNECTIONS = 100_000
+
+# The longest a cached answer may be kept (CACHE_TTL_SECONDS, an alias's cache_ttl_seconds): ten
+# years. Redis keeps an entry for a whole number of milliseconds that must fit its clock's 64 bits,
+# so an infinite or astronomical TTL would make every store fail (and look like an outage).
+MAX_CACHE_TTL_SECONDS = 10 * 365 * 24 * 3600
 
 # The most any price may be, whatever its unit: the dearest models cost well under $1,000 per
 # million tokens, so anything past this is a typo (1e308 would make every reservation refuse).

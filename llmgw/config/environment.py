@@ -17,13 +17,20 @@ from typing import Any, TypeVar
 import attrs
 import platformdirs
 
-from llmgw.config.common import DEFAULT_MAX_CONNECTIONS, MOST_CONNECTIONS, ConfigError, parse_url
+from llmgw.config.common import (
+    DEFAULT_MAX_CONNECTIONS,
+    MAX_CACHE_TTL_SECONDS,
+    MOST_CONNECTIONS,
+    ConfigError,
+    parse_url,
+)
 from llmgw.config.prices import PriceEntry
 from llmgw.config.providers_file import ModelAlias, ProviderSpec, load_provider_config
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "ENVIRONMENT_VARIABLES",
+    "MAX_CACHE_TTL_SECONDS",
     "MAX_WORKERS",
     "MOST_CONNECTIONS",
     "ConfigError",
@@ -452,7 +459,9 @@ def load_settings(
         redis_url=redis_url,
         cache=cache,
         cache_ttl_seconds=reader.get(
-            "CACHE_TTL_SECONDS", _parse_positive_float, "a positive number of seconds"
+            "CACHE_TTL_SECONDS",
+            _parse_cache_ttl,
+            f"a positive number of seconds, at most {MAX_CACHE_TTL_SECONDS}",
         ),
         cache_max_bytes=reader.get(
             "CACHE_MAX_BYTES", _parse_int(1024, 1 << 42), "an integer >= 1024 (bytes)"
@@ -625,6 +634,13 @@ def parse_workers(raw: str) -> int:
 def _parse_positive_float(raw: str) -> float:
     value = float(raw)
     if not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _parse_cache_ttl(raw: str) -> float:
+    value = _parse_positive_float(raw)
+    if value > MAX_CACHE_TTL_SECONDS:
         raise ValueError(raw)
     return value
 

@@ -63,6 +63,7 @@ from cattrs.gen import make_dict_structure_fn, override
 
 from llmgw.config.common import (
     DEFAULT_MAX_CONNECTIONS,
+    MAX_CACHE_TTL_SECONDS,
     MOST_CONNECTIONS,
     ConfigError,
     is_price,
@@ -388,7 +389,11 @@ class _ModelTable:
     weights: tuple[float, ...] | None = None
     cache: bool = True
     cache_ttl_seconds: float | None = attrs.field(
-        default=None, validator=check(lambda v: v is None or v > 0, "a positive number of seconds")
+        default=None,
+        validator=check(
+            lambda v: v is None or 0 < v <= MAX_CACHE_TTL_SECONDS,
+            f"a positive number of seconds, at most {MAX_CACHE_TTL_SECONDS}",
+        ),
     )
 
 

@@ -451,26 +451,48 @@ class _Relay:
 
     def _caller_left(self) -> _Ending | None:
         """The caller hung up (or shutdown cut the handler): how the stream ended, or None to
-        drain the rest for the usage (the answer was delivered, its usage not yet)."""
+        drain the rest for the usage (the answer was delivered, its usage not yet), or to its
+        end for the tap (the response cache keeps only a stream read to its end)."""
         observer = self.observer
         if self.streams.shutdown_cut():
             return (Outcome.FAILED, gateway_shutting_down().error_kind, 200)
-        if observer.done or (observer.finished and observer.usage is not None):
+        if observer.done:
+            if self.tap is not None and observer.finished and not observer.upstream_error:
+                self.tap.completed()  # read to its end, the caller sent all of it
+            return (Outcome.COMPLETED, None, 200)
+        if observer.finished and observer.usage is not None and self.tap is None:
             return (Outcome.COMPLETED, None, 200)
         if not observer.finished or observer.upstream_error:
             return (Outcome.CANCELLED, "cancelled", CLIENT_CLOSED_REQUEST)
-        return None
+        return None  # drained: for its usage, and (a tap) to its end, to be kept
 
     async def _drain_usage(self) -> None:
-        """Read the rest of an answer its caller no longer reads, for the provider's usage."""
-        observer = self.observer
+        """Read the rest of an answer its caller no longer reads, for the provider's usage.
+
+        The caller was sent the whole answer (its finish): read to its end, it is as complete
+        as any, so the tap (the response cache) sees the rest and may keep it."""
+        observer, tap = self.observer, self.tap
         try:
             async with asyncio.timeout(USAGE_DRAIN_SECONDS):
                 async for data in self.upstream.chunks():
                     for event in self._events(data):
                         observer.observe(event)
-                    if observer.done or observer.usage is not None or self.cut is not None:
+                        if (
+                            tap is not None
+                            and observer.document is not None
+                            and not observer.upstream_error
+                        ):
+                            tap.event(event)
+                    if observer.upstream_error:
+                        tap = None  # not an answer that ended normally
+                    if self.cut is not None:
+                        tap = None
                         break
+                    # With a tap, read on to [DONE]: only a stream read to its end is kept.
+                    if observer.done or (tap is None and observer.usage is not None):
+                        break
+            if tap is not None and observer.usage is not None:
+                tap.completed()
         except (GatewayError, TimeoutError) as error:
             log.info("the usage of a stream whose caller left did not come (%s)", error)
         finally:
