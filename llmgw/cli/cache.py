@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import uuid
 from typing import Any
 
 import aiohttp
@@ -37,7 +38,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     actions = cache.add_subparsers(dest="action", metavar="ACTION", required=True)
     clear = actions.add_parser("clear", help="delete cached answers (all, or --key-id / --model)")
-    clear.add_argument("--key-id", help="only the entries this key stored")
+    clear.add_argument("--key-id", type=_key_id, help="only the entries this key stored (its id)")
     clear.add_argument("--model", help="only the entries of this model (as callers name it)")
     clear.add_argument(
         "--url", help="gateway root (default: http://HOST:PORT from BIND_ADDR, 127.0.0.1:3000)"
@@ -53,6 +54,15 @@ async def _delete(url: str, token: str, params: dict[str, str]) -> tuple[int, by
         ) as response,
     ):
         return response.status, await response.read()
+
+
+def _key_id(text: str) -> str:
+    """A key's id as entries are filed under it: a UUID in its canonical form, as the admin
+    API reads ``?key_id=`` (the same id in capitals must not clear nothing)."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a key id (a UUID): {text!r}") from None
 
 
 def _clear(args: argparse.Namespace) -> int:
