@@ -510,7 +510,10 @@ async def proxy(
             key,
             upstream,
             route,
-            stored_answer=lookup is not None and lookup.entry is not None,
+            # A follower of an identical request in flight is a hit too: no tokens or spend,
+            # unless that request's answer does not come (reserve_call, below).
+            stored_answer=lookup is not None
+            and (lookup.entry is not None or lookup.follows is not None),
         )
     except BaseException:
         if lookup is not None and cache is not None:
@@ -533,6 +536,19 @@ async def proxy(
         )
         if cached is not None:
             return cached
+        if lookup.follows is not None:
+            # The answer it followed did not come: it calls after all, with its tokens.
+            try:
+                await exchange.record.ticket.reserve_call(
+                    model=upstream.model,
+                    body=upstream.fields,
+                    deployments=route.deployments,
+                    produces_output=upstream.produces_output,
+                    metered=upstream.metered,
+                )
+            except BaseException as error:
+                exchange.end(*_how_it_failed(error))
+                raise
     call = _upstream_call(app, exchange, upstream)  # made once the cache has not answered
     try:
         if not stream:

@@ -149,6 +149,10 @@ class Ticket:
     worst: WorstCase | None = None
     # Reserved for further attempts (:meth:`reserve_more`): released at the one settlement.
     more: list[tuple[uuid.UUID, tuple[str, ...]]] = attrs.field(factory=list)
+    # Reserved as a stored answer: its tokens and spend not yet (:meth:`reserve_call`).
+    stored_answer: bool = False
+    # The tokens and spend reserved once a stored answer turned into a call (its lease, counters).
+    call: tuple[uuid.UUID, tuple[str, ...]] | None = None
     settled: bool = False
 
     def allow_model(self, model: str) -> None:
@@ -183,6 +187,28 @@ class Ticket:
             stored_answer=stored_answer,
         )
 
+    async def reserve_call(
+        self,
+        *,
+        model: str,
+        body: dict[str, Any],
+        deployments: Sequence[Deployment],
+        produces_output: bool,
+        metered: Metered | None = None,
+    ) -> None:
+        """A request reserved as a stored answer calls the provider after all (it followed an
+        identical request in flight, whose answer did not come): reserve the tokens and spend
+        :meth:`reserve` left out, or raise the error a limit breaks. Its places in the windows
+        and concurrency slots it holds already. Nothing for any other request."""
+        await self.policy._reserve_call(
+            self,
+            model=model,
+            body=body,
+            deployments=deployments,
+            produces_output=produces_output,
+            metered=metered,
+        )
+
     async def reserve_more(
         self, *, model: str, body: dict[str, Any], deployments: Sequence[Deployment]
     ) -> None:
@@ -207,8 +233,8 @@ class Ticket:
         if self.settled:
             return
         self.settled = True
-        if self.lease_id is not None:  # else it reserved nothing (nor did further attempts)
-            self.policy._settle(self, self.lease_id, record)
+        if self.lease_id is not None or self.call is not None:  # else it reserved nothing
+            self.policy._settle(self, record)
         # Nothing queued when no cap counted it: queueing nothing still cost a round of calls.
         charges = [
             charge
@@ -379,6 +405,7 @@ class LimitPolicy:
         if not reserves or ticket.lease_id is not None:
             return
         now = datetime.fromtimestamp(self._clock(), UTC)
+        ticket.stored_answer = stored_answer
         if stored_answer:
             # Its places only: the tokens and spend counters are left as they are.
             worst = _NOTHING
@@ -425,7 +452,7 @@ class LimitPolicy:
         deployments: Sequence[Deployment],
     ) -> None:
         """:meth:`Ticket.reserve_more`."""
-        if ticket.lease_id is None or ticket.settled:
+        if (ticket.lease_id is None and ticket.call is None) or ticket.settled:
             return  # the key reserves nothing (or the request has ended)
         key = ticket.key
         worst = self.worst_case(
@@ -448,6 +475,44 @@ class LimitPolicy:
             raise self._refusal(key, result.refused, now)
         self._live[lease_id] = counters
         ticket.more.append((lease_id, counters))
+
+    async def _reserve_call(
+        self,
+        ticket: Ticket,
+        *,
+        model: str,
+        body: dict[str, Any],
+        deployments: Sequence[Deployment],
+        produces_output: bool,
+        metered: Metered | None,
+    ) -> None:
+        """:meth:`Ticket.reserve_call`."""
+        if not ticket.stored_answer or ticket.settled:
+            return
+        ticket.stored_answer = False
+        key = ticket.key
+        await self.prices.loaded()
+        worst = self.worst_case(
+            body,
+            deployments,
+            produces_output=produces_output,
+            priced=self._budgeted(key),
+            model=model,
+            metered=metered,
+        )
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        reservations = tuple(
+            r
+            for r in self._reservations(key, worst, now)
+            if r.counter.split(":", 1)[0] in _USES_TOKENS | _USES_COST
+        )
+        if not reservations:
+            return
+        lease_id, counters, result = await self._lease(reservations, None)
+        if result.refused is not None:
+            raise self._refusal(key, result.refused, now)
+        self._live[lease_id] = counters
+        ticket.call, ticket.worst = (lease_id, counters), worst
 
     async def _lease(
         self, reservations: tuple[Reservation, ...], window: Window | None
@@ -742,10 +807,9 @@ class LimitPolicy:
 
     # Settlement -------------------------------------------------------------------------------
 
-    def _settle(self, ticket: Ticket, lease_id: uuid.UUID, record: UsageRecord | None) -> None:
+    def _settle(self, ticket: Ticket, record: UsageRecord | None) -> None:
         """:meth:`Ticket.settle`: queue the actual figures of a finished request that reserved
-        (under ``lease_id``)."""
-        self._live.pop(lease_id, None)
+        (under its lease, and its call's when a stored answer turned into one)."""
         # A cache hit used no provider's tokens: it counts against requests, never tokens.
         tokens = (
             0.0
@@ -753,19 +817,28 @@ class LimitPolicy:
             else float((record.input_tokens or 0) + (record.output_tokens or 0))
         )
         cost = 0.0 if record is None else float(record.cost_usd or 0)
+        # Each lease with whether it carries the tokens and spend used: a call reserved after a
+        # stored answer's lease carries them, so they are charged once.
+        leases: list[tuple[uuid.UUID, tuple[str, ...], bool]] = []
+        if ticket.lease_id is not None:
+            leases.append((ticket.lease_id, ticket.counters, ticket.call is None))
+        if ticket.call is not None:
+            leases.append((*ticket.call, True))
         charges = []
-        for counter in ticket.counters:
-            kind = counter.split(":", 1)[0]
-            actual = (
-                tokens
-                if kind in _USES_TOKENS
-                else cost
-                if kind in _USES_COST
-                else 1.0
-                if kind == _TEAM_REQUESTS  # the request was made: it keeps its place in the window
-                else 0.0
-            )
-            charges.append(Charge(lease_id, counter, actual))
+        for lease_id, counters, used in leases:
+            self._live.pop(lease_id, None)
+            for counter in counters:
+                kind = counter.split(":", 1)[0]
+                actual = (
+                    (tokens if used else 0.0)
+                    if kind in _USES_TOKENS
+                    else (cost if used else 0.0)
+                    if kind in _USES_COST
+                    else 1.0
+                    if kind == _TEAM_REQUESTS  # the request was made: it keeps its place
+                    else 0.0
+                )
+                charges.append(Charge(lease_id, counter, actual))
         # What further attempts reserved is given back: their use is in the figures above.
         for lease_id, counters in ticket.more:
             self._live.pop(lease_id, None)

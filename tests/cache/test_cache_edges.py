@@ -240,9 +240,6 @@ async def test_a_no_store_on_a_second_cache_control_line_is_obeyed(
     assert await _cached(base, key, body_json) == "miss"  # nothing was stored
 
 
-@pytest.mark.xfail(
-    strict=True, reason="defect: a follower reserves tokens as a call would, and is refused"
-)
 async def test_a_follower_is_not_refused_by_tokens_per_minute_its_leader_reserved(
     serve: Any, db: asyncpg.Connection, fake_venice: FakeVenice
 ) -> None:

@@ -191,6 +191,54 @@ async def test_a_stored_answer_of_a_key_limiting_only_tokens_counts_its_window()
         await admit(limits, k, stored_answer=True)
 
 
+async def _calls_after_all(ticket: Any) -> None:
+    """The stored answer ``ticket`` was reserved for did not come: it calls the provider."""
+    await ticket.reserve_call(
+        model="m",
+        body=BODY,
+        deployments=[Deployment(_Provider(), "m")],  # type: ignore[arg-type]
+        produces_output=True,
+    )
+
+
+async def test_a_stored_answer_that_turns_into_a_call_reserves_its_tokens_then() -> None:
+    """A follower of an identical request in flight reserves as a stored answer; when that
+    answer does not come it calls, and reserves its tokens only then (or is refused)."""
+    limits = policy(Clock(NOW))
+    k = key(tokens_per_minute=36, max_concurrent_requests=3)  # two worst cases of 18
+    await admit(limits, k)
+    follower = await admit(limits, k, stored_answer=True)
+    other = await admit(limits, k)  # the follower reserved no tokens: room for one more call
+    with pytest.raises(RateLimited) as refused:
+        await _calls_after_all(follower)
+    assert refused.value.code == "tokens_per_minute_exceeded"
+    follower.settle(None)  # refused: its request ends
+    other.settle(None)
+    assert await limits.flush()
+    follower = await admit(limits, k, stored_answer=True)
+    await _calls_after_all(follower)
+    with pytest.raises(RateLimited, match="tokens per minute"):
+        await admit(limits, k)  # 18 + 18 of 36 reserved
+
+
+@pytest.mark.parametrize("concurrency", [3, None], ids=["with-a-lease", "tokens-only"])
+async def test_the_call_a_stored_answer_turned_into_is_charged_its_tokens_once(
+    concurrency: int | None,
+) -> None:
+    """What the call used is charged once, whether the stored answer held a lease of its own
+    (a concurrency slot) or only its place in the request window (a key limiting only tokens)."""
+    limits = policy(Clock(NOW))
+    k = key(tokens_per_minute=40, max_concurrent_requests=concurrency)
+    follower = await admit(limits, k, stored_answer=True)
+    await _calls_after_all(follower)
+    follower.settle(usage_record(api_key_id=k.id, input_tokens=2, output_tokens=2))
+    assert await limits.flush()
+    await admit(limits, k)  # 4 + 18 of 40
+    await admit(limits, k)  # 4 + 36 of 40: the call's 4 counted once, its 18 given back
+    with pytest.raises(RateLimited, match="tokens per minute"):
+        await admit(limits, k)
+
+
 async def test_a_stored_answer_needs_the_model_allowed() -> None:
     limits = policy(Clock(NOW))
     k = key(allowed_models=("other",), tokens_per_minute=18)
