@@ -462,19 +462,9 @@ class LimitPolicy:
             priced=self._budgeted(key),
             model=model,
         )
-        now = datetime.fromtimestamp(self._clock(), UTC)
-        reservations = tuple(
-            r
-            for r in self._reservations(key, worst, now)
-            if r.counter.split(":", 1)[0] in _USES_TOKENS | _USES_COST
-        )
-        if not reservations:
-            return
-        lease_id, counters, result = await self._lease(reservations, None)
-        if result.refused is not None:
-            raise self._refusal(key, result.refused, now)
-        self._live[lease_id] = counters
-        ticket.more.append((lease_id, counters))
+        leased = await self._lease_use(key, worst)
+        if leased is not None:
+            ticket.more.append(leased)
 
     async def _reserve_call(
         self,
@@ -500,6 +490,15 @@ class LimitPolicy:
             model=model,
             metered=metered,
         )
+        leased = await self._lease_use(key, worst)
+        if leased is not None:
+            ticket.call, ticket.worst = leased, worst
+
+    async def _lease_use(
+        self, key: AuthenticatedKey, worst: WorstCase
+    ) -> tuple[uuid.UUID, tuple[str, ...]] | None:
+        """The tokens and spend of ``worst`` on the key's counters, under a lease of their own:
+        its id and counters (None: the key limits neither), or the error a limit breaks."""
         now = datetime.fromtimestamp(self._clock(), UTC)
         reservations = tuple(
             r
@@ -507,12 +506,12 @@ class LimitPolicy:
             if r.counter.split(":", 1)[0] in _USES_TOKENS | _USES_COST
         )
         if not reservations:
-            return
+            return None
         lease_id, counters, result = await self._lease(reservations, None)
         if result.refused is not None:
             raise self._refusal(key, result.refused, now)
         self._live[lease_id] = counters
-        ticket.call, ticket.worst = (lease_id, counters), worst
+        return lease_id, counters
 
     async def _lease(
         self, reservations: tuple[Reservation, ...], window: Window | None
